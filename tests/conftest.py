@@ -1,0 +1,102 @@
+"""Shared test fixtures: tiny real models built offline at test time, and helpers to run the scripts end to end.
+
+Nothing here mocks vLLM: the scripts run in subprocesses on a real (CPU) vLLM engine, with a random-init Llama-style
+policy (head_dim 64, which vLLM's CPU attention needs) briefly fine-tuned so that it ends responses with EOS, a tokenizer
+trained locally, and a random-init sequence-classification reward model.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# GSM8K (MIT) as laid out beside the repository on the project's machines; see ../shared/data/gsm8k/SOURCE.md
+GSM8K_DIR = Path(os.environ.get("GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
+# one CPU thread per role keeps timings stable on a shared 2-core machine
+ENV = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+
+
+def load_script(relative_path: str):
+    """Import a script as a module (its `if __name__ == "__main__":` body does not run)."""
+    path = REPO / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gsm8k_questions(n: int):
+    path = GSM8K_DIR / "train.jsonl"
+    if not path.exists():
+        pytest.fail(f"GSM8K not found at {path}; set GSM8K_DIR to a folder holding train.jsonl and test.jsonl")
+    with open(path) as f:
+        return [json.loads(line)["question"] for _, line in zip(range(n), f)]
+
+
+def build_tiny_models(out: Path):
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
+
+    questions = gsm8k_questions(2000)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(questions, trainers.BpeTrainer(
+        vocab_size=512, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    # pad == EOS, as in Pythia and SmolLM2: the scripts must never infer lengths from the pad id
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id)
+    policy = LlamaForCausalLM(config)
+    # a short SFT on "question TL;DR: a few words<EOS>" so that sampled responses often end with EOS
+    texts = [q[:120] + "\nTL;DR:" + " ".join(q.split()[:3]) for q in questions[:512]]
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
+    for step in range(120):
+        batch = [tokenizer(t).input_ids[-40:] + [tokenizer.eos_token_id] for t in texts[(step * 16) % 512:][:16]]
+        width = max(map(len, batch))
+        ids = torch.tensor([b + [tokenizer.eos_token_id] * (width - len(b)) for b in batch])
+        labels = torch.tensor([b + [-100] * (width - len(b)) for b in batch])
+        loss = policy(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    policy.save_pretrained(out / "policy")
+    tokenizer.save_pretrained(out / "policy")
+    config.num_labels = 1
+    LlamaForSequenceClassification(config).save_pretrained(out / "rm")
+    tokenizer.save_pretrained(out / "rm")
+    # prompts in the TL;DR layout; a few are far longer than the tests' --max-prompt-tokens 64, to be dropped
+    with open(out / "prompts.jsonl", "w") as f:
+        for i, q in enumerate(gsm8k_questions(64)):
+            query = (q * 6 if i % 16 == 0 else q[:80]) + "\nTL;DR:"
+            f.write(json.dumps({"query": query}) + "\n")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    return build_tiny_models(tmp_path_factory.mktemp("tiny"))
+
+
+def run_script(script: str, cwd: Path, *flags: str, timeout: float = 600):
+    """Run a repository script in a subprocess; returns (CompletedProcess, seconds)."""
+    start = time.time()
+    proc = subprocess.run([sys.executable, str(REPO / script), *flags], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+    return proc, time.time() - start
+
+
+def read_metrics(cwd: Path):
+    """The per-step metrics of the single run under cwd/runs/."""
+    (path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
+    return [json.loads(line) for line in path.read_text().splitlines()]

@@ -1,0 +1,233 @@
+"""async_dpo.py and sync_baselines/sync_dpo.py: numerics, weight sync on a real engine, end-to-end runs, failures."""
+
+import ast
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, load_script, read_metrics, run_script
+
+ASYNC, SYNC = "async_dpo.py", "sync_baselines/sync_dpo.py"
+
+
+@pytest.fixture(scope="module")
+def dpo():
+    return load_script(ASYNC)
+
+
+def common_flags(tiny: Path, *extra: str):
+    return ("--model-name-or-path", str(tiny / "policy"), "--reward-model-path", str(tiny / "rm"),
+            "--dataset-name", str(tiny / "prompts.jsonl"), "--max-prompt-tokens", "64", "--response-length", "16",
+            "--prompts-per-step", "4", "--num-samples-per-prompt", "2", "--learning-rate", "3e-3", "--seed", "3",
+            "--sample-every", "2", *extra)
+
+
+# ---------------------------------------------------------------- pure helpers
+def test_dpo_loss_matches_hand_computation(dpo):
+    # pair 1: logratios (0.5, -0.3) -> margin 0.8; pair 2: (-0.2, 0.4) -> margin -0.6; beta 0.1
+    loss = dpo.dpo_loss(torch.tensor([0.5, -0.2]), torch.tensor([-0.3, 0.4]), beta=0.1)
+    # -log sigmoid(x) = log(1 + e^-x): (log(1 + e^-0.08) + log(1 + e^0.06)) / 2 = (0.653898 + 0.723630) / 2
+    assert loss.item() == pytest.approx(0.688764, abs=1e-5)
+
+
+def test_select_pairs_picks_best_and_worst_of_each_prompt(dpo):
+    scores = torch.tensor([0.1, 0.9, -0.5, 2.0, 1.0, 3.0])  # 2 prompts x 3 samples
+    chosen, rejected = dpo.select_pairs(scores, 3)
+    assert chosen.tolist() == [1, 5] and rejected.tolist() == [2, 4]
+
+
+def test_pad_sequences_marks_responses_without_relying_on_pad_id(dpo):
+    eos = 7  # pad == EOS, and the first response ends with it
+    ids, attn, resp = dpo.pad_sequences([[1, 2], [3]], [[4, eos], [5, 6, 8]], eos, "cpu")
+    assert ids.tolist() == [[1, 2, 4, eos], [3, 5, 6, 8]]
+    assert attn.tolist() == [[1, 1, 1, 1], [1, 1, 1, 1]]
+    assert resp.tolist() == [[0, 0, 1, 1], [0, 1, 1, 1]]
+    ids, attn, resp = dpo.pad_sequences([[1, 2, 3]], [[eos]], eos, "cpu")
+    assert resp.tolist() == [[0, 0, 0, 1]]
+
+
+def test_prompt_order_is_seeded_and_covers_every_prompt(dpo):
+    a, b = dpo.prompt_order(5, 12, seed=1), dpo.prompt_order(5, 12, seed=1)
+    assert a.tolist() == b.tolist() and sorted(a[:5].tolist()) == list(range(5)) and len(a) == 12
+
+
+def test_reward_scores_read_last_real_token_when_pad_is_eos(dpo, tiny):
+    from transformers import AutoModelForSequenceClassification
+
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny / "rm", num_labels=1).eval()
+    eos = rm.config.pad_token_id
+    # sequence 0 ends with EOS (== pad) and is followed by padding; its score must be read at that EOS
+    ids, attn, _ = dpo.pad_sequences([[5, 6], [5, 6]], [[9, eos], [9, 10, 11, 12]], eos, "cpu")
+    scores = dpo.get_scores(rm, ids, attn)
+    alone = dpo.get_scores(rm, torch.tensor([[5, 6, 9, eos]]), torch.ones(1, 4, dtype=torch.long))
+    assert scores[0].item() == pytest.approx(alone.item(), abs=1e-5)
+    assert scores[0].item() != pytest.approx(dpo.get_scores(rm, ids[:1, :3], attn[:1, :3]).item(), abs=1e-6)
+
+
+def test_functions_defined_in_both_files_are_identical():
+    def functions(path):
+        source = (REPO / path).read_text()
+        return {node.name: ast.get_source_segment(source, node) for node in ast.parse(source).body
+                if isinstance(node, ast.FunctionDef)}
+
+    a, b = functions(ASYNC), functions(SYNC)
+    shared = sorted(set(a) & set(b))
+    assert {"dpo_loss", "generate", "push_weights_to_engine", "produce_batch", "token_logprobs"} <= set(shared)
+    drifted = [name for name in shared if a[name] != b[name]]
+    assert not drifted, f"functions that drifted apart between {ASYNC} and {SYNC}: {drifted}"
+    assert set(a) - set(b) == {"generation_thread", "wait_for"}
+
+
+# ---------------------------------------------------------------- weight sync on a real engine
+def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(dpo, tiny):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args = dpo.Args(model_name_or_path=str(tiny / "policy"), engine_device="cpu", gpu_memory_utilization=0.1, kv_cache_gib=0.25,
+                    max_prompt_tokens=96, response_length=16, temperature=0.7, num_samples_per_prompt=1,
+                    prompts_per_step=1, seed=0)
+    llm = dpo.build_engine(args)
+    tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
+    model = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
+    # longer than one KV block (16 tokens), so a stale prefix cache would show up after the sync
+    prompt = tokenizer("Natalia sold clips to 48 of her friends in April, and then she sold half as many").input_ids
+    assert len(prompt) > 32
+    fixed = prompt + [11, 12, 13, 14]
+    from vllm import SamplingParams
+
+    def engine_sequence_logprobs():  # vLLM prompt logprobs are always of the raw logits, i.e. temperature 1
+        out = llm.generate([{"prompt_token_ids": fixed}], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                           use_tqdm=False)[0]
+        return torch.tensor([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], fixed[1:])])
+
+    def learner_logprobs(ids, response_mask, temperature):
+        ids = torch.tensor([ids])
+        with torch.no_grad():
+            return dpo.token_logprobs(model, ids, torch.ones_like(ids), response_mask, temperature)[0]
+
+    everything = torch.ones(1, len(fixed), dtype=torch.long)
+    before = engine_sequence_logprobs()
+    assert (before - learner_logprobs(fixed, everything, 1.0)).abs().max() < 1e-4
+
+    # one learner step, then the sync
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
+    loss = -dpo.token_logprobs(model, torch.tensor([fixed]), everything, everything, 1.0).sum()
+    loss.backward()
+    optimizer.step()
+    dpo.push_weights_to_engine(llm, model.state_dict())
+    after = engine_sequence_logprobs()
+    assert (after - learner_logprobs(fixed, everything, 1.0)).abs().max() < 1e-4
+    assert (after - before).abs().max() > 1e-2, "the engine did not pick up the new weights"
+
+    # sampled-token logprobs are those of the tempered distribution (logprobs_mode="processed_logprobs"),
+    # i.e. exactly what the learner computes at the sampling temperature
+    (responses,), (logprobs,) = dpo.generate(llm, [prompt], args, step=0)
+    mask = torch.tensor([[0] * len(prompt) + [1] * len(responses)])
+    learner = learner_logprobs(prompt + responses, mask, 0.7)[len(prompt) - 1:]
+    assert (learner - torch.tensor(logprobs)).abs().max() < 1e-4
+    raw = learner_logprobs(prompt + responses, mask, 1.0)[len(prompt) - 1:]
+    assert (raw - torch.tensor(logprobs)).abs().max() > 1e-2
+
+
+# ---------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def async_runs(tiny, tmp_path_factory):
+    """Two K=1 runs with the same seed (determinism) and one K=2 run, each 5 learner steps."""
+    runs = {}
+    for name, k in (("k1_a", 1), ("k1_b", 1), ("k2", 2)):
+        cwd = tmp_path_factory.mktemp(name)
+        proc, _ = run_script(ASYNC, cwd, *common_flags(tiny, "--num-learner-steps", "5", "--async-steps", str(k),
+                                                        "--output-dir", str(cwd / "model")))
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[name] = (cwd, proc, read_metrics(cwd))
+    return runs
+
+
+def test_async_run_writes_metrics_and_a_loadable_model(async_runs, tiny):
+    from transformers import AutoModelForCausalLM
+
+    cwd, proc, metrics = async_runs["k1_a"]
+    assert [m["step"] for m in metrics] == list(range(5))
+    for key in ("objective/scores", "objective/score_margin", "objective/kl", "losses/dpo_loss",
+                "policy/chosen_rejected_logratio", "val/eos_rate", "time/generation", "time/training",
+                "time/weight_sync", "time/learner_waiting", "async/actor_version", "async/learner_version",
+                "async/staleness", "async/behaviour_learner_logprob_gap"):
+        assert all(math.isfinite(m[key]) for m in metrics), key
+    assert list((cwd / "runs").glob("*/events.out.tfevents.*")), "no tensorboard file"
+    assert "60 prompts, 4 dropped as longer than --max-prompt-tokens 64" in proc.stdout
+    trained = AutoModelForCausalLM.from_pretrained(cwd / "model")
+    initial = AutoModelForCausalLM.from_pretrained(tiny / "policy")
+    assert not torch.equal(trained.model.embed_tokens.weight, initial.model.embed_tokens.weight)
+    assert metrics[-1]["objective/kl"] != 0.0
+
+
+@pytest.mark.parametrize("name,k", [("k1_a", 1), ("k2", 2)])
+def test_async_batches_come_from_exactly_version_step_minus_k(async_runs, name, k):
+    metrics = async_runs[name][2]
+    assert [m["async/actor_version"] for m in metrics] == [max(0, m["step"] - k) for m in metrics]
+    assert [m["async/staleness"] for m in metrics] == [min(m["step"], k) for m in metrics]
+    # at step 0 the learner and the engine hold the same (initial) weights; later the engine's are K versions old
+    assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4
+    assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
+
+
+def test_async_runs_with_the_same_seed_are_identical(async_runs):
+    a, b = async_runs["k1_a"][2], async_runs["k1_b"][2]
+    assert [m["losses/dpo_loss"] for m in a] == [m["losses/dpo_loss"] for m in b]
+    assert [m["objective/scores"] for m in a] == [m["objective/scores"] for m in b]
+    assert len({m["losses/dpo_loss"] for m in a}) > 1, "the loss never changed: the test would prove nothing"
+
+
+def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_path):
+    proc, _ = run_script(SYNC, tmp_path, *common_flags(tiny, "--num-learner-steps", "4", "--num-mini-batches", "2",
+                                                        "--output-dir", str(tmp_path / "model")))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = read_metrics(tmp_path)
+    assert [m["async/actor_version"] for m in metrics] == [0, 1, 2, 3]
+    assert all(m["async/staleness"] == 0 for m in metrics)
+    # the engine really runs the learner's current weights at every step (the weights do change: lr 3e-3)
+    assert all(m["async/behaviour_learner_logprob_gap"] < 1e-4 for m in metrics)
+    assert metrics[-1]["objective/kl"] != 0.0
+    assert (tmp_path / "model" / "config.json").exists()
+
+
+# ---------------------------------------------------------------- failures
+def test_exception_in_generation_thread_stops_the_run_with_its_traceback(tiny, tmp_path):
+    # fault injection, not a mock: the real engine runs, and its second generate call raises inside the thread
+    (tmp_path / "inject.py").write_text(f"""
+import runpy, sys
+import vllm
+real_generate = vllm.LLM.generate
+calls = []
+def failing_generate(self, *a, **k):
+    calls.append(1)
+    if len(calls) == 2:
+        raise ValueError("injected failure in generation")
+    return real_generate(self, *a, **k)
+vllm.LLM.generate = failing_generate
+sys.argv = [{str(REPO / ASYNC)!r}] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+    proc, seconds = run_script(str(tmp_path / "inject.py"), tmp_path,
+                               *common_flags(tiny, "--num-learner-steps", "50", "--queue-timeout", "600"), timeout=300)
+    assert proc.returncode != 0
+    assert "ValueError: injected failure in generation" in proc.stderr
+    assert "the generation thread failed" in proc.stderr
+    assert seconds < 120, f"took {seconds:.0f}s to stop"
+
+
+@pytest.mark.parametrize("script", [ASYNC, SYNC])
+@pytest.mark.parametrize("flags,message", [
+    (("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model' is not a model folder"),
+    (("--prompts-per-step", "5", "--num-mini-batches", "2"), "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
+    (("--num-samples-per-prompt", "1",), "--num-samples-per-prompt must be >= 2"),
+    (("--max-prompt-tokens", "2",), "all 64 prompts are empty or longer than --max-prompt-tokens 2"),
+])
+def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, tmp_path, script, flags, message):
+    proc, _ = run_script(script, tmp_path, *common_flags(tiny, "--num-learner-steps", "2"), *flags, timeout=300)
+    assert proc.returncode != 0
+    assert f"error: {message}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "Initializing a V1 LLM engine" not in proc.stderr + proc.stdout
