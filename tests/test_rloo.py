@@ -1,0 +1,226 @@
+"""async_rloo.py and sync_baselines/sync_rloo.py: numerics, end-to-end runs on a real engine, bad input."""
+
+import ast
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, load_script, read_metrics, run_script
+
+ASYNC, SYNC = "async_rloo.py", "sync_baselines/sync_rloo.py"
+
+
+@pytest.fixture(scope="module")
+def rloo():
+    return load_script(ASYNC)
+
+
+def common_flags(tiny: Path, *extra: str):
+    return ("--model-name-or-path", str(tiny / "policy"), "--reward-model-path", str(tiny / "rm"),
+            "--dataset-name", str(tiny / "prompts.jsonl"), "--max-prompt-tokens", "64", "--response-length", "16",
+            "--prompts-per-step", "4", "--num-samples-per-prompt", "2", "--learning-rate", "3e-3", "--seed", "3",
+            "--sample-every", "2", *extra)
+
+
+# ---------------------------------------------------------------- pure helpers
+def test_rloo_advantages_match_hand_computation(rloo):
+    # prompt 1 (k=3) rewards 1, 2, 6: baselines (2+6)/2 = 4, (1+6)/2 = 3.5, (1+2)/2 = 1.5 -> A = -3, -1.5, 4.5
+    # prompt 2: all equal rewards -> every baseline equals the reward -> A = 0
+    advantages = rloo.rloo_advantages(torch.tensor([1.0, 2.0, 6.0, 0.7, 0.7, 0.7]), k=3)
+    assert advantages.tolist() == pytest.approx([-3.0, -1.5, 4.5, 0.0, 0.0, 0.0], abs=1e-6)
+    # k=2: each sample's baseline is the other one -> A = +-(r1 - r2); samples of a prompt are adjacent
+    advantages = rloo.rloo_advantages(torch.tensor([0.5, -0.25, 3.0, 1.0]), k=2)
+    assert advantages.tolist() == pytest.approx([0.75, -0.75, 2.0, -2.0], abs=1e-6)
+    # the leave-one-out advantages of a prompt always sum to 0: sum_i r_i - sum_i (S - r_i)/(k-1) = S - S
+    random_rewards = torch.randn(5 * 4)
+    assert rloo.rloo_advantages(random_rewards, k=4).view(5, 4).sum(1).abs().max() < 1e-5
+
+
+def clipped_loss_inputs():
+    # four sequences, cliprange 0.2, cap 2: (advantage, sequence ratio pi/pi_behaviour)
+    #   1: A=+1,   r=1.5 -> -A*r = -1.5,              -A*clip(r) = -1*1.2  = -1.2  -> max -1.2 (clipped, no grad)
+    #   2: A=-1,   r=3.0 -> -A*min(r, 2) = 2.0,        -A*clip(r) = 1*1.2   = 1.2   -> max 2.0 (capped, no grad)
+    #   3: A=+2,   r=0.5 -> -A*r = -1.0,              -A*clip(r) = -2*0.8  = -1.6  -> max -1.0 (grad -A*r = -1.0)
+    #   4: A=-0.5, r=1.1 -> -A*r = 0.55,              -A*clip(r) = 0.5*1.1 = 0.55  -> 0.55     (grad -A*r = 0.55)
+    ratios = torch.tensor([1.5, 3.0, 0.5, 1.1])
+    behaviour = torch.tensor([-10.0, -4.0, -7.5, -20.0])  # sequence sums; only differences matter
+    new = (behaviour + ratios.log()).requires_grad_(True)
+    return new, behaviour, torch.tensor([1.0, -1.0, 2.0, -0.5])
+
+
+def test_clipped_policy_loss_matches_hand_computation(rloo):
+    new, behaviour, advantages = clipped_loss_inputs()
+    loss, stats = rloo.clipped_policy_loss(new, behaviour, advantages, cliprange=0.2, cap=2.0)
+    # (-1.2 + 2.0 - 1.0 + 0.55) / 4 = 0.35 / 4
+    assert loss.item() == pytest.approx(0.0875, abs=1e-5)
+    loss.backward()
+    # d loss / d log pi: 0 for the clipped and the capped sequence, -A*r/4 for the others: -1.0/4 and 0.55/4
+    assert new.grad.tolist() == pytest.approx([0.0, 0.0, -0.25, 0.1375], abs=1e-5)
+    assert stats["importance_ratio_mean"] == pytest.approx(6.1 / 4, abs=1e-5)  # (1.5 + 3 + 0.5 + 1.1) / 4
+    assert stats["importance_ratio_max"] == pytest.approx(3.0, abs=1e-5)  # untruncated
+    assert stats["clipfrac"] == pytest.approx(0.75)  # |r-1| = 0.5, 2, 0.5, 0.1 > 0.2 for three of four
+    # k3: (r-1) - log r = 0.094535 + 0.901388 + 0.193147 + 0.004690 = 1.193760, / 4
+    assert stats["approx_kl"] == pytest.approx(0.298440, abs=1e-5)
+
+
+def test_clipped_policy_loss_without_cap_lets_the_stale_sample_push(rloo):
+    new, behaviour, advantages = clipped_loss_inputs()
+    loss, _ = rloo.clipped_policy_loss(new, behaviour, advantages, cliprange=0.2, cap=None)
+    # sequence 2 now gives max(-A*r, -A*clip(r)) = max(3.0, 1.2) = 3.0: (-1.2 + 3.0 - 1.0 + 0.55) / 4 = 1.35 / 4
+    assert loss.item() == pytest.approx(0.3375, abs=1e-5)
+    loss.backward()
+    assert new.grad.tolist() == pytest.approx([0.0, 0.75, -0.25, 0.1375], abs=1e-5)  # 3.0/4 for sequence 2
+
+
+def test_a_huge_sequence_log_ratio_gives_finite_loss_and_gradient(rloo):
+    # a sum of ~50 token log-ratios can pass 88, where exp overflows float32; the gradient must stay finite (zero here:
+    # the sample is far beyond the cap for A < 0 and beyond the clip for A > 0)
+    new = torch.tensor([-1.0, -1.0], requires_grad=True)
+    loss, stats = rloo.clipped_policy_loss(new, torch.tensor([-101.0, -101.0]), torch.tensor([-1.0, 1.0]),
+                                           cliprange=0.2, cap=2.0)
+    loss.backward()
+    assert torch.isfinite(loss) and new.grad.tolist() == [0.0, 0.0]
+    assert loss.item() == pytest.approx((2.0 - 1.2) / 2)  # capped at -A * 2 and clipped at -A * 1.2
+
+
+def test_on_policy_ratio_is_one_and_loss_is_minus_mean_advantage(rloo):
+    logprobs = torch.tensor([-3.0, -5.0, -1.0, -2.0], requires_grad=True)
+    advantages = torch.tensor([0.5, -0.5, 1.0, -1.0])
+    loss, stats = rloo.clipped_policy_loss(logprobs, logprobs.detach(), advantages, cliprange=0.2, cap=2.0)
+    loss.backward()
+    # ratio 1 everywhere: loss = mean(-A) = 0, gradient = -A/4 (plain REINFORCE with the RLOO baseline)
+    assert loss.item() == pytest.approx(0.0, abs=1e-7)
+    assert logprobs.grad.tolist() == pytest.approx([-0.125, 0.125, -0.25, 0.25], abs=1e-7)
+    assert stats["clipfrac"] == 0.0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_functions_defined_in_both_files_are_identical():
+    def functions(path):
+        source = (REPO / path).read_text()
+        return {node.name: ast.get_source_segment(source, node) for node in ast.parse(source).body
+                if isinstance(node, ast.FunctionDef)}
+
+    a, b = functions(ASYNC), functions(SYNC)
+    shared = sorted(set(a) & set(b))
+    assert {"rloo_advantages", "clipped_policy_loss", "generate", "push_weights_to_engine", "produce_batch",
+            "token_logprobs", "logprob_gap", "get_scores", "check_args"} <= set(shared)
+    drifted = [name for name in shared if a[name] != b[name]]
+    assert not drifted, f"functions that drifted apart between {ASYNC} and {SYNC}: {drifted}"
+    assert set(a) - set(b) == {"generation_thread", "wait_for"}
+
+
+# ---------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def async_runs(tiny, tmp_path_factory):
+    """A K=1 run with N=2 mini-batches and a K=2 run with N=1, each 5 learner steps."""
+    runs = {}
+    for name, k, n in (("k1", 1, 2), ("k2", 2, 1)):
+        cwd = tmp_path_factory.mktemp(name)
+        proc, _ = run_script(ASYNC, cwd, *common_flags(tiny, "--num-learner-steps", "5", "--async-steps", str(k),
+                                                        "--num-mini-batches", str(n), "--output-dir",
+                                                        str(cwd / "model")))
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[name] = (cwd, proc, read_metrics(cwd))
+    return runs
+
+
+KEYS = ("objective/scores", "objective/kl", "objective/rlhf_reward", "losses/policy_loss",
+        "policy/importance_ratio_mean", "policy/importance_ratio_max", "policy/clipfrac", "policy/approx_kl",
+        "policy/grad_norm", "policy/learning_rate", "val/eos_rate", "val/response_length", "time/generation",
+        "time/reward_labeling", "time/training", "time/weight_sync", "time/learner_waiting", "time/actor_waiting",
+        "async/actor_version", "async/learner_version", "async/staleness", "async/behaviour_learner_logprob_gap")
+
+
+def test_async_run_writes_metrics_and_a_loadable_model(async_runs, tiny):
+    from transformers import AutoModelForCausalLM
+
+    cwd, proc, metrics = async_runs["k1"]
+    assert [m["step"] for m in metrics] == list(range(5))
+    for key in KEYS:
+        assert all(math.isfinite(m[key]) for m in metrics), key
+    assert list((cwd / "runs").glob("*/events.out.tfevents.*")), "no tensorboard file"
+    assert "60 prompts, 4 dropped as longer than --max-prompt-tokens 64" in proc.stdout
+    trained = AutoModelForCausalLM.from_pretrained(cwd / "model")
+    initial = AutoModelForCausalLM.from_pretrained(tiny / "policy")
+    assert not torch.equal(trained.model.embed_tokens.weight, initial.model.embed_tokens.weight)
+    assert metrics[-1]["episodes"] == 5 * 4 * 2
+
+
+def test_reward_is_score_minus_kl_penalty_from_the_behaviour_policy(async_runs):
+    for name, k in (("k1", 1), ("k2", 2)):
+        metrics = async_runs[name][2]
+        for m in metrics:  # means are linear: mean(r) = mean(score) - 0.05 * mean(KL)
+            assert m["objective/rlhf_reward"] == pytest.approx(m["objective/scores"] - 0.05 * m["objective/kl"],
+                                                               abs=1e-4)
+        # the KL is that of the policy that sampled the batch: version 0 is the reference itself
+        for m in metrics[: k + 1]:
+            assert abs(m["objective/kl"]) < 1e-3, (name, m["step"], m["objective/kl"])
+        assert abs(metrics[-1]["objective/kl"]) > 1e-2
+
+
+@pytest.mark.parametrize("name,k", [("k1", 1), ("k2", 2)])
+def test_async_batches_come_from_exactly_version_step_minus_k(async_runs, name, k):
+    metrics = async_runs[name][2]
+    assert [m["async/actor_version"] for m in metrics] == [max(0, m["step"] - k) for m in metrics]
+    assert [m["async/staleness"] for m in metrics] == [min(m["step"], k) for m in metrics]
+    # at step 0 the learner and the engine hold the same (initial) weights; later the engine's are K versions old
+    assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4
+    assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
+
+
+def test_importance_ratio_is_taken_to_the_behaviour_policy(async_runs):
+    metrics = async_runs["k2"][2]  # N=1: each step's only update sees the weights the learner had at its start
+    # step 0: the batch was sampled by the learner's own weights, so every sequence ratio is 1 (to float error)
+    assert metrics[0]["policy/importance_ratio_max"] == pytest.approx(1.0, abs=1e-3)
+    assert metrics[0]["policy/clipfrac"] == 0.0 and metrics[0]["policy/approx_kl"] < 1e-6
+    # later batches are 2 versions old (lr 3e-3 moves the tiny policy a lot): the ratio is far from 1
+    assert metrics[-1]["policy/approx_kl"] > 1e-3 and metrics[-1]["policy/clipfrac"] > 0.0
+
+
+def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_path):
+    # N=1 and fresh weights every step: the data is on-policy, so every ratio is 1; `None` also checks the flag parses
+    proc, _ = run_script(SYNC, tmp_path, *common_flags(tiny, "--num-learner-steps", "4", "--importance-ratio-cap",
+                                                        "None", "--output-dir", str(tmp_path / "model")))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = read_metrics(tmp_path)
+    for key in KEYS:
+        assert all(math.isfinite(m[key]) for m in metrics), key
+    assert [m["async/actor_version"] for m in metrics] == [0, 1, 2, 3]
+    assert all(m["async/staleness"] == 0 for m in metrics)
+    # the engine really runs the learner's current weights at every step (the weights do change: lr 3e-3)
+    assert all(m["async/behaviour_learner_logprob_gap"] < 1e-4 for m in metrics)
+    assert all(m["policy/importance_ratio_max"] == pytest.approx(1.0, abs=1e-3) for m in metrics)
+    assert abs(metrics[-1]["objective/kl"]) > 1e-2
+    assert (tmp_path / "model" / "config.json").exists()
+
+
+# ---------------------------------------------------------------- failures
+@pytest.mark.parametrize("flags,message", [
+    (dict(prompts_per_step=5, num_mini_batches=2), "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
+    (dict(num_samples_per_prompt=1), "--num-samples-per-prompt must be >= 2 for a leave-one-out baseline, got 1"),
+    (dict(importance_ratio_cap=0.5), "--importance-ratio-cap must be >= 1 or None (a cap below 1 down-weights "
+                                     "on-policy samples), got 0.5"),
+    (dict(cliprange=-0.1), "--cliprange must be >= 0, got -0.1"),
+])
+def test_bad_flag_values_are_rejected_with_a_message_naming_the_flag(rloo, tiny, flags, message):
+    # `check_args` is the same function in both files (checked above); the subprocess test below shows it runs first
+    args = rloo.Args(model_name_or_path=str(tiny / "policy"), reward_model_path=str(tiny / "rm"),
+                     dataset_name=str(tiny / "prompts.jsonl"), **flags)
+    with pytest.raises(SystemExit, match=re.escape(f"error: {message}")):
+        rloo.check_args(args)
+
+
+@pytest.mark.parametrize("script,flags,message", [
+    (ASYNC, ("--num-samples-per-prompt", "1"), "--num-samples-per-prompt must be >= 2 for a leave-one-out baseline"),
+    (SYNC, ("--prompts-per-step", "5", "--num-mini-batches", "2"),
+     "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
+])
+def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, tmp_path, script, flags, message):
+    proc, _ = run_script(script, tmp_path, *common_flags(tiny, "--num-learner-steps", "2"), *flags, timeout=300)
+    assert proc.returncode != 0
+    assert f"error: {message}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "Initializing a V1 LLM engine" not in proc.stderr + proc.stdout
