@@ -478,9 +478,11 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, weig
         SET_TORCH_THREADS(args.torch_threads)
         version, last_evaluated = 0, -1
         for step, (prompts, answers) in enumerate(prompt_batches):
-            weight_sync_time = 0.0
+            weight_sync_time = waiting_time = 0.0
             while version < step - args.async_steps:
+                start = time.time()
                 version, state_dict = wait_for(weights_queue, stop, args.queue_timeout, f"policy version {version + 1}")
+                waiting_time += time.time() - start
                 start = time.time()
                 push_weights_to_engine(llm, state_dict)
                 weight_sync_time += time.time() - start
@@ -489,7 +491,7 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, weig
             if eval_set[0] and version % args.eval_every == 0 and version > last_evaluated:
                 evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
             batch = produce_batch(llm, tokenizer, args, prompts, answers, step)
-            batch.update(actor_version=version, time_weight_sync=weight_sync_time, evaluation=evaluation)
+            batch.update(actor_version=version, time_weight_sync=weight_sync_time, time_actor_waiting=waiting_time, evaluation=evaluation)
             while not stop.is_set():  # a bounded put that gives up when the run is stopping
                 try:
                     data_queue.put(batch, timeout=1.0)
@@ -644,7 +646,7 @@ if __name__ == "__main__":
             "objective/format_rate": batch["format_rate"],
             "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
             "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
-            "losses/pg_loss": float(np.mean(stats["loss"])),
+            "losses/policy_loss": float(np.mean(stats["loss"])),
             "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
             "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
             "policy/clipfrac": float(np.mean(stats["clipfrac"])),
@@ -659,6 +661,7 @@ if __name__ == "__main__":
             "time/training": training_time,
             "time/weight_sync": batch["time_weight_sync"],
             "time/learner_waiting": learner_waiting,
+            "time/actor_waiting": batch["time_actor_waiting"],
             "time/elapsed": time.time() - start_time,
             "async/actor_version": batch["actor_version"],
             "async/learner_version": step,

@@ -425,15 +425,17 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
         SET_TORCH_THREADS(args.torch_threads)
         version = 0
         for step, prompts in enumerate(prompt_batches):
-            weight_sync_time = 0.0
+            weight_sync_time = waiting_time = 0.0
             while version < step - args.async_steps:
+                start = time.time()
                 version, state_dict = wait_for(weights_queue, stop, args.queue_timeout, f"policy version {version + 1}")
+                waiting_time += time.time() - start
                 start = time.time()
                 push_weights_to_engine(llm, state_dict)
                 weight_sync_time += time.time() - start
                 del state_dict
             batch = produce_batch(llm, reward_model, tokenizer, args, prompts, step)
-            batch.update(actor_version=version, time_weight_sync=weight_sync_time)
+            batch.update(actor_version=version, time_weight_sync=weight_sync_time, time_actor_waiting=waiting_time)
             while not stop.is_set():  # a bounded put that gives up when the run is stopping
                 try:
                     data_queue.put(batch, timeout=1.0)
@@ -621,6 +623,7 @@ if __name__ == "__main__":
             "time/training": training_time,
             "time/weight_sync": batch["time_weight_sync"],
             "time/learner_waiting": learner_waiting,
+            "time/actor_waiting": batch["time_actor_waiting"],
             "time/elapsed": time.time() - start_time,
             "async/actor_version": batch["actor_version"],
             "async/learner_version": step,

@@ -32,14 +32,21 @@ GSM8K_TRAIN = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 
 # Per algorithm: its two scripts and the flags that make one learner step cost about as much as in the others.
 # {policy}, {reward_model}, {prompts} are filled in at run time.
+# Every algorithm generates and trains on 8 sequences of at most 48 new tokens per learner step.
+RM_FLAGS = ["--model-name-or-path", "{policy}", "--reward-model-path", "{reward_model}", "--dataset-name", "{prompts}",
+            "--max-prompt-tokens", "128", "--response-length", "48", "--learning-rate", "1e-6"]
 ALGORITHMS = {
-    "dpo": dict(
-        async_script="async_dpo.py",
-        sync_script="sync_baselines/sync_dpo.py",
-        flags=["--model-name-or-path", "{policy}", "--reward-model-path", "{reward_model}", "--dataset-name",
-               "{prompts}", "--max-prompt-tokens", "128", "--response-length", "48", "--prompts-per-step", "4",
-               "--num-samples-per-prompt", "4", "--learning-rate", "1e-6"],
-    ),
+    "dpo": dict(async_script="async_dpo.py", sync_script="sync_baselines/sync_dpo.py",
+                flags=RM_FLAGS + ["--prompts-per-step", "4", "--num-samples-per-prompt", "2"]),
+    "rloo": dict(async_script="async_rloo.py", sync_script="sync_baselines/sync_rloo.py",
+                 flags=RM_FLAGS + ["--prompts-per-step", "4", "--num-samples-per-prompt", "2"]),
+    "ppo": dict(async_script="async_ppo.py", sync_script="sync_baselines/sync_ppo.py",
+                flags=RM_FLAGS + ["--prompts-per-step", "8", "--num-samples-per-prompt", "1"]),
+    # no reward model: the verifier grades generated arithmetic problems; held-out evaluation off (not a step cost)
+    "grpo_gsm8k": dict(async_script="async_grpo_gsm8k.py", sync_script="sync_baselines/sync_grpo_gsm8k.py",
+                       flags=["--model-name-or-path", "{policy}", "--dataset", "arithmetic", "--max-prompt-tokens",
+                              "128", "--response-length", "48", "--learning-rate", "1e-6", "--prompts-per-step", "2",
+                              "--num-samples-per-prompt", "4", "--num-eval-prompts", "0"]),
 }
 VARIANTS = {
     "sync": ("sync_script", ["--torch-threads", "2"]),

@@ -513,7 +513,7 @@ if __name__ == "__main__":
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
 
-    start_time = time.time()
+    start_time, training_time = time.time(), 0.0
     group = args.num_samples_per_prompt
     for step, (batch_prompts, batch_answers) in enumerate(tqdm(prompt_batches, desc="learner steps")):
         # SYNC: the engine gets the current weights, then the learner idles while it evaluates, generates and grades
@@ -524,7 +524,8 @@ if __name__ == "__main__":
         if eval_set[0] and step % args.eval_every == 0:
             log_evaluation(evaluate(llm, eval_set, args, step), writer, eval_file)
         batch = produce_batch(llm, tokenizer, args, batch_prompts, batch_answers, step)
-        batch.update(actor_version=step, time_weight_sync=weight_sync_time)
+        # the engine idled while the learner trained the previous step
+        batch.update(actor_version=step, time_weight_sync=weight_sync_time, time_actor_waiting=training_time)
         learner_waiting = time.time() - wait_start
 
         # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
@@ -571,7 +572,7 @@ if __name__ == "__main__":
             "objective/format_rate": batch["format_rate"],
             "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
             "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
-            "losses/pg_loss": float(np.mean(stats["loss"])),
+            "losses/policy_loss": float(np.mean(stats["loss"])),
             "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
             "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
             "policy/clipfrac": float(np.mean(stats["clipfrac"])),
@@ -586,6 +587,7 @@ if __name__ == "__main__":
             "time/training": training_time,
             "time/weight_sync": batch["time_weight_sync"],
             "time/learner_waiting": learner_waiting,
+            "time/actor_waiting": batch["time_actor_waiting"],
             "time/elapsed": time.time() - start_time,
             "async/actor_version": batch["actor_version"],
             "async/learner_version": step,

@@ -459,7 +459,7 @@ if __name__ == "__main__":
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
 
-    start_time = time.time()
+    start_time, training_time = time.time(), 0.0
     for step, batch_prompts in enumerate(tqdm(prompt_batches, desc="learner steps")):
         # SYNC: the engine gets the current weights, then the learner idles while it generates and labels
         wait_start = time.time()
@@ -467,7 +467,8 @@ if __name__ == "__main__":
             push_weights_to_engine(llm, policy.state_dict())
         weight_sync_time = time.time() - wait_start
         batch = produce_batch(llm, reward_model, tokenizer, args, batch_prompts, step)
-        batch.update(actor_version=step, time_weight_sync=weight_sync_time)
+        # the engine idled while the learner trained the previous step
+        batch.update(actor_version=step, time_weight_sync=weight_sync_time, time_actor_waiting=training_time)
         learner_waiting = time.time() - wait_start
 
         # ALGO LOGIC: rewards, values and advantages of the whole batch, then PPO in N mini-batches per epoch
@@ -549,6 +550,7 @@ if __name__ == "__main__":
             "time/training": training_time,
             "time/weight_sync": batch["time_weight_sync"],
             "time/learner_waiting": learner_waiting,
+            "time/actor_waiting": batch["time_actor_waiting"],
             "time/elapsed": time.time() - start_time,
             "async/actor_version": batch["actor_version"],
             "async/learner_version": step,

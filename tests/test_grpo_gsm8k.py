@@ -205,7 +205,7 @@ def test_async_run_logs_metrics_evaluates_and_learns(async_runs, tiny):
 
     proc, metrics, evals, cwd = async_runs["arith_k1"]
     assert [m["step"] for m in metrics] == list(range(5))
-    for key in ("objective/accuracy", "objective/format_rate", "losses/pg_loss", "policy/importance_ratio_mean",
+    for key in ("objective/accuracy", "objective/format_rate", "losses/policy_loss", "policy/importance_ratio_mean",
                 "policy/importance_ratio_max", "policy/clipfrac", "policy/approx_kl", "val/truncated_rate",
                 "val/response_length", "time/generation", "time/reward_labeling", "time/training",
                 "async/behaviour_learner_logprob_gap", "async/staleness"):
