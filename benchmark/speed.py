@@ -151,6 +151,11 @@ def summarize(result):
     )
 
 
+def secs(x: float) -> str:
+    """Seconds for the table; below one second keep three decimals so that --quick runs do not print as 0.0."""
+    return f"{x:.1f}" if x >= 1 else f"{x:.3f}"
+
+
 def report(results_dir: Path):
     """Rebuild speed.md and speed.png from the result files."""
     rows, plot_rows = [], []
@@ -168,13 +173,14 @@ def report(results_dir: Path):
         bound = (g + t) / max(g, t)
         speedup_split = s["sync_split"]["step_time"] / s["async"]["step_time"]
         speedup_sync = s["sync"]["step_time"] / s["async"]["step_time"]
+        gap = 100 * (speedup_split - 1) / (bound - 1) if bound > 1.001 else float("nan")
         rows.append(
-            f"| {algo} | {s['sync']['step_time']:.1f} | {s['sync_split']['step_time']:.1f} | "
-            f"{s['async']['step_time']:.1f} | {speedup_sync:.2f}x | {speedup_split:.2f}x | {g:.1f} | {t:.1f} | "
-            f"{bound:.2f}x | {100 * speedup_split / bound:.0f}% | {100 * (speedup_split - 1) / (bound - 1) if bound > 1.001 else float('nan'):.0f}% | "
+            f"| {algo} | {secs(s['sync']['step_time'])} | {secs(s['sync_split']['step_time'])} | "
+            f"{secs(s['async']['step_time'])} | {speedup_sync:.2f}x | {speedup_split:.2f}x | {secs(g)} | {secs(t)} | "
+            f"{bound:.2f}x | {100 * speedup_split / bound:.0f}% | {gap:.0f}% | "
             f"{100 * s['async']['weight_sync'] / s['async']['step_time']:.1f}% | "
-            f"{s['async']['learner_waiting']:.1f} / {s['async']['actor_waiting']:.1f} | "
-            f"{s['sync_split']['learner_waiting']:.1f} / {s['sync_split']['actor_waiting']:.1f} |")
+            f"{secs(s['async']['learner_waiting'])} / {secs(s['async']['actor_waiting'])} | "
+            f"{secs(s['sync_split']['learner_waiting'])} / {secs(s['sync_split']['actor_waiting'])} |")
         plot_rows.append((algo, s, bound))
     header = (
         "| algorithm | sync s/step (2 threads) | sync s/step (1+1 split) | async s/step (1+1) | speedup vs sync | "
