@@ -425,6 +425,20 @@ def run_one(args: Args, task, algo: str, setting: str, seed: int, result_path: P
     return time.time() - start
 
 
+BUDGET_FLAGS = ("--prompts-per-step", "--num-learner-steps", "--response-length")
+
+
+def check_same_budget(path: Path, args: Args):
+    """A finished run is only reused if it had this invocation's budget; a silent mix would corrupt the table."""
+    command = json.loads(path.read_text())["command"]
+    wanted = {"--prompts-per-step": args.prompts_per_step, "--num-learner-steps": args.num_learner_steps,
+              "--response-length": args.response_length}
+    found = {flag: int(command[command.index(flag) + 1]) for flag in BUDGET_FLAGS}
+    if found != wanted:
+        sys.exit(f"error: {path} was made with {found}, this invocation asks for {wanted}; "
+                 "pass --force to rerun it or --results-dir to keep both sweeps")
+
+
 # REPORT: rebuilt from the result files alone
 def mean_std(values):
     m = sum(values) / len(values)
@@ -455,6 +469,9 @@ def report(results_dir: Path):
             rs = runs.get((algo, setting))
             if not rs:
                 continue
+            if len({r["episodes"] for r in rs}) > 1:
+                sys.exit(f"error: {algo} {setting} has result files with different episode budgets "
+                         f"{sorted({r['episodes'] for r in rs})} in {results_dir / 'staleness'}")
             gold, kl = mean_std([r["gold_reward"] for r in rs]), mean_std([r["kl"] for r in rs])
             lines.append(f"| {algo} | {setting} | {fmt(gold)} | {fmt(mean_std([r['greedy_accuracy'] for r in rs]))} | "
                          f"{fmt(kl)} | {len(rs)} | {rs[0]['episodes']} | "
@@ -491,12 +508,16 @@ def report(results_dir: Path):
 
 
 def quick_settings(args: Args):
-    """--quick: tiny everything, so that the whole pipeline runs inside the test suite in minutes."""
+    """--quick: tiny everything, so that the whole pipeline runs inside the test suite in minutes. Only fields left at
+    their defaults shrink: a flag given explicitly next to --quick wins."""
     args.settings = [s for s in args.settings if s in QUICK_SETTINGS] if args.settings != list(SETTINGS) else QUICK_SETTINGS
     args.seeds = args.seeds[:1]
-    args.num_learner_steps, args.num_train_problems, args.num_eval_problems = 2, 128, 8
-    args.sft_max_steps, args.rm_prompts, args.rm_epochs, args.eval_samples = 10, 16, 1, 2
-    args.prompts_per_step, args.response_length = 4, 32
+    quick = dict(num_learner_steps=2, num_train_problems=128, num_eval_problems=8, sft_max_steps=10, rm_prompts=16,
+                 rm_epochs=1, eval_samples=2, prompts_per_step=4, response_length=32)
+    defaults = Args()
+    for name, value in quick.items():
+        if getattr(args, name) == getattr(defaults, name):
+            setattr(args, name, value)
 
 
 if __name__ == "__main__":
@@ -522,6 +543,7 @@ if __name__ == "__main__":
                     for setting in args.settings:
                         path = results_dir / "staleness" / f"{algo}__{setting}__seed{seed}.json"
                         if path.exists() and not args.force:
+                            check_same_budget(path, args)
                             print(f"== {algo} {setting} seed {seed}: done already ({path})")
                             continue
                         if args.max_runs is not None and new_runs >= args.max_runs:

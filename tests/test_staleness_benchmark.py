@@ -47,6 +47,12 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     assert again.stdout.count("done already") == 3 and "[prep" not in again.stdout
     assert (results / "staleness.md").read_text() == table
 
+    # finished runs of another budget are refused, not reused (a silent mix would corrupt the table)
+    longer, _ = run_script("benchmark/staleness.py", tmp_path, *flags, "--settings", "sync-1", "--num-learner-steps", "3",
+                           timeout=900)
+    assert longer.returncode != 0
+    assert "dpo__sync-1__seed1.json was made with" in longer.stderr and "'--num-learner-steps': 2" in longer.stderr
+
 
 def test_sampler_and_kl_match_the_scripts_logprobs(tmp_path):
     """The evaluation's own sampler stops at EOS, and its logprob sums equal the scripts' `token_logprobs` summed."""
