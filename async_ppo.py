@@ -147,14 +147,16 @@ def check_args(args: Args):
     def fail(msg):
         sys.exit(f"error: {msg}")
 
-    for flag, path in (("--model-name-or-path", args.model_name_or_path), ("--reward-model-path", args.reward_model_path)):
+    for flag, path in (("--model-name-or-path", args.model_name_or_path),
+                       ("--reward-model-path", args.reward_model_path)):
         looks_local = path.startswith((".", "/", "~")) or os.path.exists(path)
         if looks_local and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
             fail(f"{flag} {path!r} is not a model folder (no config.json there)")
     if args.dataset_name.endswith((".json", ".jsonl")) and not os.path.isfile(args.dataset_name):
         fail(f"--dataset-name {args.dataset_name!r}: no such file")
     if args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches != 0:
-        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}")
+        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by "
+             f"--num-mini-batches {args.num_mini_batches}")
     if args.temperature <= 0:
         fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
     if args.importance_ratio_cap is not None and args.importance_ratio_cap < 1:
@@ -178,11 +180,13 @@ def load_prompts(args: Args, tokenizer):
     else:
         dataset = datasets.load_dataset(args.dataset_name, split=args.dataset_split)
     if args.prompt_field not in dataset.column_names:
-        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a column of {args.dataset_name} {dataset.column_names}")
+        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a column of "
+                 f"{args.dataset_name} {dataset.column_names}")
     token_ids = tokenizer(list(dataset[args.prompt_field]))["input_ids"]
     kept = [ids for ids in token_ids if 0 < len(ids) <= args.max_prompt_tokens]
     if not kept:
-        sys.exit(f"error: all {len(token_ids)} prompts are empty or longer than --max-prompt-tokens {args.max_prompt_tokens}")
+        sys.exit(f"error: all {len(token_ids)} prompts are empty or longer than "
+                 f"--max-prompt-tokens {args.max_prompt_tokens}")
     return kept, len(token_ids) - len(kept)
 
 
@@ -383,7 +387,8 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
     """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights)."""
-    llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
+    llm.collective_rpc("reload_weights",
+                       kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
     # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
     llm.reset_prefix_cache()
 
@@ -395,7 +400,8 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
     repeated_prompts = [p for p in prompts for _ in range(args.num_samples_per_prompt)]
-    input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id, args.engine_device)
+    input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id,
+                                                 args.engine_device)
     contains_eos = torch.tensor([tokenizer.eos_token_id in r for r in responses])
     scores = get_scores(reward_model, input_ids, attention_mask).cpu()
     # a response cut at --response-length is not a summary; the reference code penalises it the same way
@@ -412,7 +418,8 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     )
 
 
-def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, weights_queue, data_queue, stop, errors):
+def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches,
+                      weights_queue, data_queue, stop, errors):
     """Produce the batch of every learner step i with exactly policy version max(0, i - K) (the Cleanba rule).
 
     Receives every dependency as an argument. The learner sends each version (i, weights) it finishes; this thread
@@ -486,7 +493,8 @@ if __name__ == "__main__":
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
                    sync_tensorboard=True, save_code=True)
     writer = SummaryWriter(f"runs/{args.run_name}")
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    writer.add_text("hyperparameters",
+                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
 
     # TRY NOT TO MODIFY: seeding
@@ -498,23 +506,28 @@ if __name__ == "__main__":
     # data (before any model, so that bad data fails in seconds)
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
     all_prompts, num_dropped = load_prompts(args, tokenizer)
-    print(f"{len(all_prompts)} prompts, {num_dropped} dropped as longer than --max-prompt-tokens {args.max_prompt_tokens}")
+    print(f"{len(all_prompts)} prompts, {num_dropped} dropped as longer than "
+          f"--max-prompt-tokens {args.max_prompt_tokens}")
     order = prompt_order(len(all_prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
     prompt_batches = [[all_prompts[j] for j in order[i : i + args.prompts_per_step]]
                       for i in range(0, len(order), args.prompts_per_step)]
 
     # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
-    policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32).to(args.learner_device).eval()
-    ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32).to(args.learner_device).eval()
+    policy = (AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
+              .to(args.learner_device).eval())
+    ref_policy = (AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
+                  .to(args.learner_device).eval())
     ref_policy.requires_grad_(False)
-    reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1, dtype=torch.float32)
+    reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
+                                                                      dtype=torch.float32)
     reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
     if reward_model.config.vocab_size < len(tokenizer):
         sys.exit(f"error: the reward model's vocabulary ({reward_model.config.vocab_size}) is smaller than the policy "
                  f"tokenizer's ({len(tokenizer)}); it must share the policy's tokenizer")
     # the value model starts as a copy of the reward model (Huang et al., 2024): its score head already reads a
     # sensible "how good is this text" from every prefix, so early advantages are not noise from a random critic
-    value_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1, dtype=torch.float32)
+    value_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
+                                                                     dtype=torch.float32)
     value_model = value_model.to(args.learner_device).eval()
     # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
     optimizer = torch.optim.AdamW([*policy.parameters(), *value_model.parameters()], lr=args.learning_rate, eps=1e-5)
@@ -638,7 +651,8 @@ if __name__ == "__main__":
             rows = [(tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}")
                     for p, r, s in zip(batch["prompts"], batch["responses"], batch["scores"])][:4]
             writer.add_text("samples", "|prompt|response|score|\n|-|-|-|\n" + "\n".join(
-                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows), step)
+                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|"
+                for row in rows), step)
     stop.set()  # every batch was consumed; this only ends the thread's idle waits
     thread.join(timeout=60)
 

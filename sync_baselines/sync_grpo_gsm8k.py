@@ -151,7 +151,8 @@ def check_args(args: Args):
     if args.num_samples_per_prompt < 2:
         fail(f"--num-samples-per-prompt must be >= 2 to form a group, got {args.num_samples_per_prompt}")
     if args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches != 0:
-        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}")
+        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by "
+             f"--num-mini-batches {args.num_mini_batches}")
     if args.temperature <= 0:
         fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
     if args.importance_ratio_cap is not None and args.importance_ratio_cap < 1:
@@ -414,7 +415,8 @@ def evaluate(llm: LLM, eval_set, args: Args, version: int):
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
     """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights)."""
-    llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
+    llm.collective_rpc("reload_weights",
+                       kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
     # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
     llm.reset_prefix_cache()
 
@@ -493,7 +495,8 @@ if __name__ == "__main__":
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
                    sync_tensorboard=True, save_code=True)
     writer = SummaryWriter(f"runs/{args.run_name}")
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    writer.add_text("hyperparameters",
+                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
     eval_file = open(f"runs/{args.run_name}/eval.jsonl", "w")
 
@@ -503,7 +506,8 @@ if __name__ == "__main__":
     torch.manual_seed(args.seed)
 
     # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
-    policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32).to(args.learner_device).eval()
+    policy = (AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
+              .to(args.learner_device).eval())
     ref_policy = None  # without a KL term the reference is never used, so it is not loaded
     if args.kl_coef > 0:
         ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
@@ -604,7 +608,8 @@ if __name__ == "__main__":
             rows = [(tokenizer.decode(batch["prompts"][i // group])[-200:], text, batch["answers"][i // group],
                      f"{reward:.0f}") for i, (text, reward) in enumerate(zip(batch["texts"], batch["rewards"]))][:8]
             writer.add_text("samples", "|prompt|response|answer|reward|\n|-|-|-|-|\n" + "\n".join(
-                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows), step)
+                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|"
+                for row in rows), step)
 
     # the final weights have not reached the engine yet
     if eval_set[0]:

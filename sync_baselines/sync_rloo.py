@@ -7,7 +7,8 @@ learner's weights at the start of every step. `diff async_rloo.py sync_baselines
 Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
     python sync_baselines/sync_rloo.py
 Offline on a CPU with the embedded SmolLM2-135M-Instruct (see README for building a local reward model):
-    python sync_baselines/sync_rloo.py --model-name-or-path models/SmolLM2-135M-Instruct --reward-model-path models/SmolLM2-rm \
+    python sync_baselines/sync_rloo.py --model-name-or-path models/SmolLM2-135M-Instruct \
+        --reward-model-path models/SmolLM2-rm \
         --dataset-name prompts.jsonl --prompt-field query --prompts-per-step 8 --num-learner-steps 20
 Off-policyness sweep (the paper's Sec. 3: N mini-batches per generation round):
     python sync_baselines/sync_rloo.py --num-mini-batches 4
@@ -122,7 +123,8 @@ def check_args(args: Args):
     def fail(msg):
         sys.exit(f"error: {msg}")
 
-    for flag, path in (("--model-name-or-path", args.model_name_or_path), ("--reward-model-path", args.reward_model_path)):
+    for flag, path in (("--model-name-or-path", args.model_name_or_path),
+                       ("--reward-model-path", args.reward_model_path)):
         looks_local = path.startswith((".", "/", "~")) or os.path.exists(path)
         if looks_local and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
             fail(f"{flag} {path!r} is not a model folder (no config.json there)")
@@ -131,7 +133,8 @@ def check_args(args: Args):
     if args.num_samples_per_prompt < 2:
         fail(f"--num-samples-per-prompt must be >= 2 for a leave-one-out baseline, got {args.num_samples_per_prompt}")
     if args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches != 0:
-        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}")
+        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by "
+             f"--num-mini-batches {args.num_mini_batches}")
     if args.temperature <= 0:
         fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
     if args.cliprange < 0:
@@ -153,11 +156,13 @@ def load_prompts(args: Args, tokenizer):
     else:
         dataset = datasets.load_dataset(args.dataset_name, split=args.dataset_split)
     if args.prompt_field not in dataset.column_names:
-        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a column of {args.dataset_name} {dataset.column_names}")
+        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a column of "
+                 f"{args.dataset_name} {dataset.column_names}")
     token_ids = tokenizer(list(dataset[args.prompt_field]))["input_ids"]
     kept = [ids for ids in token_ids if 0 < len(ids) <= args.max_prompt_tokens]
     if not kept:
-        sys.exit(f"error: all {len(token_ids)} prompts are empty or longer than --max-prompt-tokens {args.max_prompt_tokens}")
+        sys.exit(f"error: all {len(token_ids)} prompts are empty or longer than "
+                 f"--max-prompt-tokens {args.max_prompt_tokens}")
     return kept, len(token_ids) - len(kept)
 
 
@@ -296,7 +301,8 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
     """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights)."""
-    llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
+    llm.collective_rpc("reload_weights",
+                       kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
     # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
     llm.reset_prefix_cache()
 
@@ -309,7 +315,8 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
     repeated_prompts = [p for p in prompts for _ in range(args.num_samples_per_prompt)]
-    input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id, args.engine_device)
+    input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id,
+                                                 args.engine_device)
     contains_eos = torch.tensor([tokenizer.eos_token_id in r for r in responses])
     scores = get_scores(reward_model, input_ids, attention_mask).cpu()
     scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
@@ -348,7 +355,8 @@ if __name__ == "__main__":
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
                    sync_tensorboard=True, save_code=True)
     writer = SummaryWriter(f"runs/{args.run_name}")
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    writer.add_text("hyperparameters",
+                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
 
     # TRY NOT TO MODIFY: seeding
@@ -359,16 +367,20 @@ if __name__ == "__main__":
     # data (before any model, so that bad data fails in seconds)
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
     all_prompts, num_dropped = load_prompts(args, tokenizer)
-    print(f"{len(all_prompts)} prompts, {num_dropped} dropped as longer than --max-prompt-tokens {args.max_prompt_tokens}")
+    print(f"{len(all_prompts)} prompts, {num_dropped} dropped as longer than "
+          f"--max-prompt-tokens {args.max_prompt_tokens}")
     order = prompt_order(len(all_prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
     prompt_batches = [[all_prompts[j] for j in order[i : i + args.prompts_per_step]]
                       for i in range(0, len(order), args.prompts_per_step)]
 
     # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
-    policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32).to(args.learner_device).eval()
-    ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32).to(args.learner_device).eval()
+    policy = (AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
+              .to(args.learner_device).eval())
+    ref_policy = (AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
+                  .to(args.learner_device).eval())
     ref_policy.requires_grad_(False)
-    reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1, dtype=torch.float32)
+    reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
+                                                                      dtype=torch.float32)
     reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
     if reward_model.config.vocab_size < len(tokenizer):
         sys.exit(f"error: the reward model's vocabulary ({reward_model.config.vocab_size}) is smaller than the policy "
@@ -464,7 +476,8 @@ if __name__ == "__main__":
             rows = [(tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{sc:.3f}", f"{a:.3f}")
                     for p, r, sc, a in zip(batch["prompts"], batch["responses"], batch["scores"], advantages)][:4]
             writer.add_text("samples", "|prompt|response|score|advantage|\n|-|-|-|-|\n" + "\n".join(
-                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows), step)
+                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|"
+                for row in rows), step)
 
     policy.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)

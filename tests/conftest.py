@@ -1,8 +1,8 @@
 """Shared test fixtures: tiny real models built offline at test time, and helpers to run the scripts end to end.
 
 Nothing here mocks vLLM: the scripts run in subprocesses on a real (CPU) vLLM engine, with a random-init Llama-style
-policy (head_dim 64, which vLLM's CPU attention needs) briefly fine-tuned so that it ends responses with EOS, a tokenizer
-trained locally, and a random-init sequence-classification reward model.
+policy (head_dim 64, which vLLM's CPU attention needs) briefly fine-tuned so that it ends responses with EOS,
+a tokenizer trained locally, and a random-init sequence-classification reward model.
 """
 
 import importlib.util

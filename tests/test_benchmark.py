@@ -1,4 +1,5 @@
-"""benchmark/: the --quick mode of every benchmark command runs end to end on tiny models, so the pipeline cannot rot."""
+"""benchmark/: the --quick mode of every benchmark command runs end to end on tiny models, so the pipeline
+cannot rot."""
 
 import re
 
@@ -8,7 +9,8 @@ from conftest import run_script
 def test_speed_benchmark_quick_mode_writes_table_and_plot(tiny, tmp_path):
     results = tmp_path / "results"
     flags = ("--quick", "--algorithms", "dpo", "--policy", str(tiny / "policy"), "--reward-model", str(tiny / "rm"),
-             "--prompts", str(tiny / "prompts.jsonl"), "--results-dir", str(results), "--work-dir", str(tmp_path / "work"))
+             "--prompts", str(tiny / "prompts.jsonl"), "--results-dir", str(results),
+             "--work-dir", str(tmp_path / "work"))
     proc, _ = run_script("benchmark/speed.py", tmp_path, *flags, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     table = (results / "speed.md").read_text()

@@ -85,9 +85,9 @@ def test_functions_defined_in_both_files_are_identical():
 def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(dpo, tiny):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    args = dpo.Args(model_name_or_path=str(tiny / "policy"), engine_device="cpu", gpu_memory_utilization=0.1, kv_cache_gib=0.25,
-                    max_prompt_tokens=96, response_length=16, temperature=0.7, num_samples_per_prompt=1,
-                    prompts_per_step=1, seed=0)
+    args = dpo.Args(model_name_or_path=str(tiny / "policy"), engine_device="cpu", gpu_memory_utilization=0.1,
+                    kv_cache_gib=0.25, max_prompt_tokens=96, response_length=16, temperature=0.7,
+                    num_samples_per_prompt=1, prompts_per_step=1, seed=0)
     llm = dpo.build_engine(args)
     tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
     model = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
@@ -230,7 +230,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 @pytest.mark.parametrize("script", [ASYNC, SYNC])
 @pytest.mark.parametrize("flags,message", [
     (("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model' is not a model folder"),
-    (("--prompts-per-step", "5", "--num-mini-batches", "2"), "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
+    (("--prompts-per-step", "5", "--num-mini-batches", "2"),
+     "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
     (("--num-samples-per-prompt", "1",), "--num-samples-per-prompt must be >= 2"),
     (("--max-prompt-tokens", "2",), "all 64 prompts are empty or longer than --max-prompt-tokens 2"),
 ])

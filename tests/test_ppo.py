@@ -55,7 +55,8 @@ def test_gae_matches_a_hand_written_loop_on_padded_rows(ppo):
             assert adv[row, cols].tolist() == pytest.approx(expected, abs=1e-6)
             assert ret[row, cols].tolist() == pytest.approx([a + b for a, b in zip(expected, v)], abs=1e-6)
         assert (adv[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()
-    # gamma 1, lambda .95, row 0: A3 = 1.5 - .8 = .7; A2 = .2 + .8 + .3 + .95 * .7 = 1.965; A1 = -.1 - .3 - .4 + .95 * 1.965
+    # gamma 1, lambda .95, row 0: A3 = 1.5 - .8 = .7; A2 = .2 + .8 + .3 + .95 * .7 = 1.965;
+    # A1 = -.1 - .3 - .4 + .95 * 1.965
     adv, _ = ppo.compute_gae(rewards, values, mask, 1.0, 0.95)
     assert adv[0, 1:4].tolist() == pytest.approx([1.06675, 1.965, 0.7], abs=1e-6)
 
@@ -167,9 +168,11 @@ def test_importance_ratio_cap_can_be_turned_off_from_the_command_line(ppo):
 
 
 # ---------------------------------------------------------------- subprocess runs, started together
-# each costs a vLLM/torch import (~10 s of CPU); the other checks are covered in-process by test_check_args_names_the_flag
+# each costs a vLLM/torch import (~10 s of CPU); the other checks are covered in-process by
+# test_check_args_names_the_flag
 BAD_INPUTS = [
-    (ASYNC, ("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model' is not a model folder"),
+    (ASYNC, ("--model-name-or-path", "./no/such/model"),
+     "--model-name-or-path './no/such/model' is not a model folder"),
     (SYNC, ("--max-prompt-tokens", "2"), "all 64 prompts are empty or longer than --max-prompt-tokens 2"),
     (ASYNC, ("--async-steps", "-1"), "--async-steps must be >= 0, got -1"),
 ]
@@ -181,7 +184,8 @@ def runs(tiny, tmp_path_factory):
     jobs = {"k1": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "1")),
             "k2": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "2")),
             "sync": (SYNC, ("--num-learner-steps", "4", "--num-mini-batches", "2"))}
-    jobs.update({f"bad{i}": (script, ("--num-learner-steps", "2", *flags)) for i, (script, flags, _) in enumerate(BAD_INPUTS)})
+    jobs.update({f"bad{i}": (script, ("--num-learner-steps", "2", *flags))
+                 for i, (script, flags, _) in enumerate(BAD_INPUTS)})
     procs = {}
     for name, (script, flags) in jobs.items():
         cwd = tmp_path_factory.mktemp(name)

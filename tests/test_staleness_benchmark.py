@@ -19,7 +19,8 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
         assert math.isfinite(prep[key]), key
     assert (work / "sft" / "config.json").exists() and (work / "rm" / "config.json").exists()
     test_questions = {json.loads(line)["question"] for line in (work / "data" / "test.jsonl").read_text().splitlines()}
-    train_questions = {json.loads(line)["question"] for line in (work / "data" / "train.jsonl").read_text().splitlines()}
+    train_questions = {json.loads(line)["question"]
+                       for line in (work / "data" / "train.jsonl").read_text().splitlines()}
     assert test_questions and not test_questions & train_questions  # the held-out set is disjoint
 
     # one result file per run, with finite numbers and the same episode budget for every setting
@@ -48,8 +49,8 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     assert (results / "staleness.md").read_text() == table
 
     # finished runs of another budget are refused, not reused (a silent mix would corrupt the table)
-    longer, _ = run_script("benchmark/staleness.py", tmp_path, *flags, "--settings", "sync-1", "--num-learner-steps", "3",
-                           timeout=900)
+    longer, _ = run_script("benchmark/staleness.py", tmp_path, *flags, "--settings", "sync-1",
+                           "--num-learner-steps", "3", timeout=900)
     assert longer.returncode != 0
     assert "dpo__sync-1__seed1.json was made with" in longer.stderr and "'--num-learner-steps': 2" in longer.stderr
 
