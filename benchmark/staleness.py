@@ -7,7 +7,10 @@
     python benchmark/staleness.py --quick --algorithms dpo --results-dir D --work-dir W   # the test suite's smoke run
 
 Paper (Noukhov et al., 2025, Sec. 3): train with N mini-batches per generation round (N-1 of the N updates use data
-from an older policy) and compare final gold reward against KL to the initial policy. Here the pipeline is rebuilt in
+from an older policy) and compare final gold reward against KL to the initial policy. As in the paper's code (where a
+generation batch is num_mini_batches x the mini-batch), the mini-batch and the number of optimizer updates are the same
+for every setting: sync-N generates N mini-batches per round and runs 1/N as many rounds, so only off-policyness varies,
+not the number, size or learning-rate schedule of the updates. Here the pipeline is rebuilt in
 miniature so that 64 runs fit in hours on 2 CPU cores (a SmolLM2-135M step would take minutes):
   task     GSM8K-format arithmetic word problems from async_grpo_gsm8k.py's seeded generator; gold = its verifier
   policy   a 0.4M-parameter Llama trained here by SFT until it is competent but imperfect
@@ -37,9 +40,8 @@ import tyro
 REPO = Path(__file__).resolve().parents[1]
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 
-# ONE table of every per-algorithm choice. The episode budget of an algorithm (prompts_per_step x samples x steps) is
-# the same for all its N / K settings. {sft}, {rm}, {data} are filled in at run time. prompts_per_step is a multiple of
-# 16 so that N = 16 divides it. Learning rates suit a tiny model SFT-trained at 2e-3, not Pythia; only spot-checked on
+# ONE table of every per-algorithm choice. The episode budget of an algorithm (mini_batch_prompts x samples x
+# num_updates) is the same for all its N / K settings. {sft}, {rm}, {data} are filled in at run time. Learning rates suit a tiny model SFT-trained at 2e-3, not Pythia; only spot-checked on
 # sync-1 seed 1: DPO at 1e-4 over-optimised the proxy RM (gold 0.40 -> 0.36 at KL 1.3), at 3e-5 gold rose to 0.415;
 # GRPO (verifier reward, no proxy to over-optimise) at 1e-4 rose to 0.47. RLOO and PPO take DPO's rate, untested.
 ALGORITHMS = {
@@ -57,11 +59,12 @@ ALGORITHMS = {
                               "--num-eval-prompts", "0", "--num-samples-per-prompt", "4", "--learning-rate", "1e-4"]),
 }
 # flags every run gets (prompt/response sizes fit the generated problems; no sample tables: they cost time)
-COMMON_FLAGS = ["--model-name-or-path", "{sft}", "--max-prompt-tokens", "96", "--response-length", "{response_length}",
-                "--temperature", "0.7", "--torch-threads", "1", "--sample-every", "1000000"]
+COMMON_FLAGS = ["--model-name-or-path", "{sft}", "--max-prompt-tokens", "96", "--temperature", "0.7",
+                "--torch-threads", "1", "--sample-every", "1000000"]
 # the paper's off-policyness knobs: sync with N mini-batches (N=1 is fully on-policy), async with K steps of lag
-SETTINGS = {**{f"sync-{n}": ("sync_script", ["--num-mini-batches", str(n)]) for n in (1, 2, 4, 8, 16)},
-            **{f"async-{k}": ("async_script", ["--async-steps", str(k)]) for k in (1, 2, 4)}}
+# (script, N mini-batches per generation round, flags)
+SETTINGS = {**{f"sync-{n}": ("sync_script", n, ["--num-mini-batches", str(n)]) for n in (1, 2, 4, 8, 16)},
+            **{f"async-{k}": ("async_script", 1, ["--async-steps", str(k)]) for k in (1, 2, 4)}}
 QUICK_SETTINGS = ["sync-1", "sync-2", "async-1"]
 
 
@@ -73,10 +76,10 @@ class Args:
     """settings to run: sync-N (N mini-batches per round) and async-K (K steps of lag)"""
     seeds: List[int] = field(default_factory=lambda: [1, 2])
     """seeds of the RL runs (the prep is seeded separately and shared)"""
-    prompts_per_step: int = 16
-    """prompts per learner step, for every algorithm and setting"""
-    num_learner_steps: int = 48
-    """learner steps per run: with prompts_per_step and the algorithm's samples it fixes the episode budget"""
+    mini_batch_prompts: int = 16
+    """prompts per optimizer update, the same for every setting (a generation round of sync-N holds N mini-batches)"""
+    num_updates: int = 96
+    """optimizer updates per run, the same for every setting; must be divisible by every N (16 for sync-16)"""
     response_length: int = 48
     """maximum new tokens per response (worked solutions are ~22 tokens + EOS at difficulty 1, 33 at 2)"""
     difficulty: int = 1
@@ -387,17 +390,15 @@ def run_one(args: Args, task, algo: str, setting: str, seed: int, result_path: P
 
     work = Path(args.work_dir)
     spec = ALGORITHMS[algo]
-    script_key, setting_flags = SETTINGS[setting]
-    fill = dict(sft=work / "sft", rm=work / "rm", data=work / "data", response_length=args.response_length)
+    script_key, _, setting_flags = SETTINGS[setting]
     # str.replace, not str.format: GRPO's --prompt-template holds a literal {question}
-    flags = [f.replace("{sft}", str(fill["sft"])).replace("{rm}", str(fill["rm"])).replace("{data}", str(fill["data"]))
-             .replace("{response_length}", str(fill["response_length"])) for f in COMMON_FLAGS + spec["flags"]]
+    flags = [f.replace("{sft}", str(work / "sft")).replace("{rm}", str(work / "rm")).replace("{data}", str(work / "data"))
+             for f in COMMON_FLAGS + spec["flags"]]
     cwd = work / "runs" / result_path.stem
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
     cmd = [sys.executable, str(REPO / spec[script_key]), *flags, *setting_flags, "--seed", str(seed),
-           "--prompts-per-step", str(args.prompts_per_step), "--num-learner-steps", str(args.num_learner_steps),
-           "--output-dir", str(cwd / "model")]
+           *budget_flags(args, setting), "--output-dir", str(cwd / "model")]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {algo} {setting} seed {seed}: {' '.join(cmd)}", flush=True)
     start = time.time()
@@ -425,15 +426,19 @@ def run_one(args: Args, task, algo: str, setting: str, seed: int, result_path: P
     return time.time() - start
 
 
-BUDGET_FLAGS = ("--prompts-per-step", "--num-learner-steps", "--response-length")
+def budget_flags(args: Args, setting: str):
+    """The paper's protocol: N mini-batches of a fixed size per generation round, num_updates / N rounds."""
+    n = SETTINGS[setting][1]
+    return ["--prompts-per-step", str(n * args.mini_batch_prompts), "--num-learner-steps", str(args.num_updates // n),
+            "--response-length", str(args.response_length)]
 
 
-def check_same_budget(path: Path, args: Args):
+def check_same_budget(path: Path, args: Args, setting: str):
     """A finished run is only reused if it had this invocation's budget; a silent mix would corrupt the table."""
     command = json.loads(path.read_text())["command"]
-    wanted = {"--prompts-per-step": args.prompts_per_step, "--num-learner-steps": args.num_learner_steps,
-              "--response-length": args.response_length}
-    found = {flag: int(command[command.index(flag) + 1]) for flag in BUDGET_FLAGS}
+    wanted = budget_flags(args, setting)
+    wanted = {flag: int(value) for flag, value in zip(wanted[::2], wanted[1::2])}
+    found = {flag: int(command[command.index(flag) + 1]) for flag in wanted}
     if found != wanted:
         sys.exit(f"error: {path} was made with {found}, this invocation asks for {wanted}; "
                  "pass --force to rerun it or --results-dir to keep both sweeps")
@@ -512,8 +517,8 @@ def quick_settings(args: Args):
     their defaults shrink: a flag given explicitly next to --quick wins."""
     args.settings = [s for s in args.settings if s in QUICK_SETTINGS] if args.settings != list(SETTINGS) else QUICK_SETTINGS
     args.seeds = args.seeds[:1]
-    quick = dict(num_learner_steps=2, num_train_problems=128, num_eval_problems=8, sft_max_steps=10, rm_prompts=16,
-                 rm_epochs=1, eval_samples=2, prompts_per_step=4, response_length=32)
+    quick = dict(num_updates=2, num_train_problems=128, num_eval_problems=8, sft_max_steps=10, rm_prompts=16,
+                 rm_epochs=1, eval_samples=2, mini_batch_prompts=2, response_length=32)
     defaults = Args()
     for name, value in quick.items():
         if getattr(args, name) == getattr(defaults, name):
@@ -527,8 +532,9 @@ if __name__ == "__main__":
     for name, chosen, known in (("--algorithms", args.algorithms, ALGORITHMS), ("--settings", args.settings, SETTINGS)):
         if [a for a in chosen if a not in known]:
             sys.exit(f"error: unknown {name} {[a for a in chosen if a not in known]}; known: {list(known)}")
-    if args.prompts_per_step % 16 and any(SETTINGS[s][1][-1] == "16" for s in args.settings):
-        sys.exit(f"error: --prompts-per-step {args.prompts_per_step} must be divisible by 16 for sync-16")
+    if [s for s in args.settings if args.num_updates % SETTINGS[s][1]]:
+        sys.exit(f"error: --num-updates {args.num_updates} must be divisible by N of every sync-N setting "
+                 f"{[SETTINGS[s][1] for s in args.settings]}")
     results_dir = Path(args.results_dir)
     (results_dir / "staleness").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
@@ -543,7 +549,7 @@ if __name__ == "__main__":
                     for setting in args.settings:
                         path = results_dir / "staleness" / f"{algo}__{setting}__seed{seed}.json"
                         if path.exists() and not args.force:
-                            check_same_budget(path, args)
+                            check_same_budget(path, args, setting)
                             print(f"== {algo} {setting} seed {seed}: done already ({path})")
                             continue
                         if args.max_runs is not None and new_runs >= args.max_runs:

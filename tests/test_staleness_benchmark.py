@@ -30,6 +30,9 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     for r in runs:
         assert 0 <= r["gold_reward"] <= 1 and 0 <= r["greedy_accuracy"] <= 1 and math.isfinite(r["kl"]), r
     assert len({r["episodes"] for r in runs}) == 1
+    # the paper's protocol: the same mini-batch and number of updates, sync-N generating N mini-batches per round
+    flag = lambda r, name: int(r["command"][r["command"].index(name) + 1])
+    assert [(flag(r, "--prompts-per-step"), flag(r, "--num-learner-steps")) for r in runs] == [(2, 2), (2, 2), (4, 1)]
     assert "--num-mini-batches" in runs[2]["command"] and "--async-steps" in runs[0]["command"]
 
     # the report: one table row per setting, with finite numbers, and a plot
@@ -50,7 +53,7 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
 
     # finished runs of another budget are refused, not reused (a silent mix would corrupt the table)
     longer, _ = run_script("benchmark/staleness.py", tmp_path, *flags, "--settings", "sync-1",
-                           "--num-learner-steps", "3", timeout=900)
+                           "--num-updates", "4", timeout=900)
     assert longer.returncode != 0
     assert "dpo__sync-1__seed1.json was made with" in longer.stderr and "'--num-learner-steps': 2" in longer.stderr
 
