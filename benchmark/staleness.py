@@ -350,6 +350,10 @@ def train_rm(args: Args, tokenizer, task, sft, train, eval_set, sft_dir: Path, o
                 rm_parameters=sum(p.numel() for p in rm.parameters()))
 
 
+PREP_FLAGS = ("difficulty", "num_train_problems", "num_eval_problems", "sft_max_steps", "sft_target_accuracy",
+              "rm_prompts", "rm_epochs", "rm_learning_rate", "eval_samples")
+
+
 def prepare(args: Args, task):
     """Build data, tokenizer, SFT policy and reward model once; returns the prep numbers (from prep.json if built)."""
     import torch
@@ -357,8 +361,14 @@ def prepare(args: Args, task):
 
     work = Path(args.work_dir)
     prep_file = work / "prep.json"
+    wanted = {name: getattr(args, name) for name in PREP_FLAGS}
     if prep_file.exists():
-        return json.loads(prep_file.read_text())
+        prep = json.loads(prep_file.read_text())
+        # the cache is keyed by folder: a prep built with other flags must not be reused silently
+        if prep.get("flags") != wanted:
+            sys.exit(f"error: the prep in {work} was built with {prep.get('flags')}, this invocation asks for {wanted}; "
+                     "pass another --work-dir (and --results-dir) or delete that folder")
+        return prep
     torch.set_num_threads(args.prep_threads)
     log = lambda msg: print(f"[prep {time.strftime('%H:%M:%S')}] {msg}", flush=True)
     start = time.time()
@@ -374,7 +384,7 @@ def prepare(args: Args, task):
     # the starting point of every run, measured exactly as the runs are (KL to itself is 0 by definition)
     sft = AutoModelForCausalLM.from_pretrained(work / "sft").eval()
     initial = evaluate_policy(sft, sft, AutoTokenizer.from_pretrained(work / "sft"), task, eval_set, args, seed=0)
-    prep = dict(difficulty=args.difficulty, num_train_problems=len(train), num_eval_problems=len(test),
+    prep = dict(flags=wanted, difficulty=args.difficulty, num_train_problems=len(train), num_eval_problems=len(test),
                 vocab_size=len(tokenizer), **sft_stats, **rm_stats, initial_policy=initial,
                 sft_seconds=round(sft_time), rm_seconds=round(rm_time), total_seconds=round(time.time() - start),
                 threads=args.prep_threads, machine=f"{platform.machine()}, {os.cpu_count()} cores (shared)")

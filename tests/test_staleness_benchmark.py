@@ -57,6 +57,11 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     assert longer.returncode != 0
     assert "dpo__sync-1__seed1.json was made with" in longer.stderr and "'--num-learner-steps': 2" in longer.stderr
 
+    # so is a cached prep built with other prep flags
+    other_prep, _ = run_script("benchmark/staleness.py", tmp_path, *flags, "--rm-epochs", "2", timeout=900)
+    assert other_prep.returncode != 0
+    assert "was built with" in other_prep.stderr and "'rm_epochs': 1" in other_prep.stderr
+
 
 def test_sampler_and_kl_match_the_scripts_logprobs(tmp_path):
     """The evaluation's own sampler stops at EOS, and its logprob sums equal the scripts' `token_logprobs` summed."""
