@@ -74,7 +74,7 @@ class Args:
     """algorithms to run"""
     settings: List[str] = field(default_factory=lambda: list(SETTINGS))
     """settings to run: sync-N (N mini-batches per round) and async-K (K steps of lag)"""
-    seeds: List[int] = field(default_factory=lambda: [1, 2])
+    seeds: List[int] = field(default_factory=lambda: [1, 2, 3])
     """seeds of the RL runs (the prep is seeded separately and shared)"""
     mini_batch_prompts: int = 16
     """prompts per optimizer update, the same for every setting (a generation round of sync-N holds N mini-batches)"""
