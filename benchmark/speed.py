@@ -2,7 +2,7 @@
 
     python benchmark/speed.py                 # embedded SmolLM2-135M-Instruct; ~1 h on a 2-core CPU
     python benchmark/speed.py --algorithms dpo --measured-steps 4
-    python benchmark/speed.py --quick --policy P --reward-model R --prompts F --results-dir D   # the test suite's smoke run
+    python benchmark/speed.py --quick --policy P --reward-model R --prompts F --results-dir D   # test suite smoke run
 
 For each algorithm, three runs with the same prompts, seed and number of learner steps:
   sync        the sync baseline with all cores given to each phase in turn (the realistic baseline)
@@ -95,7 +95,8 @@ def prepare_inputs(args: Args):
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
             torch.manual_seed(0)  # the head is random: its scores only need to be deterministic, not meaningful
-            AutoModelForSequenceClassification.from_pretrained(args.policy, num_labels=1).save_pretrained(args.reward_model)
+            rm = AutoModelForSequenceClassification.from_pretrained(args.policy, num_labels=1)
+            rm.save_pretrained(args.reward_model)
             AutoTokenizer.from_pretrained(args.policy).save_pretrained(args.reward_model)
     if args.prompts is None:
         args.prompts = str(work / "prompts.jsonl")
@@ -184,13 +185,15 @@ def report(results_dir: Path):
         plot_rows.append((algo, s, bound))
     header = (
         "| algorithm | sync s/step (2 threads) | sync s/step (1+1 split) | async s/step (1+1) | speedup vs sync | "
-        "speedup vs split sync | G s/step | T s/step | ideal bound (G+T)/max(G,T) | speedup / bound | overlap achieved | "
+        "speedup vs split sync | G s/step | T s/step | ideal bound (G+T)/max(G,T) | speedup / bound | "
+        "overlap achieved | "
         "weight sync share (async) | async idle s/step learner / engine | split-sync idle s/step learner / engine |\n"
         "|" + "---|" * 14)
     (results_dir / "speed.md").write_text(
         "Wall time per learner step after warm-up (lower is better). G = generation + reward labeling, T = training,\n"
-        "both from the split sync run. 'Speedup / bound' is the speedup over the split sync as a fraction of the ideal\n"
-        "bound (the target is >= 90%); 'overlap achieved' = (speedup - 1) / (bound - 1), the share of the ideal saving\n"
+        "both from the split sync run. 'Speedup / bound' is the speedup over the split sync as a fraction of the "
+        "ideal\nbound (the target is >= 90%); 'overlap achieved' = (speedup - 1) / (bound - 1), the share of the "
+        "ideal saving\n"
         "that async realised. Produced by `python benchmark/speed.py`.\n\n" + header + "\n" +
         "\n".join(rows) + "\n")
     if plot_rows:
@@ -202,8 +205,10 @@ def report(results_dir: Path):
         fig, ax = plt.subplots(figsize=(2.2 + 2.2 * len(plot_rows), 3.6))
         width = 0.25
         for i, (algo, s, bound) in enumerate(plot_rows):
-            for j, (variant, color) in enumerate((("sync", "#999999"), ("sync_split", "#5b8bd0"), ("async", "#d0785b"))):
-                ax.bar(i + (j - 1) * width, s[variant]["step_time"], width, color=color, label=variant if i == 0 else None)
+            colors = (("sync", "#999999"), ("sync_split", "#5b8bd0"), ("async", "#d0785b"))
+            for j, (variant, color) in enumerate(colors):
+                ax.bar(i + (j - 1) * width, s[variant]["step_time"], width, color=color,
+                       label=variant if i == 0 else None)
             ideal = s["sync_split"]["step_time"] / bound
             ax.hlines(ideal, i - 1.5 * width, i + 1.5 * width, colors="k", linestyles="dashed",
                       label="ideal async (split sync / bound)" if i == 0 else None)

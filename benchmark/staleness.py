@@ -41,8 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 
 # ONE table of every per-algorithm choice. The episode budget of an algorithm (mini_batch_prompts x samples x
-# num_updates) is the same for all its N / K settings. {sft}, {rm}, {data} are filled in at run time. Learning rates suit a tiny model SFT-trained at 2e-3, not Pythia; only spot-checked on
-# sync-1 seed 1: DPO at 1e-4 over-optimised the proxy RM (gold 0.40 -> 0.36 at KL 1.3), at 3e-5 gold rose to 0.415;
+# num_updates) is the same for all its N / K settings. {sft}, {rm}, {data} are filled in at run time. Learning rates
+# suit a tiny model SFT-trained at 2e-3, not Pythia; only spot-checked on sync-1 seed 1 under an earlier budget of 48
+# updates: DPO at 1e-4 over-optimised the proxy RM (gold 0.40 -> 0.36 at KL 1.3), at 3e-5 gold rose to 0.415;
 # GRPO (verifier reward, no proxy to over-optimise) at 1e-4 rose to 0.47. RLOO and PPO take DPO's rate, untested.
 ALGORITHMS = {
     "dpo": dict(async_script="async_dpo.py", sync_script="sync_baselines/sync_dpo.py", samples=2,
@@ -63,7 +64,7 @@ COMMON_FLAGS = ["--model-name-or-path", "{sft}", "--max-prompt-tokens", "96", "-
                 "--torch-threads", "1", "--sample-every", "1000000"]
 # the paper's off-policyness knobs: sync with N mini-batches (N=1 is fully on-policy), async with K steps of lag
 # (script, N mini-batches per generation round, flags)
-SETTINGS = {**{f"sync-{n}": ("sync_script", n, ["--num-mini-batches", str(n)]) for n in (1, 2, 4, 8, 16)},
+SETTINGS = {**{f"sync-{n}": ("sync_script", n, ["--num-mini-batches", str(n)]) for n in (1, 2, 4, 8, 16, 32)},
             **{f"async-{k}": ("async_script", 1, ["--async-steps", str(k)]) for k in (1, 2, 4)}}
 QUICK_SETTINGS = ["sync-1", "sync-2", "async-1"]
 
@@ -79,7 +80,7 @@ class Args:
     mini_batch_prompts: int = 16
     """prompts per optimizer update, the same for every setting (a generation round of sync-N holds N mini-batches)"""
     num_updates: int = 96
-    """optimizer updates per run, the same for every setting; must be divisible by every N (16 for sync-16)"""
+    """optimizer updates per run, the same for every setting; must be divisible by every N (32 for sync-32)"""
     response_length: int = 48
     """maximum new tokens per response (worked solutions are ~22 tokens + EOS at difficulty 1, 33 at 2)"""
     difficulty: int = 1
@@ -231,7 +232,8 @@ def response_logprob_sums(model, prompts, responses, temperature, pad_id, chunk=
 
 
 def grade(task, tokenizer, responses, answers, n):
-    return [task.verify(tokenizer.decode(r, skip_special_tokens=True), answers[i // n])[0] for i, r in enumerate(responses)]
+    return [task.verify(tokenizer.decode(r, skip_special_tokens=True), answers[i // n])[0]
+            for i, r in enumerate(responses)]
 
 
 def evaluate_policy(policy, sft, tokenizer, task, eval_set, args: Args, seed: int):
@@ -245,13 +247,15 @@ def evaluate_policy(policy, sft, tokenizer, task, eval_set, args: Args, seed: in
     kls = [a - b for a, b in zip(response_logprob_sums(policy, repeated, samples, 0.7, eos),
                                  response_logprob_sums(sft, repeated, samples, 0.7, eos))]
     gold = grade(task, tokenizer, samples, answers, n)
-    return dict(gold_reward=sum(gold) / len(gold), greedy_accuracy=sum(grade(task, tokenizer, greedy, answers, 1)) / len(greedy),
+    return dict(gold_reward=sum(gold) / len(gold),
+                greedy_accuracy=sum(grade(task, tokenizer, greedy, answers, 1)) / len(greedy),
                 kl=sum(kls) / len(kls), eos_rate=sum(eos in s for s in samples) / len(samples),
                 response_length=sum(map(len, samples)) / len(samples))
 
 
 def train_sft(args: Args, tokenizer, task, train, eval_set, out_dir: Path, log):
-    """SFT of a small Llama on prompt + worked answer + EOS, stopped once greedy held-out accuracy reaches the target."""
+    """SFT of a small Llama on prompt + worked answer + EOS, stopped once greedy held-out accuracy reaches the
+    target."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -314,7 +318,8 @@ def train_rm(args: Args, tokenizer, task, sft, train, eval_set, sft_dir: Path, o
     n, eos = 4, tokenizer.eos_token_id
     prompts, answers = encode(tokenizer, train[: args.rm_prompts])
     responses = sample(sft, prompts, n, 0.7, args.response_length, eos, seed=1)
-    data = [(prompts[i // n], r, y) for i, (r, y) in enumerate(zip(responses, grade(task, tokenizer, responses, answers, n)))]
+    labels = grade(task, tokenizer, responses, answers, n)
+    data = [(prompts[i // n], r, y) for i, (r, y) in enumerate(zip(responses, labels))]
     eval_responses = sample(sft, eval_set[0], n, 0.7, args.response_length, eos, seed=2)
     eval_labels = grade(task, tokenizer, eval_responses, eval_set[1], n)
     torch.manual_seed(0)
@@ -346,7 +351,8 @@ def train_rm(args: Args, tokenizer, task, sft, train, eval_set, sft_dir: Path, o
     tokenizer.save_pretrained(out_dir)
     return dict(rm_train_samples=len(data), rm_train_positive_rate=sum(d[2] for d in data) / len(data),
                 rm_heldout_accuracy=sum(correct) / len(correct),
-                rm_heldout_majority_baseline=max(sum(eval_labels), len(eval_labels) - sum(eval_labels)) / len(eval_labels),
+                rm_heldout_majority_baseline=max(sum(eval_labels), len(eval_labels) - sum(eval_labels))
+                / len(eval_labels),
                 rm_parameters=sum(p.numel() for p in rm.parameters()))
 
 
@@ -366,7 +372,8 @@ def prepare(args: Args, task):
         prep = json.loads(prep_file.read_text())
         # the cache is keyed by folder: a prep built with other flags must not be reused silently
         if prep.get("flags") != wanted:
-            sys.exit(f"error: the prep in {work} was built with {prep.get('flags')}, this invocation asks for {wanted}; "
+            sys.exit(f"error: the prep in {work} was built with {prep.get('flags')}, "
+                     f"this invocation asks for {wanted}; "
                      "pass another --work-dir (and --results-dir) or delete that folder")
         return prep
     torch.set_num_threads(args.prep_threads)
@@ -402,8 +409,10 @@ def run_one(args: Args, task, algo: str, setting: str, seed: int, result_path: P
     spec = ALGORITHMS[algo]
     script_key, _, setting_flags = SETTINGS[setting]
     # str.replace, not str.format: GRPO's --prompt-template holds a literal {question}
-    flags = [f.replace("{sft}", str(work / "sft")).replace("{rm}", str(work / "rm")).replace("{data}", str(work / "data"))
-             for f in COMMON_FLAGS + spec["flags"]]
+    fill = {"{sft}": work / "sft", "{rm}": work / "rm", "{data}": work / "data"}
+    flags = COMMON_FLAGS + spec["flags"]
+    for key, value in fill.items():
+        flags = [f.replace(key, str(value)) for f in flags]
     cwd = work / "runs" / result_path.stem
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
@@ -469,14 +478,17 @@ def report(results_dir: Path):
     prep_path = results_dir / "staleness" / "prep.json"
     prep = json.loads(prep_path.read_text()) if prep_path.exists() else None
     lines = ["Staleness (Noukhov et al. 2025, Sec. 3) in miniature: gold reward = verifier accuracy of temperature-0.7",
-             "samples on held-out problems; KL = mean over the policy's own samples of sum_t log pi - log pi_sft (T=0.7).",
+             "samples on held-out problems; KL = mean over the policy's own samples of sum_t log pi - log pi_sft "
+             "(T=0.7).",
              "sync-N: N mini-batches per generation round; async-K: batches generated K policy versions ago.",
              "Produced by `python benchmark/staleness.py` (see its docstring); mean ± std over seeds.", ""]
     if prep:
         init = prep["initial_policy"]
         lines += [f"Initial SFT policy: gold {init['gold_reward']:.3f}, greedy {init['greedy_accuracy']:.3f}; proxy RM "
-                  f"held-out accuracy {prep['rm_heldout_accuracy']:.3f} (majority {prep['rm_heldout_majority_baseline']:.3f}).", ""]
-    lines += ["| algorithm | setting | gold reward | greedy accuracy | KL to SFT | seeds | episodes | s/run |", "|" + "---|" * 8]
+                  f"held-out accuracy {prep['rm_heldout_accuracy']:.3f} "
+                  f"(majority {prep['rm_heldout_majority_baseline']:.3f}).", ""]
+    lines += ["| algorithm | setting | gold reward | greedy accuracy | KL to SFT | seeds | episodes | s/run |",
+              "|" + "---|" * 8]
     fmt = lambda ms: f"{ms[0]:.3f} ± {ms[1]:.3f}" if not math.isnan(ms[1]) else f"{ms[0]:.3f}"
     points = defaultdict(list)
     for algo in ALGORITHMS:
@@ -507,10 +519,14 @@ def report(results_dir: Path):
                 ax.plot(0, prep["initial_policy"]["gold_reward"], "k*", markersize=10, label="SFT")
             for setting, gold, kl in points[algo]:
                 kind, value = setting.split("-")
-                # sync N on a colour ramp (log2 N / 4), async K as red-ish triangles darkening with K
-                color = sync_colors(math.log2(int(value)) / 4) if kind == "sync" else plt.get_cmap("Reds")(0.4 + 0.15 * int(value) / 1.5)
-                ax.errorbar(kl[0], gold[0], xerr=0 if math.isnan(kl[1]) else kl[1], yerr=0 if math.isnan(gold[1]) else gold[1],
-                            fmt="o" if kind == "sync" else "^", color=color, label=f"{'N' if kind == 'sync' else 'K'}={value}")
+                # sync N on a colour ramp (log2 N / 5), async K as red-ish triangles darkening with K
+                if kind == "sync":
+                    color = sync_colors(math.log2(int(value)) / 5)
+                else:
+                    color = plt.get_cmap("Reds")(0.4 + 0.15 * int(value) / 1.5)
+                ax.errorbar(kl[0], gold[0], xerr=0 if math.isnan(kl[1]) else kl[1],
+                            yerr=0 if math.isnan(gold[1]) else gold[1], fmt="o" if kind == "sync" else "^",
+                            color=color, label=f"{'N' if kind == 'sync' else 'K'}={value}")
             ax.set_title(algo)
             ax.set_xlabel("KL(pi || pi_sft)")
             ax.grid(alpha=0.3)
@@ -525,7 +541,8 @@ def report(results_dir: Path):
 def quick_settings(args: Args):
     """--quick: tiny everything, so that the whole pipeline runs inside the test suite in minutes. Only fields left at
     their defaults shrink: a flag given explicitly next to --quick wins."""
-    args.settings = [s for s in args.settings if s in QUICK_SETTINGS] if args.settings != list(SETTINGS) else QUICK_SETTINGS
+    explicit = args.settings != list(SETTINGS)
+    args.settings = [s for s in args.settings if s in QUICK_SETTINGS] if explicit else QUICK_SETTINGS
     args.seeds = args.seeds[:1]
     quick = dict(num_updates=2, num_train_problems=128, num_eval_problems=8, sft_max_steps=10, rm_prompts=16,
                  rm_epochs=1, eval_samples=2, mini_batch_prompts=2, response_length=32)
