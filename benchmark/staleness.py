@@ -11,7 +11,7 @@ from an older policy) and compare final gold reward against KL to the initial po
 generation batch is num_mini_batches x the mini-batch), the mini-batch and the number of optimizer updates are the same
 for every setting: sync-N generates N mini-batches per round and runs 1/N as many rounds, so only off-policyness varies,
 not the number, size or learning-rate schedule of the updates. Here the pipeline is rebuilt in
-miniature so that 64 runs fit in hours on 2 CPU cores (a SmolLM2-135M step would take minutes):
+miniature so that the 108 runs fit in about 70 minutes on 2 idle CPU cores (a SmolLM2-135M step would take minutes):
   task     GSM8K-format arithmetic word problems from async_grpo_gsm8k.py's seeded generator; gold = its verifier
   policy   a 0.4M-parameter Llama trained here by SFT until it is competent but imperfect
   proxy RM a Llama classifier initialised from the SFT policy, trained on the SFT policy's own samples labelled by the
