@@ -60,7 +60,8 @@ class Args:
     wandb_entity: Optional[str] = None
     """wandb entity (team); None uses your default"""
     output_dir: Optional[str] = None
-    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    """where the final policy and tokenizer are saved (the value model in its value_model/ subfolder); None means
+    runs/{run_name}/model"""
     torch_threads: int = 1
     """CPU threads for each role (learner, engine); set before the engine starts, which then forbids changing it"""
     sample_every: int = 10
@@ -658,6 +659,8 @@ if __name__ == "__main__":
 
     policy.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)
-    print(f"saved the policy to {args.output_dir}")
+    # the critic too, so that a run can be continued; a subfolder keeps from_pretrained(output_dir) the policy
+    value_model.save_pretrained(os.path.join(args.output_dir, "value_model"))
+    print(f"saved the policy to {args.output_dir} and the value model to {args.output_dir}/value_model")
     metrics_file.close()
     writer.close()

@@ -255,6 +255,11 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(runs):
     # N = 2: the second mini-batch is off-policy by one update, so ratios move away from 1 within every step
     assert all(m["policy/approx_kl"] > 0 for m in metrics)
     assert (runs["sync"][0] / "model" / "config.json").exists()
+    # the trained critic is saved beside the policy and loads as a one-label sequence classifier
+    from transformers import AutoModelForSequenceClassification
+
+    critic = AutoModelForSequenceClassification.from_pretrained(runs["sync"][0] / "model" / "value_model")
+    assert critic.config.num_labels == 1
 
 
 @pytest.mark.parametrize("index", range(len(BAD_INPUTS)), ids=[" ".join(flags) for _, flags, _ in BAD_INPUTS])
