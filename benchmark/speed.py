@@ -59,9 +59,9 @@ VARIANTS = {
 class Args:
     algorithms: List[str] = field(default_factory=lambda: list(ALGORITHMS))
     """algorithms to run (those whose scripts exist)"""
-    warmup_steps: int = 2
+    warmup_steps: int = 1
     """learner steps excluded from the timing (engine warm-up, allocator growth)"""
-    measured_steps: int = 6
+    measured_steps: int = 3
     """learner steps timed after the warm-up"""
     policy: Optional[str] = None
     """policy model folder; None: models/SmolLM2-135M-Instruct (made by install.sh)"""
@@ -129,6 +129,16 @@ def run_variant(args: Args, algo: str, variant: str, result_path: Path):
                   metrics=[json.loads(line) for line in metrics_path.read_text().splitlines()])
     result_path.write_text(json.dumps(result, indent=1))
     shutil.rmtree(cwd, ignore_errors=True)  # the saved model is large and not needed
+
+
+def check_same_steps(path: Path, args: Args):
+    """A finished run is only reused if it timed the same steps; a silent mix would corrupt the table."""
+    done = json.loads(path.read_text())
+    steps = int(done["command"][done["command"].index("--num-learner-steps") + 1])
+    if (done["warmup_steps"], steps - done["warmup_steps"]) != (args.warmup_steps, args.measured_steps):
+        sys.exit(f"error: {path} was made with {done['warmup_steps']} warm-up + {steps - done['warmup_steps']} "
+                 f"measured steps, this invocation asks for {args.warmup_steps} + {args.measured_steps}; "
+                 "pass --force to rerun it or --results-dir to keep both")
 
 
 def mean(values):
@@ -223,8 +233,9 @@ def report(results_dir: Path):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    if args.quick:
-        args.warmup_steps, args.measured_steps = 1, 2
+    if args.quick:  # shrinks only what was left at its default: explicit flags win
+        defaults = Args()
+        args.measured_steps = 2 if args.measured_steps == defaults.measured_steps else args.measured_steps
     unknown = [a for a in args.algorithms if a not in ALGORITHMS]
     if unknown:
         sys.exit(f"error: unknown --algorithms {unknown}; known: {list(ALGORITHMS)}")
@@ -236,6 +247,7 @@ if __name__ == "__main__":
             for variant in VARIANTS:
                 path = results_dir / "speed" / f"{algo}__{variant}.json"
                 if path.exists() and not args.force:
+                    check_same_steps(path, args)
                     print(f"== {algo} {variant}: done already ({path})")
                     continue
                 run_variant(args, algo, variant, path)

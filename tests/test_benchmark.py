@@ -24,3 +24,7 @@ def test_speed_benchmark_quick_mode_writes_table_and_plot(tiny, tmp_path):
     # a second invocation skips the finished runs and only rebuilds the report
     again, _ = run_script("benchmark/speed.py", tmp_path, *flags, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done already") == 3
+    # finished runs that timed other steps are refused, not reused
+    longer, _ = run_script("benchmark/speed.py", tmp_path, *flags, "--measured-steps", "5", timeout=300)
+    assert longer.returncode != 0
+    assert "was made with 1 warm-up + 2 measured steps" in longer.stderr
