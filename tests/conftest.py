@@ -8,6 +8,7 @@ a tokenizer trained locally, and a random-init sequence-classification reward mo
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -88,12 +89,28 @@ def tiny(tmp_path_factory):
     return build_tiny_models(tmp_path_factory.mktemp("tiny"))
 
 
-def run_script(script: str, cwd: Path, *flags: str, timeout: float = 600):
-    """Run a repository script in a subprocess; returns (CompletedProcess, seconds)."""
+def run_script(script: str, cwd: Path, *flags: str, timeout: float = 1200):
+    """Run a repository script in a subprocess; returns (CompletedProcess, seconds). The timeout only catches hangs
+    (generous: the shared cores can slow a run several-fold); on timeout the script's whole process group is killed,
+    so that the runs a benchmark script starts do not outlive it and starve the tests after it."""
     start = time.time()
-    proc = subprocess.run([sys.executable, str(REPO / script), *flags], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
-    return proc, time.time() - start
+    args = [sys.executable, str(REPO / script), *flags]
+    proc = subprocess.Popen(args, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        kill_group(proc)
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr), time.time() - start
+
+
+def kill_group(proc: subprocess.Popen):
+    """Kill a process started with start_new_session=True and every process it started, if any is still running."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def read_metrics(cwd: Path):

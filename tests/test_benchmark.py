@@ -11,7 +11,7 @@ def test_speed_benchmark_quick_mode_writes_table_and_plot(tiny, tmp_path):
     flags = ("--quick", "--algorithms", "dpo", "--policy", str(tiny / "policy"), "--reward-model", str(tiny / "rm"),
              "--prompts", str(tiny / "prompts.jsonl"), "--results-dir", str(results),
              "--work-dir", str(tmp_path / "work"))
-    proc, _ = run_script("benchmark/speed.py", tmp_path, *flags, timeout=900)
+    proc, _ = run_script("benchmark/speed.py", tmp_path, *flags, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     table = (results / "speed.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| dpo |"))

@@ -9,12 +9,13 @@ import math
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ENV, REPO, load_script, read_metrics
+from conftest import ENV, REPO, kill_group, load_script, read_metrics
 
 ASYNC, SYNC = "async_ppo.py", "sync_baselines/sync_ppo.py"
 
@@ -191,11 +192,15 @@ def runs(tiny, tmp_path_factory):
         cwd = tmp_path_factory.mktemp(name)
         procs[name] = (cwd, subprocess.Popen([sys.executable, str(REPO / script), *common_flags(tiny, *flags),
                                               "--output-dir", str(cwd / "model")], cwd=cwd, env=ENV, text=True,
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    results = {}
-    for name, (cwd, proc) in procs.items():
-        stdout, stderr = proc.communicate(timeout=900)
-        results[name] = (cwd, proc.returncode, stdout, stderr)
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
+    results, deadline = {}, time.time() + 1800  # one deadline for all: only a hang should reach it
+    try:
+        for name, (cwd, proc) in procs.items():
+            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.time()))
+            results[name] = (cwd, proc.returncode, stdout, stderr)
+    finally:  # on a timeout, no run may outlive the fixture and starve the tests after it
+        for _, proc in procs.values():
+            kill_group(proc)
     return results
 
 
@@ -242,7 +247,9 @@ def test_async_batches_come_from_exactly_version_step_minus_k(runs, name, k):
     assert all(abs(m["objective/kl"]) < 1e-3 for m in metrics[: k + 1])
     assert abs(metrics[-1]["objective/kl"]) > 1e-2
     # stale samples: the first update of step i > 0 already sees ratios != 1
-    assert metrics[-1]["policy/approx_kl"] > 0 and metrics[-1]["policy/importance_ratio_max"] > 1
+    # (on-policy, step 0 measures ~1e-10: vLLM and learner logprobs agree to float noise)
+    assert metrics[0]["policy/approx_kl"] < 1e-6
+    assert metrics[-1]["policy/approx_kl"] > 1e-3 and metrics[-1]["policy/importance_ratio_max"] > 1.05
 
 
 def test_sync_baseline_generates_every_batch_with_the_current_policy(runs):
@@ -253,7 +260,7 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(runs):
     assert all(m["async/behaviour_learner_logprob_gap"] < 1e-4 for m in metrics)
     assert abs(metrics[-1]["objective/kl"]) > 1e-2
     # N = 2: the second mini-batch is off-policy by one update, so ratios move away from 1 within every step
-    assert all(m["policy/approx_kl"] > 0 for m in metrics)
+    assert all(m["policy/approx_kl"] > 1e-4 for m in metrics)  # measured >= 5e-3; fully on-policy gives ~1e-10
     assert (runs["sync"][0] / "model" / "config.json").exists()
     # the trained critic is saved beside the policy and loads as a one-label sequence classifier
     from transformers import AutoModelForSequenceClassification

@@ -15,8 +15,10 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
 
     # the prep: data files, an SFT policy and a reward model, and its measured numbers
     prep = json.loads((results / "staleness" / "prep.json").read_text())
-    for key in ("sft_greedy_accuracy", "rm_heldout_accuracy", "policy_parameters", "rm_parameters", "total_seconds"):
-        assert math.isfinite(prep[key]), key
+    for key in ("sft_greedy_accuracy", "rm_heldout_accuracy"):
+        assert 0 <= prep[key] <= 1, key
+    for key in ("policy_parameters", "rm_parameters", "total_seconds"):
+        assert prep[key] > 0, key
     assert (work / "sft" / "config.json").exists() and (work / "rm" / "config.json").exists()
     test_questions = {json.loads(line)["question"] for line in (work / "data" / "test.jsonl").read_text().splitlines()}
     train_questions = {json.loads(line)["question"]
