@@ -417,7 +417,7 @@ def run_one(args: Args, task, algo: str, setting: str, seed: int, result_path: P
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
     cmd = [sys.executable, str(REPO / spec[script_key]), *flags, *setting_flags, "--seed", str(seed),
-           *budget_flags(args, setting), "--output-dir", str(cwd / "model")]
+           *[str(x) for item in budget(args, setting).items() for x in item], "--output-dir", str(cwd / "model")]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {algo} {setting} seed {seed}: {' '.join(cmd)}", flush=True)
     start = time.time()
@@ -445,18 +445,17 @@ def run_one(args: Args, task, algo: str, setting: str, seed: int, result_path: P
     return time.time() - start
 
 
-def budget_flags(args: Args, setting: str):
+def budget(args: Args, setting: str):
     """The paper's protocol: N mini-batches of a fixed size per generation round, num_updates / N rounds."""
     n = SETTINGS[setting][1]
-    return ["--prompts-per-step", str(n * args.mini_batch_prompts), "--num-learner-steps", str(args.num_updates // n),
-            "--response-length", str(args.response_length)]
+    return {"--prompts-per-step": n * args.mini_batch_prompts, "--num-learner-steps": args.num_updates // n,
+            "--response-length": args.response_length}
 
 
 def check_same_budget(path: Path, args: Args, setting: str):
     """A finished run is only reused if it had this invocation's budget; a silent mix would corrupt the table."""
     command = json.loads(path.read_text())["command"]
-    wanted = budget_flags(args, setting)
-    wanted = {flag: int(value) for flag, value in zip(wanted[::2], wanted[1::2])}
+    wanted = budget(args, setting)
     found = {flag: int(command[command.index(flag) + 1]) for flag in wanted}
     if found != wanted:
         sys.exit(f"error: {path} was made with {found}, this invocation asks for {wanted}; "
