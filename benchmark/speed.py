@@ -28,7 +28,8 @@ from typing import List, Optional
 import tyro
 
 REPO = Path(__file__).resolve().parents[1]
-GSM8K_TRAIN = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+GSM8K_TRAIN = REPO / "data" / "gsm8k" / "train.jsonl"  # prepared by install.sh, like the arithmetic problems
+ARITHMETIC = REPO / "data" / "arithmetic"
 
 # Per algorithm: its two scripts and the flags that make one learner step cost about as much as in the others.
 # {policy}, {reward_model}, {prompts} are filled in at run time.
@@ -44,9 +45,9 @@ ALGORITHMS = {
                 flags=RM_FLAGS + ["--prompts-per-step", "8", "--num-samples-per-prompt", "1"]),
     # no reward model: the verifier grades generated arithmetic problems; held-out evaluation off (not a step cost)
     "grpo_gsm8k": dict(async_script="async_grpo_gsm8k.py", sync_script="sync_baselines/sync_grpo_gsm8k.py",
-                       flags=["--model-name-or-path", "{policy}", "--dataset", "arithmetic", "--max-prompt-tokens",
-                              "128", "--response-length", "48", "--learning-rate", "1e-6", "--prompts-per-step", "2",
-                              "--num-samples-per-prompt", "4", "--num-eval-prompts", "0"]),
+                       flags=["--model-name-or-path", "{policy}", "--dataset-path", str(ARITHMETIC),
+                              "--max-prompt-tokens", "128", "--response-length", "48", "--learning-rate", "1e-6",
+                              "--prompts-per-step", "2", "--num-samples-per-prompt", "4", "--num-eval-prompts", "0"]),
 }
 VARIANTS = {
     "sync": ("sync_script", ["--torch-threads", "2"]),

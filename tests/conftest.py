@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# GSM8K (MIT) as laid out beside the repository on the project's machines; see ../shared/data/gsm8k/SOURCE.md
-GSM8K_DIR = Path(os.environ.get("GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
+# GSM8K (MIT), prepared by `bash install.sh` (tools/prepare_gsm8k.py)
+GSM8K_DIR = REPO / "data" / "gsm8k"
 # one CPU thread per role keeps timings stable on a shared 2-core machine
 ENV = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
@@ -35,7 +35,7 @@ def load_script(relative_path: str):
 def gsm8k_questions(n: int):
     path = GSM8K_DIR / "train.jsonl"
     if not path.exists():
-        pytest.fail(f"GSM8K not found at {path}; set GSM8K_DIR to a folder holding train.jsonl and test.jsonl")
+        pytest.fail(f"GSM8K not found at {path}: run `bash install.sh` (offline: with GSM8K_DIR naming a local copy)")
     with open(path) as f:
         return [json.loads(line)["question"] for _, line in zip(range(n), f)]
 

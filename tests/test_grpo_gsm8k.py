@@ -1,9 +1,10 @@
 """async_grpo_gsm8k.py and sync_baselines/sync_grpo_gsm8k.py: verifier, advantages, loss, data, end-to-end runs."""
 
-import ast
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,22 @@ def common_flags(tiny: Path, *extra: str):
             "--prompts-per-step", "16", "--num-samples-per-prompt", "4", "--temperature", "1.0",
             "--learning-rate", "3e-3", "--seed", "3", "--sample-every", "2", "--num-eval-prompts", "8",
             "--eval-every", "2", "--kv-cache-gib", "0.25", *extra)
+
+
+@pytest.fixture(scope="module")
+def arithmetic():
+    return load_script("tools/make_arithmetic.py")
+
+
+@pytest.fixture(scope="module")
+def arithmetic_folder(tmp_path_factory):
+    """Generated problems of difficulty 1 as a --dataset-path folder, written by the tool's command line."""
+    folder = tmp_path_factory.mktemp("arithmetic")
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "make_arithmetic.py"), "--difficulty", "1", "--out",
+                           str(folder)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "7473 train and" in proc.stdout
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +142,7 @@ def test_kl_penalty_is_the_k3_estimator_per_sequence(grpo):
 
 def test_behaviour_logprobs_are_laid_out_like_learner_logprobs(grpo):
     _, _, response_mask = grpo.pad_sequences([[1, 2], [3]], [[4, 5], [6, 7, 8]], 0, "cpu")
-    out = grpo.behaviour_logprob_tensor([[-0.1, -0.2], [-0.3, -0.4, -0.5]], response_mask)
+    out = grpo.behaviour_logprobs_tensor([[-0.1, -0.2], [-0.3, -0.4, -0.5]], response_mask)
     # token_logprobs position t holds the logprob of token t+1
     assert out.flatten().tolist() == pytest.approx([0, -0.1, -0.2, -0.3, -0.4, -0.5])
 
@@ -144,10 +161,10 @@ def recompute(question: str) -> int:
 
 
 @pytest.mark.parametrize("difficulty", [1, 2, 4])
-def test_arithmetic_problems_are_seeded_correct_and_gsm8k_format(grpo, difficulty):
-    problems = grpo.make_arithmetic_problems(200, difficulty, seed=5)
-    assert problems == grpo.make_arithmetic_problems(200, difficulty, seed=5)
-    assert problems != grpo.make_arithmetic_problems(200, difficulty, seed=6)
+def test_arithmetic_problems_are_seeded_correct_and_gsm8k_format(grpo, arithmetic, difficulty):
+    problems = arithmetic.make_arithmetic_problems(200, difficulty, seed=5)
+    assert problems == arithmetic.make_arithmetic_problems(200, difficulty, seed=5)
+    assert problems != arithmetic.make_arithmetic_problems(200, difficulty, seed=6)
     for p in problems:
         answer = recompute(p["question"])
         assert answer >= 0 and p["answer"].endswith(f"\n#### {answer}")
@@ -156,29 +173,16 @@ def test_arithmetic_problems_are_seeded_correct_and_gsm8k_format(grpo, difficult
         assert max(int(n) for n in re.findall(r"\d+", p["question"])) <= 10 * difficulty - 1
 
 
-def test_difficulty_changes_the_problems_and_the_eval_split_is_disjoint(grpo):
-    easy, hard = (grpo.make_arithmetic_problems(300, d, seed=0) for d in (1, 3))
+def test_difficulty_changes_the_problems_and_the_eval_split_is_disjoint(grpo, arithmetic, arithmetic_folder):
+    easy, hard = (arithmetic.make_arithmetic_problems(300, d, seed=0) for d in (1, 3))
     assert max(recompute(p["question"]) for p in easy) < max(recompute(p["question"]) for p in hard)
     assert any("doubles" in p["question"] or "triples" in p["question"] for p in hard)
     assert not any("doubles" in p["question"] or "triples" in p["question"] for p in easy)
-    args = grpo.Args(dataset="arithmetic", difficulty=1)
+    # the files the command line wrote, read as the GRPO script reads a --dataset-path folder
+    args = grpo.Args(dataset_path=str(arithmetic_folder))
     train, test = grpo.load_problems(args, "train"), grpo.load_problems(args, "test")
+    assert (train, test) == arithmetic.make_splits(1, 7473, 1319)
     assert len(test) > 256 and not {p["question"] for p in train} & {p["question"] for p in test}
-
-
-def test_functions_defined_in_both_files_are_identical():
-    def functions(path):
-        source = (REPO / path).read_text()
-        return {node.name: ast.get_source_segment(source, node) for node in ast.parse(source).body
-                if isinstance(node, ast.FunctionDef)}
-
-    a, b = functions(ASYNC), functions(SYNC)
-    shared = sorted(set(a) & set(b))
-    assert {"grpo_policy_loss", "group_advantages", "extract_answer", "generate", "evaluate", "push_weights_to_engine",
-            "produce_batch", "token_logprobs", "make_arithmetic_problems"} <= set(shared)
-    drifted = [name for name in shared if a[name] != b[name]]
-    assert not drifted, f"functions that drifted apart between {ASYNC} and {SYNC}: {drifted}"
-    assert set(a) - set(b) == {"generation_thread", "wait_for"}
 
 
 # ---------------------------------------------------------------- end to end
@@ -190,10 +194,10 @@ def run_ok(script, cwd, *flags):
 
 
 @pytest.fixture(scope="module")
-def async_runs(tiny, gsm8k_folder, tmp_path_factory):
+def async_runs(tiny, arithmetic_folder, gsm8k_folder, tmp_path_factory):
     """K=1 on generated arithmetic problems and K=2 on a few GSM8K lines, 5 learner steps each."""
     runs = {}
-    for name, k, data in (("arith_k1", 1, ("--dataset", "arithmetic")),
+    for name, k, data in (("arith_k1", 1, ("--dataset-path", str(arithmetic_folder))),
                           ("gsm8k_k2", 2, ("--dataset-path", str(gsm8k_folder)))):
         cwd = tmp_path_factory.mktemp(name)
         runs[name] = run_ok(ASYNC, cwd, *common_flags(tiny, *data, "--num-learner-steps", "5", "--async-steps", str(k)))
@@ -241,10 +245,12 @@ def test_async_batches_come_from_exactly_version_step_minus_k(async_runs, name, 
         assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
 
 
-@pytest.mark.parametrize("name,data", [("arith", ("--dataset", "arithmetic", "--num-mini-batches", "2")),
+@pytest.mark.parametrize("name,data", [("arith", ("--dataset-path", "ARITHMETIC", "--num-mini-batches", "2")),
                                        ("gsm8k", ("--dataset-path", "GSM8K"))])
-def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, gsm8k_folder, tmp_path, name, data):
-    data = tuple(str(gsm8k_folder) if flag == "GSM8K" else flag for flag in data)
+def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, arithmetic_folder, gsm8k_folder, tmp_path,
+                                                                     name, data):
+    folders = {"ARITHMETIC": str(arithmetic_folder), "GSM8K": str(gsm8k_folder)}
+    data = tuple(folders.get(flag, flag) for flag in data)
     steps = 4 if name == "arith" else 2
     proc, metrics, evals, _ = run_ok(SYNC, tmp_path, *common_flags(tiny, *data, "--num-learner-steps", str(steps)))
     assert [m["async/actor_version"] for m in metrics] == list(range(steps))
@@ -269,9 +275,10 @@ BAD_INPUTS = [
 # every case on the async script, two on the sync one (each case is a subprocess that imports torch and vLLM)
 @pytest.mark.parametrize("script,flags,message", [(ASYNC, *case) for case in BAD_INPUTS] +
                          [(SYNC, *case) for case in BAD_INPUTS[1::2]])
-def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, tmp_path, script, flags, message):
-    proc, _ = run_script(script, tmp_path, *common_flags(tiny, "--dataset", "arithmetic", "--num-learner-steps", "2"),
-                         *flags, timeout=300)
+def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, arithmetic_folder, tmp_path, script, flags,
+                                                                 message):
+    proc, _ = run_script(script, tmp_path, *common_flags(tiny, "--dataset-path", str(arithmetic_folder),
+                                                         "--num-learner-steps", "2"), *flags, timeout=300)
     assert proc.returncode != 0
     assert f"error: {message}" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -1,0 +1,77 @@
+"""Code meant to be the same is the same, letter for letter: the async/sync twins, and the helpers common to all four.
+
+Each sync baseline is its async script with the orchestration changed, so every function the two define is identical
+and the async script only adds the generation thread and its hand-off. Across the four algorithms, the helpers with
+nothing algorithm-specific in them (engine plumbing, padding, logprobs, the hand-off) are identical too, so a test run
+on one copy (the weight-sync test in test_dpo.py, the thread-crash test) covers every script.
+"""
+
+import ast
+
+import pytest
+
+from conftest import REPO
+
+PAIRS = {algo: (f"async_{algo}.py", f"sync_baselines/sync_{algo}.py") for algo in ("dpo", "rloo", "ppo", "grpo_gsm8k")}
+ASYNC_SCRIPTS = [pair[0] for pair in PAIRS.values()]
+REWARD_MODEL_SCRIPTS = ["async_dpo.py", "async_rloo.py", "async_ppo.py"]
+ASYNC_ONLY = {"generation_thread", "receive"}
+
+COMMON = [
+    (name, ASYNC_SCRIPTS) for name in ("build_engine", "generate", "push_weights_to_engine", "pad_sequences",
+                                       "token_logprobs", "logprob_gap", "prompt_order", "receive", "log_samples")
+] + [
+    (name, REWARD_MODEL_SCRIPTS) for name in ("load_prompts", "get_scores", "generation_thread")
+] + [
+    ("behaviour_logprobs_tensor", ["async_ppo.py", "async_grpo_gsm8k.py"]),  # the token-level losses
+]
+
+
+def functions(path: str):
+    source = (REPO / path).read_text()
+    return {node.name: ast.get_source_segment(source, node) for node in ast.parse(source).body
+            if isinstance(node, ast.FunctionDef)}
+
+
+def main_lines(path: str):
+    source = (REPO / path).read_text()
+    main = next(node for node in ast.parse(source).body if isinstance(node, ast.If))
+    return [line.strip() for line in ast.get_source_segment(source, main).splitlines()]
+
+
+@pytest.mark.parametrize("algo", PAIRS)
+def test_async_and_sync_twins_define_identical_functions(algo):
+    async_script, sync_script = PAIRS[algo]
+    a, b = functions(async_script), functions(sync_script)
+    assert set(a) - set(b) == ASYNC_ONLY and set(b) <= set(a)
+    drifted = sorted(name for name in b if a[name] != b[name])
+    assert not drifted, f"functions that drifted apart between {async_script} and {sync_script}: {drifted}"
+
+
+@pytest.mark.parametrize("name,scripts", COMMON, ids=[f"{name}-{len(scripts)}" for name, scripts in COMMON])
+def test_common_helpers_are_identical_across_algorithms(name, scripts):
+    sources = {script: functions(script).get(name) for script in scripts}
+    assert all(sources.values()), f"{name} is missing from {[s for s, src in sources.items() if not src]}"
+    assert len(set(sources.values())) == 1, f"{name} differs between {scripts}"
+
+
+def test_grpo_thread_is_the_common_thread_plus_evaluation():
+    """GRPO's generation thread also evaluates (the engine is the thread's); the hand-off lines are the common ones."""
+    common = [line.strip() for line in functions("async_dpo.py")["generation_thread"].splitlines()]
+    grpo = {line.strip() for line in functions("async_grpo_gsm8k.py")["generation_thread"].splitlines()}
+    differing = [line for line in common if line not in grpo]
+    allowed = ("def generation_thread(", "version = 0", "for step, prompts in", "batch = produce_batch(",
+               "batch.update(")
+    assert all(line.startswith(allowed) for line in differing), differing
+    assert len(differing) == len(allowed)
+
+
+def test_the_learner_side_of_the_hand_off_is_the_same_in_every_async_script():
+    def hand_off(path):  # the learner's queue, thread and weight hand-off lines (thread arguments differ by script)
+        code = [line.split("  # ")[0] for line in main_lines(path) if not line.startswith(("args=(", "#"))]
+        return [line for line in code if "queue" in line or "thread" in line or "weights" in line]
+
+    reference = hand_off("async_dpo.py")
+    assert len(reference) >= 8
+    for script in ASYNC_SCRIPTS[1:]:  # after the thread has ended, GRPO loads the final weights to evaluate them
+        assert hand_off(script)[: len(reference)] == reference, script
