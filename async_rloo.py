@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import torch
@@ -89,7 +89,8 @@ class Args:
     engine_dtype: str = "float32"
     """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
     gpu_memory_utilization: Optional[float] = None
-    """fraction of GPU memory for vLLM; None: 0.3 on a GPU shared with the learner, 0.9 on its own GPU"""
+    """fraction of the engine GPU for vLLM; None: 30% (GPU shared with the learner) or 90% (its own GPU) of the memory
+    still free once the models are loaded"""
     kv_cache_gib: Optional[float] = None
     """KV cache size in GiB; None lets vLLM size it from `gpu_memory_utilization` on GPU, and means 1 GiB on CPU"""
 
@@ -112,6 +113,15 @@ class Args:
     """score given to a response that ends without EOS, replacing the reward model's score"""
     max_grad_norm: float = 1.0
     """gradient clipping threshold"""
+
+    # learner memory: micro-batches change how much is in memory at once, never the update (up to float error)
+    micro_batch_size: int = 8
+    """sequences per forward/backward pass; gradients accumulate over the micro-batches of a mini-batch, whose
+    optimizer step is the same as in one pass (DPO keeps a pair's two sequences together: M/2 pairs at a time)"""
+    gradient_checkpointing: bool = False
+    """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of the learner's matmuls (autocast); weights, gradients and the optimizer stay float32"""
 
     # async
     async_steps: int = 1
@@ -153,8 +163,10 @@ def check_args(args: Args):
     if args.importance_ratio_cap is not None and args.importance_ratio_cap < 1:
         fail(f"--importance-ratio-cap must be >= 1 or None (a cap below 1 down-weights on-policy samples), "
              f"got {args.importance_ratio_cap}")
-    if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens) < 1:
-        fail("--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1")
+    if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
+           args.micro_batch_size) < 1:
+        fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens and "
+             "--micro-batch-size must be >= 1")
 
 
 # ALGO LOGIC: RLOO (Ahmadian et al., 2024). Each of a prompt's k samples is baselined by the mean reward of the other
@@ -202,11 +214,22 @@ def clipped_policy_loss(new_logprobs, behaviour_logprobs, advantages, cliprange:
     return loss, stats
 
 
+def response_logits(model, input_ids, attention_mask, response_mask, temperature):
+    """logits / T at the positions that predict response tokens, from the batch's first such column (`start`) on: the
+    output layer never runs over the rest of the prompts (a TL;DR prompt is ~10x its summary)."""
+    start = int(response_mask[:, 1:].argmax(dim=1).min())
+    positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
+    return logits.float() / temperature, start
+
+
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return logprobs * response_mask[:, 1:]
+    """Logprob of each response token under `model` at the sampling temperature, laid out (batch, length - 1): column
+    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T), so no log-softmax copy of the
+    vocabulary-sized logits is made."""
+    logits, start = response_logits(model, input_ids, attention_mask, response_mask, temperature)
+    logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.nn.functional.pad(logprobs, (start, 0)) * response_mask[:, 1:]
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
@@ -218,16 +241,21 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
 
 # REWARD: a sequence-classification reward model scores each response (used by the generation thread)
 @torch.no_grad()
-def get_scores(reward_model, input_ids, attention_mask):
-    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
+def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
+    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`), one
+    micro-batch at a time.
 
     We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
     SmolLM2) it would read the score before the EOS token.
     """
     backbone = getattr(reward_model, reward_model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    last = attention_mask.sum(dim=1) - 1
-    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
+    scores = []
+    for rows in chunks(torch.arange(len(input_ids)), micro_batch_size):
+        hidden = backbone(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
+                          use_cache=False).last_hidden_state
+        last = attention_mask[rows].sum(dim=1) - 1
+        scores.append(reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float())
+    return torch.cat(scores)
 
 
 # DATA: prompts, the order they are used in, and padding
@@ -323,6 +351,18 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
     llm.reset_prefix_cache()
 
 
+def keep_models_eager(*models):
+    """vLLM 0.32 serves architectures it has no code of its own for (GPT-NeoX, i.e. Pythia) through its Transformers
+    backend, which makes Hugging Face's own decoder class compilable, in place, when the engine is built: the class's
+    new `__call__` reads `do_not_compile`, set only on instances built by vLLM (those built after the engine fail, so
+    every model is loaded before it). Ours get the value vLLM gives its eager instances: a plain `forward` call."""
+    for model in filter(None, models):
+        for module in model.modules():
+            patched = any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__)
+            if patched and not hasattr(module, "do_not_compile"):
+                module.do_not_compile = True
+
+
 # GENERATION: one batch, the same code in the async and the sync script
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     """Generate k samples per prompt and score each with the reward model (the KL part of the reward needs the
@@ -334,7 +374,7 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id,
                                                  args.engine_device)
     contains_eos = torch.tensor([tokenizer.eos_token_id in r for r in responses])
-    scores = get_scores(reward_model, input_ids, attention_mask).cpu()
+    scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
     scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
     return dict(
         prompts=repeated_prompts,
@@ -392,6 +432,50 @@ def receive(q: queue.Queue, timeout: float, what: str):
     return item
 
 
+# LEARNER PLUMBING: micro-batches, autocast, checkpointing
+def chunks(rows: torch.Tensor, size: int):
+    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of a
+    mini-batch."""
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+@torch.no_grad()
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args):
+    """`token_logprobs` of every row, one micro-batch at a time, without gradient (reference logprobs)."""
+    with learner_autocast(args):
+        return torch.cat([token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                         args.temperature) for rows in chunks(torch.arange(len(input_ids)),
+                                                                              args.micro_batch_size)])
+
+
+def combine_stats(micro_batch_stats):
+    """A mini-batch's statistics from those of its micro-batches, [(share, {name: value})]: the share-weighted mean
+    (the loss's own weighting), or the maximum for names ending in `_max`."""
+    names = micro_batch_stats[0][1]
+    return {name: max(stats[name] for _, stats in micro_batch_stats) if name.endswith("_max")
+            else sum(share * stats[name] for share, stats in micro_batch_stats) for name in names}
+
+
+def learner_autocast(args: Args):
+    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    return torch.autocast(torch.device(args.learner_device).type, dtype=torch.bfloat16,
+                          enabled=args.learner_dtype == "bfloat16")
+
+
+def enable_gradient_checkpointing(model):
+    """Recompute each layer's activations in the backward pass instead of storing them. Hugging Face recomputes only in
+    training mode, so the model goes to training mode with every dropout probability set to 0: it then computes
+    exactly what eval mode does, and the logprobs in the loss stay those of the sampled policy."""
+    for module in model.modules():
+        for name, value in list(vars(module).items()):  # attention dropout is a float attribute, not a module
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+
 # LOGGING
 def log_samples(writer, step: int, columns, samples):
     """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
@@ -414,10 +498,9 @@ if __name__ == "__main__":
     num_gpus = torch.cuda.device_count()
     args.engine_device = "cuda:0" if num_gpus else "cpu"
     args.learner_device = "cuda:1" if num_gpus >= 2 else args.engine_device
-    if args.gpu_memory_utilization is None:
-        args.gpu_memory_utilization = 0.1 if num_gpus == 0 else (0.3 if num_gpus == 1 else 0.9)
-    if args.kv_cache_gib is None and num_gpus == 0:
-        args.kv_cache_gib = 1.0
+    if num_gpus == 0:  # on CPU the KV cache is sized in GiB (see build_engine); the fraction is unused
+        args.kv_cache_gib = 1.0 if args.kv_cache_gib is None else args.kv_cache_gib
+        args.gpu_memory_utilization = args.gpu_memory_utilization or 0.1
     SET_TORCH_THREADS(args.torch_threads)
 
     # TRY NOT TO MODIFY: tracking
@@ -451,6 +534,8 @@ if __name__ == "__main__":
     ref_policy = (AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
                   .to(args.learner_device).eval())
     ref_policy.requires_grad_(False)
+    if args.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
     reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
                                                                       dtype=torch.float32)
     reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
@@ -460,7 +545,13 @@ if __name__ == "__main__":
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5)
     num_updates = args.num_learner_steps * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    if args.gpu_memory_utilization is None:
+        # vLLM claims this fraction of the whole card and refuses to start unless it is free; the models loaded above
+        # are not, so the fraction is taken of what is left (reasoned from vLLM 0.32's source; untested: no GPU here)
+        free, total = torch.cuda.mem_get_info(args.engine_device)
+        args.gpu_memory_utilization = (0.3 if num_gpus == 1 else 0.9) * free / total
     llm = build_engine(args)
+    keep_models_eager(policy, ref_policy, reward_model)
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
     weights_queue = queue.Queue()  # (version, weights) from the learner: at most K+1 wait, the learner needs their data
@@ -484,8 +575,7 @@ if __name__ == "__main__":
         input_ids, attention_mask, response_mask = pad_sequences(
             batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device)
         behaviour_logprobs = torch.tensor([sum(row) for row in batch["behaviour_logprobs"]], device=args.learner_device)
-        with torch.no_grad():
-            ref_logprobs = token_logprobs(ref_policy, input_ids, attention_mask, response_mask, args.temperature).sum(1)
+        ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
         # The log pi part of the KL is the behaviour policy's (vLLM's logprobs), not the learner's: y was sampled
         # from it, so log pi_behaviour(y) - log pi_ref(y) is an unbiased one-sample estimate of that policy's KL, a
         # sample's reward does not change with how long it waited in the queue, and it costs no extra forward pass.
@@ -496,31 +586,36 @@ if __name__ == "__main__":
         advantages = rloo_advantages(rlhf_reward, k)
         stats = {key: [] for key in ("loss", "grad_norm", "importance_ratio_mean", "importance_ratio_max", "clipfrac",
                                      "approx_kl")}
-        rows_per_mini_batch = args.mini_batch_size * k  # a prompt's k samples stay in one mini-batch
-        for mb_start in range(0, len(batch["responses"]), rows_per_mini_batch):
-            rows = torch.arange(mb_start, mb_start + rows_per_mini_batch)
-            per_token = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                       args.temperature)
-            if mb_start == 0:  # before any update of this step: the learner holds policy version `step`
-                stats["gap"] = logprob_gap(per_token, response_mask[rows],
-                                           [batch["behaviour_logprobs"][i] for i in rows.tolist()])
-            loss, policy_stats = clipped_policy_loss(per_token.sum(1), behaviour_logprobs[rows], advantages[rows],
-                                                   args.cliprange, args.importance_ratio_cap)
+        # a prompt's k samples stay in one mini-batch
+        for mini_batch in chunks(torch.arange(len(batch["responses"])), args.mini_batch_size * k):
             optimizer.zero_grad()
-            loss.backward()
+            micro_batch_stats = []
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                with learner_autocast(args):
+                    per_token = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                               args.temperature)
+                if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
+                    stats["gap"] = logprob_gap(per_token, response_mask[rows],
+                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+                loss, policy_stats = clipped_policy_loss(per_token.sum(1), behaviour_logprobs[rows], advantages[rows],
+                                                         args.cliprange, args.importance_ratio_cap)
+                share = len(rows) / len(mini_batch)  # gradients of share-weighted means add up to the mini-batch's
+                (loss * share).backward()
+                micro_batch_stats.append((share, dict(loss=loss.item(), **policy_stats)))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
-            stats["loss"].append(loss.item())
-            stats["grad_norm"].append(grad_norm.item())
-            for key, value in policy_stats.items():
+            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
 
         # ASYNC: hand version step+1 to the generator, only if some future batch will be generated with it
         if step + 1 + args.async_steps < args.num_learner_steps:
             weights = {name: t.detach().to(args.engine_device, copy=True) for name, t in policy.state_dict().items()}
+            if torch.cuda.is_available():  # vLLM runs each thread on a CUDA stream of its own: finish the copies first
+                torch.cuda.synchronize()
             weights_queue.put((step + 1, weights))
+            del weights  # the queue's reference is the last: the copy is freed once the engine has loaded it
 
         # TRY NOT TO MODIFY: logging
         metrics = {

@@ -28,7 +28,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import torch
@@ -86,7 +86,8 @@ class Args:
     engine_dtype: str = "float32"
     """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
     gpu_memory_utilization: Optional[float] = None
-    """fraction of GPU memory for vLLM; None: 0.3 on a GPU shared with the learner, 0.9 on its own GPU"""
+    """fraction of the engine GPU for vLLM; None: 30% (GPU shared with the learner) or 90% (its own GPU) of the memory
+    still free once the models are loaded"""
     kv_cache_gib: Optional[float] = None
     """KV cache size in GiB; None lets vLLM size it from `gpu_memory_utilization` on GPU, and means 1 GiB on CPU"""
 
@@ -119,6 +120,15 @@ class Args:
     """score given to a response that ends without EOS, replacing the reward model's score"""
     max_grad_norm: float = 1.0
     """gradient clipping threshold (policy and value model together)"""
+
+    # learner memory: micro-batches change how much is in memory at once, never the update (up to float error)
+    micro_batch_size: int = 8
+    """sequences per forward/backward pass; gradients accumulate over the micro-batches of a mini-batch, whose
+    optimizer step is the same as in one pass (DPO keeps a pair's two sequences together: M/2 pairs at a time)"""
+    gradient_checkpointing: bool = False
+    """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of the learner's matmuls (autocast); weights, gradients and the optimizer stay float32"""
 
     # computed at runtime
     run_name: str = ""
@@ -155,9 +165,9 @@ def check_args(args: Args):
     if args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0:
         fail("--kl-coef must be >= 0, --cliprange and --cliprange-value > 0")
     if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
-           args.num_samples_per_prompt, args.num_ppo_epochs) < 1:
+           args.num_samples_per_prompt, args.num_ppo_epochs, args.micro_batch_size) < 1:
         fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens, "
-             "--num-samples-per-prompt and --num-ppo-epochs must be >= 1")
+             "--num-samples-per-prompt, --num-ppo-epochs and --micro-batch-size must be >= 1")
 
 
 # ALGO LOGIC: PPO for RLHF (Ouyang et al., 2022; Huang et al., 2024): per-token KL-penalised rewards, GAE with a value
@@ -245,25 +255,36 @@ def get_values(value_model, input_ids, attention_mask):
     sampled. Gradients flow (the learner trains the value model); wrap in no_grad for targets.
     """
     backbone = getattr(value_model, value_model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     return value_model.score(hidden).squeeze(-1)[:, :-1].float()
 
 
+def response_logits(model, input_ids, attention_mask, response_mask, temperature):
+    """logits / T at the positions that predict response tokens, from the batch's first such column (`start`) on: the
+    output layer never runs over the rest of the prompts (a TL;DR prompt is ~10x its summary)."""
+    start = int(response_mask[:, 1:].argmax(dim=1).min())
+    positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
+    return logits.float() / temperature, start
+
+
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token under `model` at the sampling temperature (0 on non-response positions)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return logprobs * response_mask[:, 1:]
+    """Logprob of each response token under `model` at the sampling temperature, laid out (batch, length - 1): column
+    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T), so no log-softmax copy of the
+    vocabulary-sized logits is made."""
+    logits, start = response_logits(model, input_ids, attention_mask, response_mask, temperature)
+    logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.nn.functional.pad(logprobs, (start, 0)) * response_mask[:, 1:]
 
 
 def token_logprobs_and_entropy(model, input_ids, attention_mask, response_mask, temperature):
     """`token_logprobs`, plus the entropy of softmax(logits / T) at each response position (a metric: no gradient)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-    all_logprobs = torch.log_softmax(logits, dim=-1)
-    logprobs = all_logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
-    return logprobs * response_mask[:, 1:], entropy * response_mask[:, 1:]
+    logits, start = response_logits(model, input_ids, attention_mask, response_mask, temperature)
+    log_partition = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - log_partition
+    with torch.no_grad():  # row by row: a softmax of all the logits would be one more vocabulary-sized copy
+        entropy = torch.stack([z - (torch.softmax(row, dim=-1) * row).sum(-1) for row, z in zip(logits, log_partition)])
+    return [torch.nn.functional.pad(x, (start, 0)) * response_mask[:, 1:] for x in (logprobs, entropy)]
 
 
 def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
@@ -283,16 +304,21 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
 
 # REWARD: a sequence-classification reward model scores each response (used by the generation thread)
 @torch.no_grad()
-def get_scores(reward_model, input_ids, attention_mask):
-    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`).
+def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
+    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`), one
+    micro-batch at a time.
 
     We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
     SmolLM2) it would read the score before the EOS token.
     """
     backbone = getattr(reward_model, reward_model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    last = attention_mask.sum(dim=1) - 1
-    return reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float()
+    scores = []
+    for rows in chunks(torch.arange(len(input_ids)), micro_batch_size):
+        hidden = backbone(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
+                          use_cache=False).last_hidden_state
+        last = attention_mask[rows].sum(dim=1) - 1
+        scores.append(reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float())
+    return torch.cat(scores)
 
 
 # DATA: prompts, the order they are used in, and padding
@@ -388,6 +414,18 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
     llm.reset_prefix_cache()
 
 
+def keep_models_eager(*models):
+    """vLLM 0.32 serves architectures it has no code of its own for (GPT-NeoX, i.e. Pythia) through its Transformers
+    backend, which makes Hugging Face's own decoder class compilable, in place, when the engine is built: the class's
+    new `__call__` reads `do_not_compile`, set only on instances built by vLLM (those built after the engine fail, so
+    every model is loaded before it). Ours get the value vLLM gives its eager instances: a plain `forward` call."""
+    for model in filter(None, models):
+        for module in model.modules():
+            patched = any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__)
+            if patched and not hasattr(module, "do_not_compile"):
+                module.do_not_compile = True
+
+
 # GENERATION: one batch, the same code in the async and the sync script
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     """Generate k samples per prompt and score each (the missing-EOS penalty replaces the score of unfinished ones)."""
@@ -398,7 +436,7 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
     input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id,
                                                  args.engine_device)
     contains_eos = torch.tensor([tokenizer.eos_token_id in r for r in responses])
-    scores = get_scores(reward_model, input_ids, attention_mask).cpu()
+    scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
     # a response cut at --response-length is not a summary; the reference code penalises it the same way
     scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
     return dict(
@@ -411,6 +449,50 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
         time_generation=generation_time,
         time_labeling=time.time() - start - generation_time,
     )
+
+
+# LEARNER PLUMBING: micro-batches, autocast, checkpointing
+def chunks(rows: torch.Tensor, size: int):
+    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of a
+    mini-batch."""
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+@torch.no_grad()
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args):
+    """`token_logprobs` of every row, one micro-batch at a time, without gradient (reference logprobs)."""
+    with learner_autocast(args):
+        return torch.cat([token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                         args.temperature) for rows in chunks(torch.arange(len(input_ids)),
+                                                                              args.micro_batch_size)])
+
+
+def combine_stats(micro_batch_stats):
+    """A mini-batch's statistics from those of its micro-batches, [(share, {name: value})]: the share-weighted mean
+    (the loss's own weighting), or the maximum for names ending in `_max`."""
+    names = micro_batch_stats[0][1]
+    return {name: max(stats[name] for _, stats in micro_batch_stats) if name.endswith("_max")
+            else sum(share * stats[name] for share, stats in micro_batch_stats) for name in names}
+
+
+def learner_autocast(args: Args):
+    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    return torch.autocast(torch.device(args.learner_device).type, dtype=torch.bfloat16,
+                          enabled=args.learner_dtype == "bfloat16")
+
+
+def enable_gradient_checkpointing(model):
+    """Recompute each layer's activations in the backward pass instead of storing them. Hugging Face recomputes only in
+    training mode, so the model goes to training mode with every dropout probability set to 0: it then computes
+    exactly what eval mode does, and the logprobs in the loss stay those of the sampled policy."""
+    for module in model.modules():
+        for name, value in list(vars(module).items()):  # attention dropout is a float attribute, not a module
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
 
 
 # LOGGING
@@ -433,10 +515,9 @@ if __name__ == "__main__":
     num_gpus = torch.cuda.device_count()
     args.engine_device = "cuda:0" if num_gpus else "cpu"
     args.learner_device = "cuda:1" if num_gpus >= 2 else args.engine_device
-    if args.gpu_memory_utilization is None:
-        args.gpu_memory_utilization = 0.1 if num_gpus == 0 else (0.3 if num_gpus == 1 else 0.9)
-    if args.kv_cache_gib is None and num_gpus == 0:
-        args.kv_cache_gib = 1.0
+    if num_gpus == 0:  # on CPU the KV cache is sized in GiB (see build_engine); the fraction is unused
+        args.kv_cache_gib = 1.0 if args.kv_cache_gib is None else args.kv_cache_gib
+        args.gpu_memory_utilization = args.gpu_memory_utilization or 0.1
     SET_TORCH_THREADS(args.torch_threads)
 
     # TRY NOT TO MODIFY: tracking
@@ -482,11 +563,20 @@ if __name__ == "__main__":
     value_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
                                                                      dtype=torch.float32)
     value_model = value_model.to(args.learner_device).eval()
+    if args.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+        enable_gradient_checkpointing(value_model)
     # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
     optimizer = torch.optim.AdamW([*policy.parameters(), *value_model.parameters()], lr=args.learning_rate, eps=1e-5)
     num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    if args.gpu_memory_utilization is None:
+        # vLLM claims this fraction of the whole card and refuses to start unless it is free; the models loaded above
+        # are not, so the fraction is taken of what is left (reasoned from vLLM 0.32's source; untested: no GPU here)
+        free, total = torch.cuda.mem_get_info(args.engine_device)
+        args.gpu_memory_utilization = (0.3 if num_gpus == 1 else 0.9) * free / total
     llm = build_engine(args)
+    keep_models_eager(policy, ref_policy, reward_model, value_model)
 
     start_time, training_time = time.time(), 0.0
     for step, batch_prompts in enumerate(tqdm(prompt_batches, desc="learner steps")):
@@ -515,8 +605,10 @@ if __name__ == "__main__":
             # of the current value model, hence the value targets (returns) and the advantages. A synchronous PPO
             # computes values at rollout time with the same version; computing them here instead means the critic
             # never lags, and the value model never has to be shipped to the generator.
-            ref_logprobs = token_logprobs(ref_policy, input_ids, attention_mask, response_mask, args.temperature)
-            values = get_values(value_model, input_ids, attention_mask) * mask
+            ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
+            with learner_autocast(args):
+                values = torch.cat([get_values(value_model, input_ids[rows], attention_mask[rows])
+                                    for rows in chunks(torch.arange(len(input_ids)), args.micro_batch_size)]) * mask
             rewards, kl = per_token_rewards(scores, behaviour_logprobs, ref_logprobs, mask, args.kl_coef)
             advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask)
@@ -524,32 +616,33 @@ if __name__ == "__main__":
         stats = {key: [] for key in ("pg_loss", "vf_loss", "vf_clipfrac", "entropy", "grad_norm",
                                      "importance_ratio_mean", "importance_ratio_max", "clipfrac", "approx_kl")}
         for epoch in range(args.num_ppo_epochs):
-            permutation = torch.from_numpy(shuffle_rng.permutation(num_samples))
-            for mb_start in range(0, num_samples, mb_samples):
-                rows = permutation[mb_start : mb_start + mb_samples].to(args.learner_device)
-                new_logprobs, entropy = token_logprobs_and_entropy(
-                    policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
-                if epoch == 0 and mb_start == 0:  # before any update of this step: the learner holds version `step`
-                    stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
-                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
-                new_values = get_values(value_model, input_ids[rows], attention_mask[rows])
-                pg_loss, policy_stats = clipped_policy_loss(new_logprobs, behaviour_logprobs[rows], advantages[rows],
-                                                        mask[rows], args.cliprange, args.importance_ratio_cap)
-                vf_loss, vf_clipfrac = clipped_value_loss(new_values, values[rows], returns[rows], mask[rows],
-                                                          args.cliprange_value)
-                loss = pg_loss + args.vf_coef * vf_loss
+            for mini_batch in chunks(torch.from_numpy(shuffle_rng.permutation(num_samples)), mb_samples):
                 optimizer.zero_grad()
-                loss.backward()
+                micro_batch_stats = []
+                for rows in chunks(mini_batch, args.micro_batch_size):
+                    with learner_autocast(args):
+                        new_logprobs, entropy = token_logprobs_and_entropy(
+                            policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
+                        new_values = get_values(value_model, input_ids[rows], attention_mask[rows])
+                    if "gap" not in stats:  # before any update of this step: the learner holds version `step`
+                        stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
+                                                   [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+                    pg_loss, policy_stats = clipped_policy_loss(new_logprobs, behaviour_logprobs[rows],
+                                                                advantages[rows], mask[rows], args.cliprange,
+                                                                args.importance_ratio_cap)
+                    vf_loss, vf_clipfrac = clipped_value_loss(new_values, values[rows], returns[rows], mask[rows],
+                                                              args.cliprange_value)
+                    # both losses are token means over the mini-batch: a micro-batch weighs its share of the tokens
+                    share = (mask[rows].sum() / mask[mini_batch].sum()).item()
+                    ((pg_loss + args.vf_coef * vf_loss) * share).backward()
+                    micro_batch_stats.append((share, dict(
+                        pg_loss=pg_loss.item(), vf_loss=vf_loss.item(), vf_clipfrac=vf_clipfrac,
+                        entropy=masked_mean(entropy, mask[rows]).item(), **policy_stats)))
                 grad_norm = torch.nn.utils.clip_grad_norm_([*policy.parameters(), *value_model.parameters()],
                                                            args.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
-                stats["pg_loss"].append(pg_loss.item())
-                stats["vf_loss"].append(vf_loss.item())
-                stats["vf_clipfrac"].append(vf_clipfrac)
-                stats["entropy"].append(masked_mean(entropy, mask[rows]).item())
-                stats["grad_norm"].append(grad_norm.item())
-                for key, value in policy_stats.items():
+                for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
                     stats[key].append(value)
         training_time = time.time() - train_start
 

@@ -40,26 +40,10 @@ def gsm8k_questions(n: int):
         return [json.loads(line)["question"] for _, line in zip(range(n), f)]
 
 
-def build_tiny_models(out: Path):
+def short_sft(policy, tokenizer, questions):
+    """A short SFT on "question TL;DR: a few words<EOS>", so that sampled responses often end with EOS."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
-    questions = gsm8k_questions(2000)
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(questions, trainers.BpeTrainer(
-        vocab_size=512, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    # pad == EOS, as in Pythia and SmolLM2: the scripts must never infer lengths from the pad id
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id)
-    policy = LlamaForCausalLM(config)
-    # a short SFT on "question TL;DR: a few words<EOS>" so that sampled responses often end with EOS
     texts = [q[:120] + "\nTL;DR:" + " ".join(q.split()[:3]) for q in questions[:512]]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
     for step in range(120):
@@ -71,11 +55,44 @@ def build_tiny_models(out: Path):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    policy.save_pretrained(out / "policy")
-    tokenizer.save_pretrained(out / "policy")
-    config.num_labels = 1
-    LlamaForSequenceClassification(config).save_pretrained(out / "rm")
-    tokenizer.save_pretrained(out / "rm")
+
+
+def build_tiny_models(out: Path):
+    """Llama-style policy and reward model (policy/, rm/), GPT-NeoX ones as in Pythia (neox_policy/, neox_rm/), and a
+    prompt file; one tokenizer trained here, whose EOS is id 0 and doubles as pad, as in Pythia."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification, LlamaConfig,
+                              LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast)
+
+    questions = gsm8k_questions(2000)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(questions, trainers.BpeTrainer(
+        vocab_size=512, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    # pad == EOS, as in Pythia and SmolLM2: the scripts must never infer lengths from the pad id
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    special = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                   bos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    llama = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+                        tie_word_embeddings=True, **special)
+    # Pythia's layout: partial rotary (25% of head_dim 64), parallel residual, untied output layer, and an embedding
+    # padded beyond the tokenizer (50,304 rows for 50,277 tokens in Pythia)
+    neox = GPTNeoXConfig(vocab_size=len(tokenizer) + 64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, rotary_pct=0.25, use_parallel_residual=True,
+                         max_position_embeddings=512, tie_word_embeddings=False, **special)
+    for name, config, causal_lm, classifier in (("", llama, LlamaForCausalLM, LlamaForSequenceClassification),
+                                                 ("neox_", neox, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification)):
+        policy = causal_lm(config)
+        short_sft(policy, tokenizer, questions)
+        policy.save_pretrained(out / f"{name}policy")
+        tokenizer.save_pretrained(out / f"{name}policy")
+        config.num_labels = 1
+        classifier(config).save_pretrained(out / f"{name}rm")
+        tokenizer.save_pretrained(out / f"{name}rm")
     # prompts in the TL;DR layout; a few are far longer than the tests' --max-prompt-tokens 64, to be dropped
     with open(out / "prompts.jsonl", "w") as f:
         for i, q in enumerate(gsm8k_questions(64)):
@@ -87,6 +104,17 @@ def build_tiny_models(out: Path):
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     return build_tiny_models(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def arithmetic_folder(tmp_path_factory):
+    """Generated problems of difficulty 1 as a --dataset-path folder, written by the tool's command line."""
+    folder = tmp_path_factory.mktemp("arithmetic")
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "make_arithmetic.py"), "--difficulty", "1", "--out",
+                           str(folder)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "7473 train and" in proc.stdout
+    return folder
 
 
 def run_script(script: str, cwd: Path, *flags: str, timeout: float = 1200):

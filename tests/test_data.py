@@ -1,4 +1,4 @@
-"""tools/: the install's data step (GSM8K from a local copy, or a clear message) and the arithmetic task's gold grader."""
+"""tools/: the install's data step (GSM8K from a local copy, or a clear message), the arithmetic task's grader."""
 
 import json
 import os

@@ -59,22 +59,25 @@ def test_reward_scores_read_last_real_token_when_pad_is_eos(dpo, tiny):
     eos = rm.config.pad_token_id
     # sequence 0 ends with EOS (== pad) and is followed by padding; its score must be read at that EOS
     ids, attn, _ = dpo.pad_sequences([[5, 6], [5, 6]], [[9, eos], [9, 10, 11, 12]], eos, "cpu")
-    scores = dpo.get_scores(rm, ids, attn)
-    alone = dpo.get_scores(rm, torch.tensor([[5, 6, 9, eos]]), torch.ones(1, 4, dtype=torch.long))
+    scores = dpo.get_scores(rm, ids, attn, micro_batch_size=1)  # one row at a time: each read at its own end
+    alone = dpo.get_scores(rm, torch.tensor([[5, 6, 9, eos]]), torch.ones(1, 4, dtype=torch.long), 8)
+    torch.testing.assert_close(dpo.get_scores(rm, ids, attn, micro_batch_size=8), scores, atol=1e-5, rtol=1e-5)
     assert scores[0].item() == pytest.approx(alone.item(), abs=1e-5)
-    assert scores[0].item() != pytest.approx(dpo.get_scores(rm, ids[:1, :3], attn[:1, :3]).item(), abs=1e-6)
+    assert scores[0].item() != pytest.approx(dpo.get_scores(rm, ids[:1, :3], attn[:1, :3], 8).item(), abs=1e-6)
 
 
 # ---------------------------------------------------------------- weight sync on a real engine
-def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(dpo, tiny):
+@pytest.mark.parametrize("architecture", ["policy", "neox_policy"])  # Llama-style, and GPT-NeoX as in Pythia
+def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(dpo, tiny, architecture):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    args = dpo.Args(model_name_or_path=str(tiny / "policy"), engine_device="cpu", gpu_memory_utilization=0.1,
+    args = dpo.Args(model_name_or_path=str(tiny / architecture), engine_device="cpu", gpu_memory_utilization=0.1,
                     kv_cache_gib=0.25, max_prompt_tokens=96, response_length=16, temperature=0.7,
                     num_samples_per_prompt=1, prompts_per_step=1, seed=0)
-    llm = dpo.build_engine(args)
-    tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
-    model = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny / architecture)
+    model = AutoModelForCausalLM.from_pretrained(tiny / architecture, dtype=torch.float32).eval()
+    llm = dpo.build_engine(args)  # after the learner's model, as in the scripts: GPT-NeoX's class gets patched here
+    dpo.keep_models_eager(model)
     # longer than one KV block (16 tokens), so a stale prefix cache would show up after the sync
     prompt = tokenizer("Natalia sold clips to 48 of her friends in April, and then she sold half as many").input_ids
     assert len(prompt) > 32

@@ -3,14 +3,12 @@
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import GSM8K_DIR, REPO, load_script, read_metrics, run_script
+from conftest import GSM8K_DIR, load_script, read_metrics, run_script
 
 ASYNC, SYNC = "async_grpo_gsm8k.py", "sync_baselines/sync_grpo_gsm8k.py"
 
@@ -31,17 +29,6 @@ def common_flags(tiny: Path, *extra: str):
 @pytest.fixture(scope="module")
 def arithmetic():
     return load_script("tools/make_arithmetic.py")
-
-
-@pytest.fixture(scope="module")
-def arithmetic_folder(tmp_path_factory):
-    """Generated problems of difficulty 1 as a --dataset-path folder, written by the tool's command line."""
-    folder = tmp_path_factory.mktemp("arithmetic")
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "make_arithmetic.py"), "--difficulty", "1", "--out",
-                           str(folder)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert "7473 train and" in proc.stdout
-    return folder
 
 
 @pytest.fixture(scope="module")

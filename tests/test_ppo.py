@@ -142,7 +142,7 @@ def test_values_are_the_score_head_on_every_prefix(ppo, tiny):
     for row, length in ((0, 5), (1, 3)):
         for t in range(length - 1):  # column t = value of tokens[: t + 1], the state that samples token t + 1
             prefix = ids[row : row + 1, : t + 1]
-            assert values[row, t].item() == pytest.approx(ppo.get_scores(vm, prefix, torch.ones_like(prefix)).item(),
+            assert values[row, t].item() == pytest.approx(ppo.get_scores(vm, prefix, torch.ones_like(prefix), 8).item(),
                                                           abs=1e-5)
 
 

@@ -18,8 +18,10 @@ REWARD_MODEL_SCRIPTS = ["async_dpo.py", "async_rloo.py", "async_ppo.py"]
 ASYNC_ONLY = {"generation_thread", "receive"}
 
 COMMON = [
-    (name, ASYNC_SCRIPTS) for name in ("build_engine", "generate", "push_weights_to_engine", "pad_sequences",
-                                       "token_logprobs", "logprob_gap", "prompt_order", "receive", "log_samples")
+    (name, ASYNC_SCRIPTS) for name in ("build_engine", "generate", "push_weights_to_engine", "keep_models_eager",
+                                       "pad_sequences", "response_logits", "token_logprobs", "token_logprobs_no_grad",
+                                       "logprob_gap", "prompt_order", "receive", "chunks", "combine_stats",
+                                       "learner_autocast", "enable_gradient_checkpointing", "log_samples")
 ] + [
     (name, REWARD_MODEL_SCRIPTS) for name in ("load_prompts", "get_scores", "generation_thread")
 ] + [
