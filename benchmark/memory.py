@@ -127,7 +127,8 @@ def run_one(args: Args, name: str, result_path: Path):
         return max((rss for t, rss in samples if t <= marks[moment]), default=0.0) if moment in marks else None
 
     metrics = [json.loads(line) for line in next((cwd / "runs").glob("*/metrics.jsonl")).read_text().splitlines()]
-    result = dict(name=name, command=cmd, env=ENV_OF.get(name, {}), peak_rss_gib=peak,
+    command = [part.replace(str(REPO) + "/", "") for part in cmd]  # paths relative to the checkout
+    result = dict(name=name, command=command, env=ENV_OF.get(name, {}), peak_rss_gib=peak,
                   rss_data_loaded_gib=rss_at("data_loaded"), rss_models_loaded_gib=rss_at("models_loaded"),
                   rss_engine_built_gib=rss_at("engine_built"),
                   training_s_per_step=sum(m["time/training"] for m in metrics) / len(metrics),
