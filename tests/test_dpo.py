@@ -1,12 +1,14 @@
 """async_dpo.py and sync_baselines/sync_dpo.py: numerics, weight sync on a real engine, end-to-end runs, failures."""
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import REPO, load_script, read_metrics, run_script
+from conftest import ENV, REPO, load_script, read_metrics, run_script
 
 ASYNC, SYNC = "async_dpo.py", "sync_baselines/sync_dpo.py"
 
@@ -67,15 +69,17 @@ def test_reward_scores_read_last_real_token_when_pad_is_eos(dpo, tiny):
 
 
 # ---------------------------------------------------------------- weight sync on a real engine
-@pytest.mark.parametrize("architecture", ["policy", "neox_policy"])  # Llama-style, and GPT-NeoX as in Pythia
-def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(dpo, tiny, architecture):
+def check_weight_sync(policy_dir: str):
+    """After a learner update and a sync, vLLM's logprobs equal the learner's; sampled-token logprobs are tempered;
+    a batch larger than one engine step's token budget samples (seeded) without crashing."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    args = dpo.Args(model_name_or_path=str(tiny / architecture), engine_device="cpu", gpu_memory_utilization=0.1,
+    dpo = load_script(ASYNC)
+    args = dpo.Args(model_name_or_path=policy_dir, engine_device="cpu", gpu_memory_utilization=0.1,
                     kv_cache_gib=0.25, max_prompt_tokens=96, response_length=16, temperature=0.7,
                     num_samples_per_prompt=1, prompts_per_step=1, seed=0)
-    tokenizer = AutoTokenizer.from_pretrained(tiny / architecture)
-    model = AutoModelForCausalLM.from_pretrained(tiny / architecture, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
     llm = dpo.build_engine(args)  # after the learner's model, as in the scripts: GPT-NeoX's class gets patched here
     dpo.keep_models_eager(model)
     # longer than one KV block (16 tokens), so a stale prefix cache would show up after the sync
@@ -122,6 +126,20 @@ def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(dpo, tiny, arc
     args.prompts_per_step = 128
     responses, _ = dpo.generate(llm, [prompt] * 128, args, step=1)
     assert len(responses) == 128 and len(prompt) * 128 > 4096
+
+
+def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(tiny):
+    check_weight_sync(str(tiny / "policy"))
+
+
+def test_weight_sync_on_gpt_neox_in_a_process_of_its_own(tiny):
+    """GPT-NeoX as in Pythia. vLLM patches Hugging Face's GPTNeoXModel class in the process that builds a GPT-NeoX
+    engine, after which that process cannot build GPT-NeoX models (the scripts load theirs first): the check runs in a
+    fresh interpreter, so the test session's other GPT-NeoX tests are unaffected."""
+    code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from test_dpo import check_weight_sync; "
+            f"check_weight_sync({str(tiny / 'neox_policy')!r})")
+    proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 # ---------------------------------------------------------------- end to end
