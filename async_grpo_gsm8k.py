@@ -4,8 +4,8 @@ trains step i.
 
 The generation thread drives an in-process vLLM engine, samples G solutions per math problem and grades each one
 itself (1 if its final number equals the reference answer, else 0: no reward model); the learner takes the graded
-groups from a bounded queue and does GRPO (group-normalised advantages, clipped token-level ratios against vLLM's
-behaviour logprobs). `diff async_grpo_gsm8k.py sync_baselines/sync_grpo_gsm8k.py` shows what asynchrony changes.
+groups from a bounded queue and does GRPO (group-normalised advantages, clipped token-level ratios; see
+`--off-policy-correction`). `diff async_grpo_gsm8k.py sync_baselines/sync_grpo_gsm8k.py` shows what asynchrony changes.
 
 Paper setup (GSM8K, Rho-1B SFT policy; needs a GPU and hub access):
     python async_grpo_gsm8k.py
@@ -116,10 +116,17 @@ class Args:
     """AdamW learning rate, decayed linearly to 0"""
     scale_rewards: bool = True
     """divide group-centred rewards by the group's std (DeepSeekMath); --no-scale-rewards only centres (Dr. GRPO)"""
+    off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
+    """what the PPO ratio is taken against (see `off_policy_anchor`): paper = the learner's own logprobs at the start of
+    the step (the paper's code); behaviour = vLLM's logprobs of the sampling policy; decoupled = paper's anchor, times
+    a truncated importance weight pi_old / pi_behaviour (AReaL)"""
     cliprange: float = 0.2
-    """PPO clip range of the token-level ratio"""
-    importance_ratio_cap: Optional[float] = 2.0
-    """truncated importance sampling: the ratio multiplying the advantage is capped here; None turns it off"""
+    """PPO clip range of the token-level ratio pi / pi_anchor"""
+    importance_weight_cap: float = 2.0
+    """decoupled only: the importance weight pi_old / pi_behaviour is truncated (min) at this value"""
+    dual_clip: Optional[float] = None
+    """dual-clip PPO (Ye et al., 2020; verl's clip_ratio_c): a term with A < 0 loses at most -A * dual_clip, and gets
+    no gradient beyond it; None: off"""
     kl_coef: float = 0.0
     """weight of the k3 KL penalty to the initial policy; 0 (common GRPO practice) does not even load the reference"""
     max_grad_norm: float = 1.0
@@ -172,8 +179,11 @@ def check_args(args: Args):
              f"--num-mini-batches {args.num_mini_batches}")
     if args.temperature <= 0:
         fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
-    if args.importance_ratio_cap is not None and args.importance_ratio_cap < 1:
-        fail(f"--importance-ratio-cap must be >= 1 (or None), got {args.importance_ratio_cap}")
+    if args.importance_weight_cap < 1:
+        fail(f"--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy samples), "
+             f"got {args.importance_weight_cap}")
+    if args.dual_clip is not None and args.dual_clip <= 1:
+        fail(f"--dual-clip must be > 1 (or None), got {args.dual_clip}")
     if args.kl_coef < 0 or args.cliprange <= 0:
         fail("--kl-coef must be >= 0 and --cliprange > 0")
     if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
@@ -183,7 +193,7 @@ def check_args(args: Args):
 
 
 # ALGO LOGIC: GRPO (Shao et al., 2024). Rewards are normalised within each prompt's group of k samples; a clipped
-# token-level surrogate, importance-weighted against the behaviour policy. Pure functions, unit-tested.
+# token-level surrogate; `off_policy_anchor` handles stale samples. Pure functions, unit-tested.
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool, eps: float = 1e-4):
     """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2): (r - group mean) / (group std + eps), the same for
     every token of a sample. std is the unbiased one and eps 1e-4, as in TRL's GRPOTrainer; without scaling (Liu et
@@ -200,29 +210,59 @@ def masked_sequence_mean(values, mask):
     return ((values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
 
 
-def grpo_policy_loss(new_logprobs, behaviour_logprobs, advantages, mask, cliprange, importance_ratio_cap):
-    """Clipped token-level surrogate against the *behaviour* policy that sampled the tokens (vLLM's logprobs).
+def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
+    """The logprobs the PPO ratio is taken against, and each term's importance weight (no gradient), for each
+    `--off-policy-correction`; docs/async.md compares them. Logprobs are summed per sequence (RLOO) or per token (PPO,
+    GRPO). `behaviour_logprobs` (mu) are vLLM's, of policy version i-K; `old_logprobs` (pi_old) are the learner's own,
+    recomputed before the step's first update (None in behaviour mode, which skips that forward pass).
 
-    The paper's reference code recomputed the "old" logprobs with the current learner, so stale samples got no
-    correction at all; here the ratio is taken against what actually generated them. Capping the ratio that multiplies
-    the advantage is truncated importance sampling; for A < 0 and ratio > cap it also bounds the loss like dual-clip PPO
-    (Ye et al., 2020): a sample that has become much likelier than when it was drawn stops pushing.
+    paper      ratio pi / pi_old, weight 1: the paper's code. The clip bounds how far the step's N updates move the
+               policy; the staleness of the samples is not corrected (on-policy, K = 0, it is the same as behaviour).
+    behaviour  ratio pi / mu, weight 1: the clip also bounds the distance to the policy that sampled, up to K versions
+               back (verl's bypass mode, TRL's async GRPO, PipelineRL).
+    decoupled  ratio pi / pi_old, weight min(pi_old / mu, cap): the clip bounds this step's updates and a truncated
+               importance weight corrects the staleness (decoupled PPO, Hilton et al., 2022; AReaL, Fu et al., 2025).
     """
+    if correction == "behaviour":
+        return behaviour_logprobs, torch.ones_like(behaviour_logprobs)
+    if correction == "paper":
+        return old_logprobs, torch.ones_like(old_logprobs)
+    return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs).clamp(max=importance_weight_cap)
+
+
+def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
+    """PPO's pessimistic clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al., 2017),
+    optionally dual-clipped, and a mask of the terms it leaves without gradient (the clipped branch won, or the dual
+    clip bound it): for A > 0 those with r > 1 + eps, for A < 0 those with r < 1 - eps or r > dual_clip."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
+    losses = torch.max(unclipped, clipped)
+    no_gradient = clipped > unclipped
+    if dual_clip is not None:  # for A < 0 the loss grows with r without bound; the dual clip caps it at -A * c
+        bound = (advantages < 0) & (losses > -advantages * dual_clip)
+        losses = torch.where(bound, -advantages * dual_clip, losses)
+        no_gradient = no_gradient | bound
+    return losses, no_gradient
+
+
+def grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip):
+    """Clipped token-level surrogate: ratio = pi / pi_anchor per token, each token's term times its importance weight
+    (both from `off_policy_anchor`), averaged per sequence then over sequences."""
     mask = mask.float()
-    log_ratio = (new_logprobs - behaviour_logprobs) * mask
+    log_ratio = (new_logprobs - anchor_logprobs) * mask
     ratio = torch.exp(log_ratio)
-    ratio_is = ratio if importance_ratio_cap is None else ratio.clamp(max=importance_ratio_cap)
-    adv = advantages[:, None]
-    per_token = torch.max(-adv * ratio_is, -adv * ratio.clamp(1 - cliprange, 1 + cliprange))
+    per_token, no_gradient = clipped_surrogate(ratio, advantages[:, None], cliprange, dual_clip)
     with torch.no_grad():
         tokens = mask.bool()
         stats = {
             "importance_ratio_mean": ratio[tokens].mean().item(),
             "importance_ratio_max": ratio[tokens].max().item(),
             "clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
+            "zero_gradient_frac": no_gradient[tokens].float().mean().item(),
+            "importance_weight_mean": importance_weights[tokens].mean().item(),
             "approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
         }
-    return masked_sequence_mean(per_token, mask), stats
+    return masked_sequence_mean(importance_weights * per_token, mask), stats
 
 
 def kl_penalty(new_logprobs, ref_logprobs, mask):
@@ -504,12 +544,17 @@ def chunks(rows: torch.Tensor, size: int):
 
 
 @torch.no_grad()
-def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args):
-    """`token_logprobs` of every row, one micro-batch at a time, without gradient (reference logprobs)."""
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
+    """`token_logprobs` of every row without gradient, one micro-batch at a time. Given the training loop's
+    `mini_batches`, in its very micro-batches: same rows, same shapes, so the values equal bit for bit those of the
+    loop's forward passes with the same weights (the ratio of the first update is exactly 1)."""
+    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
-        return torch.cat([token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                         args.temperature) for rows in chunks(torch.arange(len(input_ids)),
-                                                                              args.micro_batch_size)])
+        for mini_batch in mini_batches or [torch.arange(len(input_ids))]:
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                                args.temperature)
+    return logprobs
 
 
 def combine_stats(micro_batch_stats):
@@ -655,12 +700,18 @@ if __name__ == "__main__":
         input_ids, attention_mask, response_mask = pad_sequences(
             [p for p in batch["prompts"] for _ in range(k)], batch["responses"], tokenizer.pad_token_id,
             args.learner_device)
-        behaviour = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
+        mini_batches = chunks(torch.arange(len(input_ids)), args.mini_batch_size * k)
+        behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
+        old_logprobs = None  # the learner's own logprobs before this step's updates (paper and decoupled modes)
+        if args.off_policy_correction != "behaviour":
+            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, mini_batches)
+        anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
+                                                                behaviour_logprobs, args.importance_weight_cap)
         if ref_policy is not None:
             ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
         stats = {key: [] for key in ("loss", "kl", "grad_norm", "importance_ratio_mean", "importance_ratio_max",
-                                     "clipfrac", "approx_kl")}
-        for mini_batch in chunks(torch.arange(len(input_ids)), args.mini_batch_size * k):
+                                     "clipfrac", "zero_gradient_frac", "importance_weight_mean", "approx_kl")}
+        for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
             for rows in chunks(mini_batch, args.micro_batch_size):
@@ -671,8 +722,8 @@ if __name__ == "__main__":
                     stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
                                                [batch["behaviour_logprobs"][i] for i in rows.tolist()])
                 mask = response_mask[rows, 1:]
-                loss, policy_stats = grpo_policy_loss(new_logprobs, behaviour[rows], advantages[rows], mask,
-                                                      args.cliprange, args.importance_ratio_cap)
+                loss, policy_stats = grpo_policy_loss(new_logprobs, anchor_logprobs[rows], importance_weights[rows],
+                                                      advantages[rows], mask, args.cliprange, args.dual_clip)
                 micro_stats = dict(loss=loss.item(), **policy_stats)
                 if ref_policy is not None:
                     kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask)
@@ -707,6 +758,8 @@ if __name__ == "__main__":
             "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
             "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
             "policy/clipfrac": float(np.mean(stats["clipfrac"])),
+            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
+            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
             "async/behaviour_learner_logprob_gap": stats["gap"],

@@ -8,8 +8,8 @@ shows everything that asynchrony changes.
 
 What goes stale when generation runs K steps ahead: the responses, their scores, and vLLM's logprobs of the sampled
 tokens (PPO's "old" logprobs, and the policy in the KL penalty) all come from policy version i-K. Values, value targets
-and advantages are computed by the learner at step i with the current value model, so they are fresh. The importance
-ratio new/behaviour corrects the policy loss for the staleness, truncated at `--importance-ratio-cap`.
+and advantages are computed by the learner at step i with the current value model, so they are fresh.
+`--off-policy-correction` chooses what PPO's ratio is taken against, hence how the staleness is handled.
 
 Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
     python async_ppo.py
@@ -115,14 +115,21 @@ class Args:
     """GAE discount (1: the reward at the end of the response is not discounted)"""
     lam: float = 0.95
     """GAE lambda"""
+    off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
+    """what the PPO ratio is taken against (see `off_policy_anchor`): paper = the learner's own logprobs at the start of
+    the step (the paper's code); behaviour = vLLM's logprobs of the sampling policy; decoupled = paper's anchor, times
+    a truncated importance weight pi_old / pi_behaviour (AReaL)"""
     cliprange: float = 0.2
-    """PPO policy clipping: ratios outside [1 - cliprange, 1 + cliprange] get no gradient"""
+    """PPO clip range of the token-level ratio pi / pi_anchor"""
     cliprange_value: float = 0.2
     """value clipping: new values further than this from the values computed at the start of the step get no gradient"""
     vf_coef: float = 0.1
     """weight of the value loss in the summed loss"""
-    importance_ratio_cap: Optional[float] = 2.0
-    """truncated importance weight: the unclipped ratio is capped at this value (None: no cap)"""
+    importance_weight_cap: float = 2.0
+    """decoupled only: the importance weight pi_old / pi_behaviour is truncated (min) at this value"""
+    dual_clip: Optional[float] = None
+    """dual-clip PPO (Ye et al., 2020; verl's clip_ratio_c): a term with A < 0 loses at most -A * dual_clip, and gets
+    no gradient beyond it; None: off"""
     missing_eos_penalty: float = -1.0
     """score given to a response that ends without EOS, replacing the reward model's score"""
     max_grad_norm: float = 1.0
@@ -170,9 +177,11 @@ def check_args(args: Args):
              f"--num-mini-batches {args.num_mini_batches}")
     if args.temperature <= 0:
         fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
-    if args.importance_ratio_cap is not None and args.importance_ratio_cap < 1:
-        fail(f"--importance-ratio-cap must be >= 1 or None (a cap below 1 down-weights on-policy tokens), "
-             f"got {args.importance_ratio_cap}")
+    if args.importance_weight_cap < 1:
+        fail(f"--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy samples), "
+             f"got {args.importance_weight_cap}")
+    if args.dual_clip is not None and args.dual_clip <= 1:
+        fail(f"--dual-clip must be > 1 (or None), got {args.dual_clip}")
     if args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0:
         fail("--kl-coef must be >= 0, --cliprange and --cliprange-value > 0")
     if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
@@ -221,25 +230,55 @@ def masked_whiten(x, mask):
     return (x - mean) * torch.rsqrt(var + 1e-8) * mask
 
 
-def clipped_policy_loss(new_logprobs, behaviour_logprobs, advantages, mask, cliprange, importance_ratio_cap):
-    """PPO's clipped loss (Schulman et al., 2017) with the ratio taken against the *behaviour* policy (vLLM's logprobs).
+def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
+    """The logprobs the PPO ratio is taken against, and each term's importance weight (no gradient), for each
+    `--off-policy-correction`; docs/async.md compares them. Logprobs are summed per sequence (RLOO) or per token (PPO,
+    GRPO). `behaviour_logprobs` (mu) are vLLM's, of policy version i-K; `old_logprobs` (pi_old) are the learner's own,
+    recomputed before the step's first update (None in behaviour mode, which skips that forward pass).
 
-    The paper's reference code recomputed the "old" logprobs with the current learner, so stale samples got no
-    correction. Here ratio = pi_learner / pi_behaviour, and the unclipped term uses the truncated weight min(ratio, cap)
-    (truncated importance sampling, as in IMPALA's V-trace, Espeholt et al. 2018). For A < 0 and ratio > cap this
-    bounds the loss like dual-clip PPO (Ye et al., 2020): a stale token the policy now much prefers stops pushing,
-    where plain PPO would give it an unbounded loss -A * ratio. With cap >= 1 + cliprange nothing else changes.
+    paper      ratio pi / pi_old, weight 1: the paper's code. The clip bounds how far the step's N updates move the
+               policy; the staleness of the samples is not corrected (on-policy, K = 0, it is the same as behaviour).
+    behaviour  ratio pi / mu, weight 1: the clip also bounds the distance to the policy that sampled, up to K versions
+               back (verl's bypass mode, TRL's async GRPO, PipelineRL).
+    decoupled  ratio pi / pi_old, weight min(pi_old / mu, cap): the clip bounds this step's updates and a truncated
+               importance weight corrects the staleness (decoupled PPO, Hilton et al., 2022; AReaL, Fu et al., 2025).
     """
-    log_ratio = new_logprobs - behaviour_logprobs
+    if correction == "behaviour":
+        return behaviour_logprobs, torch.ones_like(behaviour_logprobs)
+    if correction == "paper":
+        return old_logprobs, torch.ones_like(old_logprobs)
+    return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs).clamp(max=importance_weight_cap)
+
+
+def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
+    """PPO's pessimistic clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al., 2017),
+    optionally dual-clipped, and a mask of the terms it leaves without gradient (the clipped branch won, or the dual
+    clip bound it): for A > 0 those with r > 1 + eps, for A < 0 those with r < 1 - eps or r > dual_clip."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
+    losses = torch.max(unclipped, clipped)
+    no_gradient = clipped > unclipped
+    if dual_clip is not None:  # for A < 0 the loss grows with r without bound; the dual clip caps it at -A * c
+        bound = (advantages < 0) & (losses > -advantages * dual_clip)
+        losses = torch.where(bound, -advantages * dual_clip, losses)
+        no_gradient = no_gradient | bound
+    return losses, no_gradient
+
+
+def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip):
+    """PPO's clipped loss per token: ratio = pi / pi_anchor, each token's term times its importance weight (both from
+    `off_policy_anchor`), masked mean over the mini-batch's response tokens."""
+    log_ratio = new_logprobs - anchor_logprobs
     ratio = torch.exp(log_ratio)
-    ratio_is = ratio if importance_ratio_cap is None else ratio.clamp(max=importance_ratio_cap)
-    pg_losses = torch.max(-advantages * ratio_is, -advantages * ratio.clamp(1 - cliprange, 1 + cliprange))
-    loss = masked_mean(pg_losses, mask)
+    pg_losses, no_gradient = clipped_surrogate(ratio, advantages, cliprange, dual_clip)
+    loss = masked_mean(importance_weights * pg_losses, mask)
     with torch.no_grad():
         stats = dict(
             importance_ratio_mean=masked_mean(ratio, mask).item(),
             importance_ratio_max=ratio[mask.bool()].max().item(),
             clipfrac=masked_mean(((ratio - 1).abs() > cliprange).float(), mask).item(),
+            zero_gradient_frac=masked_mean(no_gradient.float(), mask).item(),
+            importance_weight_mean=masked_mean(importance_weights, mask).item(),
             approx_kl=masked_mean((ratio - 1) - log_ratio, mask).item(),  # k3 estimator, always >= 0
         )
     return loss, stats
@@ -514,12 +553,17 @@ def chunks(rows: torch.Tensor, size: int):
 
 
 @torch.no_grad()
-def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args):
-    """`token_logprobs` of every row, one micro-batch at a time, without gradient (reference logprobs)."""
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
+    """`token_logprobs` of every row without gradient, one micro-batch at a time. Given the training loop's
+    `mini_batches`, in its very micro-batches: same rows, same shapes, so the values equal bit for bit those of the
+    loop's forward passes with the same weights (the ratio of the first update is exactly 1)."""
+    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
-        return torch.cat([token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                         args.temperature) for rows in chunks(torch.arange(len(input_ids)),
-                                                                              args.micro_batch_size)])
+        for mini_batch in mini_batches or [torch.arange(len(input_ids))]:
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                                args.temperature)
+    return logprobs
 
 
 def combine_stats(micro_batch_stats):
@@ -656,11 +700,21 @@ if __name__ == "__main__":
         input_ids, attention_mask, response_mask = pad_sequences(
             batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device)
         mask = response_mask[:, 1:].float()  # the layout of token_logprobs / get_values: column t = token t+1
-        # STALE when K > 0, made with policy version step-K: the responses, their scores, and the behaviour logprobs.
-        # These are PPO's "old" logprobs in the ratio, and the log pi of the KL penalty: log pi_behaviour - log pi_ref
-        # on samples of pi_behaviour is an unbiased estimate of the KL of the policy that actually produced them.
+        num_samples, mb_samples = len(batch["responses"]), args.mini_batch_size * args.num_samples_per_prompt
+        # every epoch's shuffled mini-batches, drawn now: the first epoch's also order the recomputation below
+        epochs = [chunks(torch.from_numpy(shuffle_rng.permutation(num_samples)), mb_samples)
+                  for _ in range(args.num_ppo_epochs)]
+        # STALE when K > 0, made with policy version step-K: the responses, their scores, and vLLM's logprobs
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         scores = batch["scores"].to(args.learner_device)
+        old_logprobs = None  # the learner's own logprobs before this step's updates (paper and decoupled modes)
+        if args.off_policy_correction != "behaviour":
+            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, epochs[0])
+        # PPO's "old" logprobs in the ratio, and the log pi of the KL penalty: in behaviour mode vLLM's (log
+        # pi_behaviour - log pi_ref on samples of pi_behaviour is an unbiased estimate of the KL of the policy that
+        # produced them, at no extra forward pass); in paper mode the learner's recomputation, as in the paper's code
+        anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
+                                                                behaviour_logprobs, args.importance_weight_cap)
         with torch.no_grad():
             # FRESH, computed now by the learner: the reference logprobs (a frozen model: never stale), and the values
             # of the current value model, hence the value targets (returns) and the advantages. A synchronous PPO
@@ -670,14 +724,14 @@ if __name__ == "__main__":
             with learner_autocast(args):
                 values = torch.cat([get_values(value_model, input_ids[rows], attention_mask[rows])
                                     for rows in chunks(torch.arange(len(input_ids)), args.micro_batch_size)]) * mask
-            rewards, kl = per_token_rewards(scores, behaviour_logprobs, ref_logprobs, mask, args.kl_coef)
+            rewards, kl = per_token_rewards(scores, anchor_logprobs, ref_logprobs, mask, args.kl_coef)
             advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask)
-        num_samples, mb_samples = len(batch["responses"]), args.mini_batch_size * args.num_samples_per_prompt
         stats = {key: [] for key in ("pg_loss", "vf_loss", "vf_clipfrac", "entropy", "grad_norm",
-                                     "importance_ratio_mean", "importance_ratio_max", "clipfrac", "approx_kl")}
-        for epoch in range(args.num_ppo_epochs):
-            for mini_batch in chunks(torch.from_numpy(shuffle_rng.permutation(num_samples)), mb_samples):
+                                     "importance_ratio_mean", "importance_ratio_max", "clipfrac", "zero_gradient_frac",
+                                     "importance_weight_mean", "approx_kl")}
+        for mini_batches in epochs:
+            for mini_batch in mini_batches:
                 optimizer.zero_grad()
                 micro_batch_stats = []
                 for rows in chunks(mini_batch, args.micro_batch_size):
@@ -688,9 +742,9 @@ if __name__ == "__main__":
                     if "gap" not in stats:  # before any update of this step: the learner holds version `step`
                         stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
                                                    [batch["behaviour_logprobs"][i] for i in rows.tolist()])
-                    pg_loss, policy_stats = clipped_policy_loss(new_logprobs, behaviour_logprobs[rows],
-                                                                advantages[rows], mask[rows], args.cliprange,
-                                                                args.importance_ratio_cap)
+                    pg_loss, policy_stats = clipped_policy_loss(new_logprobs, anchor_logprobs[rows],
+                                                                importance_weights[rows], advantages[rows], mask[rows],
+                                                                args.cliprange, args.dual_clip)
                     vf_loss, vf_clipfrac = clipped_value_loss(new_values, values[rows], returns[rows], mask[rows],
                                                               args.cliprange_value)
                     # both losses are token means over the mini-batch: a micro-batch weighs its share of the tokens
@@ -728,6 +782,8 @@ if __name__ == "__main__":
             "policy/entropy": float(np.mean(stats["entropy"])),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/clipfrac": float(np.mean(stats["clipfrac"])),
+            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
+            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
             "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
             "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),

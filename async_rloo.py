@@ -4,7 +4,7 @@
 The generation thread drives an in-process vLLM engine and scores each prompt's k samples with a reward model; the
 learner takes them from a bounded queue, subtracts a KL penalty to a frozen reference, baselines each reward by the
 mean of the other k-1 (REINFORCE leave-one-out, Ahmadian et al., 2024), and takes a clipped policy-gradient step on
-the whole sequence, importance-weighted against the stale policy that actually sampled it.
+the whole sequence; `--off-policy-correction` chooses how the staleness of the samples is handled.
 `diff async_rloo.py sync_baselines/sync_rloo.py` shows everything that asynchrony changes.
 
 Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
@@ -12,9 +12,9 @@ Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
 Offline on a CPU with the embedded SmolLM2-135M-Instruct (docs/rloo.md builds a local reward model):
     python async_rloo.py --model-name-or-path models/SmolLM2-135M-Instruct --reward-model-path models/SmolLM2-rm \
         --dataset-name prompts.jsonl --prompt-field query --prompts-per-step 8 --num-learner-steps 20
-Staleness sweep (the paper's off-policyness knobs), and the same without truncating the importance weight:
+Staleness sweep (the paper's off-policyness knobs), and the same with AReaL's truncated importance weight:
     python async_rloo.py --async-steps 2 --num-mini-batches 4
-    python async_rloo.py --async-steps 2 --num-mini-batches 4 --importance-ratio-cap None
+    python async_rloo.py --async-steps 2 --num-mini-batches 4 --off-policy-correction decoupled
 """
 
 import os
@@ -105,10 +105,17 @@ class Args:
     """AdamW learning rate, decayed linearly to 0"""
     kl_coef: float = 0.05
     """weight of the sequence KL in the reward: r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)"""
+    off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
+    """what the PPO ratio is taken against (see `off_policy_anchor`): paper = the learner's own logprobs at the start of
+    the step (the paper's code); behaviour = vLLM's logprobs of the sampling policy; decoupled = paper's anchor, times
+    a truncated importance weight pi_old / pi_behaviour (AReaL)"""
     cliprange: float = 0.2
-    """PPO clip range of the sequence-level ratio pi(y) / pi_behaviour(y)"""
-    importance_ratio_cap: Optional[float] = 2.0
-    """truncate the sequence importance weight at this value (see `clipped_policy_loss`); None turns truncation off"""
+    """PPO clip range of the sequence-level ratio pi / pi_anchor"""
+    importance_weight_cap: float = 2.0
+    """decoupled only: the importance weight pi_old / pi_behaviour is truncated (min) at this value"""
+    dual_clip: Optional[float] = None
+    """dual-clip PPO (Ye et al., 2020; verl's clip_ratio_c): a term with A < 0 loses at most -A * dual_clip, and gets
+    no gradient beyond it; None: off"""
     missing_eos_penalty: float = -1.0
     """score given to a response that ends without EOS, replacing the reward model's score"""
     max_grad_norm: float = 1.0
@@ -160,9 +167,11 @@ def check_args(args: Args):
         fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
     if args.cliprange < 0:
         fail(f"--cliprange must be >= 0, got {args.cliprange}")
-    if args.importance_ratio_cap is not None and args.importance_ratio_cap < 1:
-        fail(f"--importance-ratio-cap must be >= 1 or None (a cap below 1 down-weights on-policy samples), "
-             f"got {args.importance_ratio_cap}")
+    if args.importance_weight_cap < 1:
+        fail(f"--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy samples), "
+             f"got {args.importance_weight_cap}")
+    if args.dual_clip is not None and args.dual_clip <= 1:
+        fail(f"--dual-clip must be > 1 (or None), got {args.dual_clip}")
     if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
            args.micro_batch_size) < 1:
         fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens and "
@@ -182,34 +191,62 @@ def rloo_advantages(rewards: torch.Tensor, k: int):
     return (grouped - baseline).flatten()
 
 
-def clipped_policy_loss(new_logprobs, behaviour_logprobs, advantages, cliprange: float,
-                        importance_ratio_cap: Optional[float]):
-    """PPO-clip on whole sequences, importance-weighted against the policy that sampled them.
+def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
+    """The logprobs the PPO ratio is taken against, and each term's importance weight (no gradient), for each
+    `--off-policy-correction`; docs/async.md compares them. Logprobs are summed per sequence (RLOO) or per token (PPO,
+    GRPO). `behaviour_logprobs` (mu) are vLLM's, of policy version i-K; `old_logprobs` (pi_old) are the learner's own,
+    recomputed before the step's first update (None in behaviour mode, which skips that forward pass).
 
-    Arguments are per-sequence sums over response tokens; `behaviour_logprobs` are vLLM's, i.e. of the (possibly K
-    versions old) policy that generated the data. The paper's reference code recomputed the "old" logprobs with the
-    current learner, so stale data got no correction at all; here the ratio is taken to the true behaviour policy.
+    paper      ratio pi / pi_old, weight 1: the paper's code. The clip bounds how far the step's N updates move the
+               policy; the staleness of the samples is not corrected (on-policy, K = 0, it is the same as behaviour).
+    behaviour  ratio pi / mu, weight 1: the clip also bounds the distance to the policy that sampled, up to K versions
+               back (verl's bypass mode, TRL's async GRPO, PipelineRL).
+    decoupled  ratio pi / pi_old, weight min(pi_old / mu, cap): the clip bounds this step's updates and a truncated
+               importance weight corrects the staleness (decoupled PPO, Hilton et al., 2022; AReaL, Fu et al., 2025).
+    """
+    if correction == "behaviour":
+        return behaviour_logprobs, torch.ones_like(behaviour_logprobs)
+    if correction == "paper":
+        return old_logprobs, torch.ones_like(old_logprobs)
+    return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs).clamp(max=importance_weight_cap)
+
+
+def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
+    """PPO's pessimistic clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al., 2017),
+    optionally dual-clipped, and a mask of the terms it leaves without gradient (the clipped branch won, or the dual
+    clip bound it): for A > 0 those with r > 1 + eps, for A < 0 those with r < 1 - eps or r > dual_clip."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
+    losses = torch.max(unclipped, clipped)
+    no_gradient = clipped > unclipped
+    if dual_clip is not None:  # for A < 0 the loss grows with r without bound; the dual clip caps it at -A * c
+        bound = (advantages < 0) & (losses > -advantages * dual_clip)
+        losses = torch.where(bound, -advantages * dual_clip, losses)
+        no_gradient = no_gradient | bound
+    return losses, no_gradient
+
+
+def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, cliprange: float,
+                        dual_clip: Optional[float]):
+    """PPO-clip on whole sequences: ratio = pi(y) / pi_anchor(y), each sequence's term times its importance weight.
+
+    Arguments are per-sequence sums over response tokens; the anchor and the weights come from `off_policy_anchor`.
     Returns the loss and its diagnostics.
     """
     # A sequence log-ratio sums ~50 token log-ratios: past ~88 exp overflows float32 and the backward pass through the
-    # clamps below would give 0 * inf = NaN. At 20 the ratio is far beyond any clip or cap, so nothing else changes.
-    logratio = (new_logprobs - behaviour_logprobs).clamp(max=20.0)
-    ratio = torch.exp(logratio)
-    # truncated importance weight (as in IMPALA's V-trace, Espeholt et al., 2018): a very stale sample gets at most
-    # `importance_ratio_cap` times its weight
-    ratio_is = ratio if importance_ratio_cap is None else ratio.clamp(max=importance_ratio_cap)
-    pg_losses = -advantages * ratio_is
-    pg_losses_clipped = -advantages * ratio.clamp(1.0 - cliprange, 1.0 + cliprange)
-    # For A > 0 this is PPO's pessimistic min. For A < 0 and ratio > cap the loss is bounded by -A * cap with zero
-    # gradient, as dual-clip PPO does (Ye et al., 2020): a stale sample the policy now likes far more than the
-    # behaviour policy did stops pushing, instead of an unbounded -A * ratio
-    loss = torch.max(pg_losses, pg_losses_clipped).mean()
+    # clamps below would give 0 * inf = NaN. At 20 the ratio is far beyond any clip, so nothing else changes.
+    log_ratio = (new_logprobs - anchor_logprobs).clamp(max=20.0)
+    ratio = torch.exp(log_ratio)
+    losses, no_gradient = clipped_surrogate(ratio, advantages, cliprange, dual_clip)
+    loss = (importance_weights * losses).mean()
     with torch.no_grad():
         stats = dict(
             importance_ratio_mean=ratio.mean().item(),
-            importance_ratio_max=ratio.max().item(),  # of the untruncated ratio
+            importance_ratio_max=ratio.max().item(),
             clipfrac=((ratio - 1.0).abs() > cliprange).float().mean().item(),
-            approx_kl=((ratio - 1.0) - logratio).mean().item(),  # k3 estimator of KL(behaviour || pi), always >= 0
+            zero_gradient_frac=no_gradient.float().mean().item(),
+            importance_weight_mean=importance_weights.mean().item(),
+            approx_kl=((ratio - 1.0) - log_ratio).mean().item(),  # k3 estimator of KL(anchor || pi), always >= 0
         )
     return loss, stats
 
@@ -440,12 +477,17 @@ def chunks(rows: torch.Tensor, size: int):
 
 
 @torch.no_grad()
-def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args):
-    """`token_logprobs` of every row, one micro-batch at a time, without gradient (reference logprobs)."""
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
+    """`token_logprobs` of every row without gradient, one micro-batch at a time. Given the training loop's
+    `mini_batches`, in its very micro-batches: same rows, same shapes, so the values equal bit for bit those of the
+    loop's forward passes with the same weights (the ratio of the first update is exactly 1)."""
+    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
-        return torch.cat([token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                         args.temperature) for rows in chunks(torch.arange(len(input_ids)),
-                                                                              args.micro_batch_size)])
+        for mini_batch in mini_batches or [torch.arange(len(input_ids))]:
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                                args.temperature)
+    return logprobs
 
 
 def combine_stats(micro_batch_stats):
@@ -574,20 +616,26 @@ if __name__ == "__main__":
         k = args.num_samples_per_prompt
         input_ids, attention_mask, response_mask = pad_sequences(
             batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device)
+        # a prompt's k samples stay in one mini-batch
+        mini_batches = chunks(torch.arange(len(batch["responses"])), args.mini_batch_size * k)
         behaviour_logprobs = torch.tensor([sum(row) for row in batch["behaviour_logprobs"]], device=args.learner_device)
+        old_logprobs = None  # the learner's own logprobs before this step's updates (paper and decoupled modes)
+        if args.off_policy_correction != "behaviour":
+            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args,
+                                                  mini_batches).sum(1)
+        anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
+                                                                behaviour_logprobs, args.importance_weight_cap)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
-        # The log pi part of the KL is the behaviour policy's (vLLM's logprobs), not the learner's: y was sampled
-        # from it, so log pi_behaviour(y) - log pi_ref(y) is an unbiased one-sample estimate of that policy's KL, a
-        # sample's reward does not change with how long it waited in the queue, and it costs no extra forward pass.
-        # In the sync run (and async step 0) it equals the learner's recomputation, which the reference code uses,
-        # to ~1e-6 per token.
-        kl = behaviour_logprobs - ref_logprobs
+        # The log pi of the KL is the anchor's. In behaviour mode that is vLLM's logprob: y was sampled from it, so
+        # log pi_behaviour(y) - log pi_ref(y) is an unbiased one-sample estimate of that policy's KL and costs no extra
+        # forward pass. In paper mode it is the learner's recomputation, as in the paper's code. On-policy the two are
+        # equal to ~1e-6 per token.
+        kl = anchor_logprobs - ref_logprobs
         rlhf_reward = batch["scores"].to(args.learner_device) - args.kl_coef * kl
         advantages = rloo_advantages(rlhf_reward, k)
         stats = {key: [] for key in ("loss", "grad_norm", "importance_ratio_mean", "importance_ratio_max", "clipfrac",
-                                     "approx_kl")}
-        # a prompt's k samples stay in one mini-batch
-        for mini_batch in chunks(torch.arange(len(batch["responses"])), args.mini_batch_size * k):
+                                     "zero_gradient_frac", "importance_weight_mean", "approx_kl")}
+        for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
             for rows in chunks(mini_batch, args.micro_batch_size):
@@ -597,8 +645,9 @@ if __name__ == "__main__":
                 if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
                     stats["gap"] = logprob_gap(per_token, response_mask[rows],
                                                [batch["behaviour_logprobs"][i] for i in rows.tolist()])
-                loss, policy_stats = clipped_policy_loss(per_token.sum(1), behaviour_logprobs[rows], advantages[rows],
-                                                         args.cliprange, args.importance_ratio_cap)
+                loss, policy_stats = clipped_policy_loss(per_token.sum(1), anchor_logprobs[rows],
+                                                         importance_weights[rows], advantages[rows], args.cliprange,
+                                                         args.dual_clip)
                 share = len(rows) / len(mini_batch)  # gradients of share-weighted means add up to the mini-batch's
                 (loss * share).backward()
                 micro_batch_stats.append((share, dict(loss=loss.item(), **policy_stats)))
@@ -626,6 +675,8 @@ if __name__ == "__main__":
             "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
             "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
             "policy/clipfrac": float(np.mean(stats["clipfrac"])),
+            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
+            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
             "async/behaviour_learner_logprob_gap": stats["gap"],

@@ -352,12 +352,17 @@ def chunks(rows: torch.Tensor, size: int):
 
 
 @torch.no_grad()
-def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args):
-    """`token_logprobs` of every row, one micro-batch at a time, without gradient (reference logprobs)."""
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
+    """`token_logprobs` of every row without gradient, one micro-batch at a time. Given the training loop's
+    `mini_batches`, in its very micro-batches: same rows, same shapes, so the values equal bit for bit those of the
+    loop's forward passes with the same weights (the ratio of the first update is exactly 1)."""
+    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
-        return torch.cat([token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                         args.temperature) for rows in chunks(torch.arange(len(input_ids)),
-                                                                              args.micro_batch_size)])
+        for mini_batch in mini_batches or [torch.arange(len(input_ids))]:
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                                args.temperature)
+    return logprobs
 
 
 def combine_stats(micro_batch_stats):

@@ -85,31 +85,6 @@ def test_per_token_rewards_put_the_score_on_the_last_response_token(ppo):
     assert rewards.flatten().tolist() == pytest.approx([0, -0.05, 0.1 + 2.0, 0] + [0, -0.1, 0.1, 0 - 1.0])
 
 
-def test_clipped_policy_loss_matches_hand_computation(ppo):
-    # five tokens, the last masked; cliprange 0.2, cap 2; (ratio, advantage) ->
-    #   (1.1, +1): max(-1.1, -1.1)                            = -1.1   inside the clip range
-    #   (1.5, +1): max(-1.5, -1.2)                            = -1.2   clipped
-    #   (3.0, -1): max(+min(3, 2), +1.2) = max(2.0, 1.2)      =  2.0   capped (plain PPO: 3.0)
-    #   (0.5, -2): max(+2 * 0.5, +2 * 0.8) = max(1.0, 1.6)    =  1.6   clipped
-    #   (10, +5): masked out
-    # mean = (-1.1 - 1.2 + 2.0 + 1.6) / 4 = 1.3 / 4 = 0.325; without the cap (-1.1 - 1.2 + 3.0 + 1.6) / 4 = 0.575
-    ratios, adv = [1.1, 1.5, 3.0, 0.5, 10.0], torch.tensor([[1.0, 1.0, -1.0, -2.0, 5.0]])
-    behaviour = torch.tensor([[-1.0, -2.0, -0.5, -3.0, -4.0]])
-    mask = torch.tensor([[1, 1, 1, 1, 0]], dtype=torch.float)
-    for cap, expected_loss, grads in ((2.0, 0.325, [-1.1 / 4, 0, 0, 0, 0]),
-                                      (None, 0.575, [-1.1 / 4, 0, 3.0 / 4, 0, 0])):
-        new = (behaviour + torch.log(torch.tensor([ratios]))).requires_grad_(True)
-        loss, stats = ppo.clipped_policy_loss(new, behaviour, adv, mask, cliprange=0.2, importance_ratio_cap=cap)
-        assert loss.item() == pytest.approx(expected_loss, abs=1e-6)
-        loss.backward()  # d loss / d log pi = -A * ratio / 4 where the unclipped, uncapped term is active, else 0
-        assert new.grad[0].tolist() == pytest.approx(grads, abs=1e-6)
-    assert stats["clipfrac"] == pytest.approx(3 / 4)  # |ratio - 1| > 0.2 for 1.5, 3.0, 0.5
-    assert stats["importance_ratio_mean"] == pytest.approx(6.1 / 4)
-    assert stats["importance_ratio_max"] == pytest.approx(3.0)
-    # k3 = (r - 1) - ln r: 0.0046898 + 0.0945349 + 0.9013877 + 0.1931472 = 1.1937596
-    assert stats["approx_kl"] == pytest.approx(1.1937596 / 4, abs=1e-6)
-
-
 def test_clipped_value_loss_matches_hand_computation(ppo):
     # cliprange_value 0.2; (new V, old V, return) ->
     #   (0.5, 0.4, 1.0): inside the clip range, both terms (0.5 - 1)^2 = 0.25
@@ -146,13 +121,6 @@ def test_values_are_the_score_head_on_every_prefix(ppo, tiny):
                                                           abs=1e-5)
 
 
-def test_importance_ratio_cap_can_be_turned_off_from_the_command_line(ppo):
-    import tyro
-
-    assert tyro.cli(ppo.Args, args=["--importance-ratio-cap", "None"]).importance_ratio_cap is None
-    assert tyro.cli(ppo.Args, args=[]).importance_ratio_cap == 2.0
-
-
 # ---------------------------------------------------------------- subprocess runs, started together
 # each costs a vLLM/torch import (~10 s of CPU); the other checks are covered in-process by
 # test_check_args_names_the_flag
@@ -166,9 +134,10 @@ BAD_INPUTS = [
 
 @pytest.fixture(scope="module")
 def runs(tiny, tmp_path_factory):
-    """K=1 and K=2 async runs (5 steps), a sync run with N=2 (4 steps), and the bad-input runs, all in parallel."""
-    jobs = {"k1": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "1")),
-            "k2": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "2")),
+    """K=1 (ratio to vLLM's logprobs) and K=2 (decoupled) async runs (5 steps), a sync run with N=2 and the paper's
+    loss (4 steps), and the bad-input runs, all in parallel."""
+    jobs = {"k1": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "1", "--off-policy-correction", "behaviour")),
+            "k2": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "2", "--off-policy-correction", "decoupled")),
             "sync": (SYNC, ("--num-learner-steps", "4", "--num-mini-batches", "2"))}
     jobs.update({f"bad{i}": (script, ("--num-learner-steps", "2", *flags))
                  for i, (script, flags, _) in enumerate(BAD_INPUTS)})
@@ -204,6 +173,7 @@ def test_async_run_writes_metrics_and_a_loadable_model(runs, tiny):
     for key in ("objective/scores", "objective/kl", "objective/rlhf_reward", "objective/non_score_reward",
                 "losses/policy_loss", "losses/value_loss", "value/clipfrac", "policy/entropy", "policy/approx_kl",
                 "policy/clipfrac", "policy/importance_ratio_mean", "policy/importance_ratio_max", "val/eos_rate",
+                "policy/zero_gradient_frac", "policy/importance_weight_mean",
                 "time/generation", "time/training", "time/weight_sync", "time/learner_waiting",
                 "async/actor_version", "async/learner_version", "async/staleness",
                 "async/behaviour_learner_logprob_gap"):
@@ -228,13 +198,30 @@ def test_async_batches_come_from_exactly_version_step_minus_k(runs, name, k):
     # at step 0 the learner and the engine hold the same (initial) weights; later the engine's are K versions old
     assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4
     assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
-    # the KL penalty uses the behaviour logprobs: batches 0..K come from version 0 = the reference, so their KL is 0
-    assert all(abs(m["objective/kl"]) < 1e-3 for m in metrics[: k + 1])
-    assert abs(metrics[-1]["objective/kl"]) > 1e-2
-    # stale samples: the first update of step i > 0 already sees ratios != 1
-    # (on-policy, step 0 measures ~1e-10: vLLM and learner logprobs agree to float noise)
+    assert abs(metrics[0]["objective/kl"]) < 1e-3 and abs(metrics[-1]["objective/kl"]) > 1e-2
+    # on-policy, step 0 measures ~1e-10: vLLM and learner logprobs agree to float noise
     assert metrics[0]["policy/approx_kl"] < 1e-6
+
+
+def test_behaviour_mode_ratio_and_kl_are_those_of_the_policy_that_sampled(runs):
+    metrics = metrics_of(runs, "k1")
+    # batches 0..K come from version 0 = the reference, so their KL (with vLLM's log pi) is 0
+    assert all(abs(m["objective/kl"]) < 1e-3 for m in metrics[:2])
+    # stale samples: the first (only) update of step i > 0 already sees ratios != 1; no importance weight
     assert metrics[-1]["policy/approx_kl"] > 1e-3 and metrics[-1]["policy/importance_ratio_max"] > 1.05
+    assert all(m["policy/importance_weight_mean"] == 1.0 for m in metrics)
+
+
+def test_decoupled_mode_clips_around_the_learner_and_weights_by_the_staleness(runs):
+    metrics = metrics_of(runs, "k2")
+    for m in metrics:  # N = 1: the only update is the first, where pi = pi_old bit for bit
+        assert m["policy/importance_ratio_max"] == 1.0 and m["policy/clipfrac"] == 0.0
+    # the truncated weight pi_old / mu: 1 while the learner still holds the sampling version, not once it moved on
+    assert metrics[0]["policy/importance_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert abs(metrics[-1]["policy/importance_weight_mean"] - 1.0) > 1e-3
+    assert all(m["policy/importance_weight_mean"] <= 2.0 for m in metrics)
+    # the KL penalty's log pi is the learner's recomputation, which has moved away from version 0 by step 1
+    assert abs(metrics[1]["objective/kl"]) > 1e-3
 
 
 def test_sync_baseline_generates_every_batch_with_the_current_policy(runs):
@@ -246,6 +233,7 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(runs):
     assert abs(metrics[-1]["objective/kl"]) > 1e-2
     # N = 2: the second mini-batch is off-policy by one update, so ratios move away from 1 within every step
     assert all(m["policy/approx_kl"] > 1e-4 for m in metrics)  # measured >= 5e-3; fully on-policy gives ~1e-10
+    assert all(m["policy/importance_weight_mean"] == 1.0 for m in metrics)  # paper mode: no importance weight
     assert (runs["sync"][0] / "model" / "config.json").exists()
     # the trained critic is saved beside the policy and loads as a one-label sequence classifier
     from transformers import AutoModelForSequenceClassification
@@ -267,7 +255,6 @@ def test_bad_input_fails_with_one_message_before_the_engine_starts(runs, index):
 @pytest.mark.parametrize("overrides,message", [
     (dict(num_samples_per_prompt=0), "--num-ppo-epochs and --micro-batch-size must be >= 1"),
     (dict(micro_batch_size=0), "--num-ppo-epochs and --micro-batch-size must be >= 1"),
-    (dict(importance_ratio_cap=0.9), "--importance-ratio-cap must be >= 1 or None"),
     (dict(kl_coef=-0.1), "--kl-coef must be >= 0"),
     (dict(prompts_per_step=6, num_mini_batches=4), "--prompts-per-step 6 is not divisible by --num-mini-batches 4"),
 ])

@@ -38,75 +38,17 @@ def test_rloo_advantages_match_hand_computation(rloo):
     assert rloo.rloo_advantages(random_rewards, k=4).view(5, 4).sum(1).abs().max() < 1e-5
 
 
-def clipped_loss_inputs():
-    # four sequences, cliprange 0.2, cap 2: (advantage, sequence ratio pi/pi_behaviour)
-    #   1: A=+1,   r=1.5 -> -A*r = -1.5,              -A*clip(r) = -1*1.2  = -1.2  -> max -1.2 (clipped, no grad)
-    #   2: A=-1,   r=3.0 -> -A*min(r, 2) = 2.0,        -A*clip(r) = 1*1.2   = 1.2   -> max 2.0 (capped, no grad)
-    #   3: A=+2,   r=0.5 -> -A*r = -1.0,              -A*clip(r) = -2*0.8  = -1.6  -> max -1.0 (grad -A*r = -1.0)
-    #   4: A=-0.5, r=1.1 -> -A*r = 0.55,              -A*clip(r) = 0.5*1.1 = 0.55  -> 0.55     (grad -A*r = 0.55)
-    ratios = torch.tensor([1.5, 3.0, 0.5, 1.1])
-    behaviour = torch.tensor([-10.0, -4.0, -7.5, -20.0])  # sequence sums; only differences matter
-    new = (behaviour + ratios.log()).requires_grad_(True)
-    return new, behaviour, torch.tensor([1.0, -1.0, 2.0, -0.5])
-
-
-def test_clipped_policy_loss_matches_hand_computation(rloo):
-    new, behaviour, advantages = clipped_loss_inputs()
-    loss, stats = rloo.clipped_policy_loss(new, behaviour, advantages, cliprange=0.2, importance_ratio_cap=2.0)
-    # (-1.2 + 2.0 - 1.0 + 0.55) / 4 = 0.35 / 4
-    assert loss.item() == pytest.approx(0.0875, abs=1e-5)
-    loss.backward()
-    # d loss / d log pi: 0 for the clipped and the capped sequence, -A*r/4 for the others: -1.0/4 and 0.55/4
-    assert new.grad.tolist() == pytest.approx([0.0, 0.0, -0.25, 0.1375], abs=1e-5)
-    assert stats["importance_ratio_mean"] == pytest.approx(6.1 / 4, abs=1e-5)  # (1.5 + 3 + 0.5 + 1.1) / 4
-    assert stats["importance_ratio_max"] == pytest.approx(3.0, abs=1e-5)  # untruncated
-    assert stats["clipfrac"] == pytest.approx(0.75)  # |r-1| = 0.5, 2, 0.5, 0.1 > 0.2 for three of four
-    # k3: (r-1) - log r = 0.094535 + 0.901388 + 0.193147 + 0.004690 = 1.193760, / 4
-    assert stats["approx_kl"] == pytest.approx(0.298440, abs=1e-5)
-
-
-def test_clipped_policy_loss_without_cap_lets_the_stale_sample_push(rloo):
-    new, behaviour, advantages = clipped_loss_inputs()
-    loss, _ = rloo.clipped_policy_loss(new, behaviour, advantages, cliprange=0.2, importance_ratio_cap=None)
-    # sequence 2 now gives max(-A*r, -A*clip(r)) = max(3.0, 1.2) = 3.0: (-1.2 + 3.0 - 1.0 + 0.55) / 4 = 1.35 / 4
-    assert loss.item() == pytest.approx(0.3375, abs=1e-5)
-    loss.backward()
-    assert new.grad.tolist() == pytest.approx([0.0, 0.75, -0.25, 0.1375], abs=1e-5)  # 3.0/4 for sequence 2
-
-
-def test_a_huge_sequence_log_ratio_gives_finite_loss_and_gradient(rloo):
-    # a sum of ~50 token log-ratios can pass 88, where exp overflows float32; the gradient must stay finite (zero here:
-    # the sample is far beyond the cap for A < 0 and beyond the clip for A > 0)
-    new = torch.tensor([-1.0, -1.0], requires_grad=True)
-    loss, stats = rloo.clipped_policy_loss(new, torch.tensor([-101.0, -101.0]), torch.tensor([-1.0, 1.0]),
-                                           cliprange=0.2, importance_ratio_cap=2.0)
-    loss.backward()
-    assert torch.isfinite(loss) and new.grad.tolist() == [0.0, 0.0]
-    assert loss.item() == pytest.approx((2.0 - 1.2) / 2)  # capped at -A * 2 and clipped at -A * 1.2
-
-
-def test_on_policy_ratio_is_one_and_loss_is_minus_mean_advantage(rloo):
-    logprobs = torch.tensor([-3.0, -5.0, -1.0, -2.0], requires_grad=True)
-    advantages = torch.tensor([0.5, -0.5, 1.0, -1.0])
-    loss, stats = rloo.clipped_policy_loss(logprobs, logprobs.detach(), advantages, cliprange=0.2,
-                                           importance_ratio_cap=2.0)
-    loss.backward()
-    # ratio 1 everywhere: loss = mean(-A) = 0, gradient = -A/4 (plain REINFORCE with the RLOO baseline)
-    assert loss.item() == pytest.approx(0.0, abs=1e-7)
-    assert logprobs.grad.tolist() == pytest.approx([-0.125, 0.125, -0.25, 0.25], abs=1e-7)
-    assert stats["clipfrac"] == 0.0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
-
-
 # ---------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def async_runs(tiny, tmp_path_factory):
-    """A K=1 run with N=2 mini-batches and a K=2 run with N=1, each 5 learner steps."""
+    """A K=1 run with N=2 mini-batches and the ratio to vLLM's logprobs, and a K=2 run with N=1 and the paper's
+    loss (the default), each 5 learner steps."""
     runs = {}
-    for name, k, n in (("k1", 1, 2), ("k2", 2, 1)):
+    for name, k, n, correction in (("k1", 1, 2, "behaviour"), ("k2", 2, 1, "paper")):
         cwd = tmp_path_factory.mktemp(name)
         proc, _ = run_script(ASYNC, cwd, *common_flags(tiny, "--num-learner-steps", "5", "--async-steps", str(k),
-                                                        "--num-mini-batches", str(n), "--output-dir",
-                                                        str(cwd / "model")))
+                                                        "--num-mini-batches", str(n), "--off-policy-correction",
+                                                        correction, "--output-dir", str(cwd / "model")))
         assert proc.returncode == 0, proc.stderr[-4000:]
         runs[name] = (cwd, proc, read_metrics(cwd))
     return runs
@@ -114,6 +56,7 @@ def async_runs(tiny, tmp_path_factory):
 
 KEYS = ("objective/scores", "objective/kl", "objective/rlhf_reward", "losses/policy_loss",
         "policy/importance_ratio_mean", "policy/importance_ratio_max", "policy/clipfrac", "policy/approx_kl",
+        "policy/zero_gradient_frac", "policy/importance_weight_mean",
         "policy/grad_norm", "policy/learning_rate", "val/eos_rate", "val/response_length", "time/generation",
         "time/reward_labeling", "time/training", "time/weight_sync", "time/learner_waiting", "time/actor_waiting",
         "async/actor_version", "async/learner_version", "async/staleness", "async/behaviour_learner_logprob_gap")
@@ -134,16 +77,18 @@ def test_async_run_writes_metrics_and_a_loadable_model(async_runs, tiny):
     assert metrics[-1]["episodes"] == 5 * 4 * 2
 
 
-def test_reward_is_score_minus_kl_penalty_from_the_behaviour_policy(async_runs):
+def test_reward_is_score_minus_the_kl_penalty_of_the_anchor_policy(async_runs):
     for name, k in (("k1", 1), ("k2", 2)):
         metrics = async_runs[name][2]
         for m in metrics:  # means are linear: mean(r) = mean(score) - 0.05 * mean(KL)
             assert m["objective/rlhf_reward"] == pytest.approx(m["objective/scores"] - 0.05 * m["objective/kl"],
                                                                abs=1e-4)
-        # the KL is that of the policy that sampled the batch: version 0 is the reference itself
-        for m in metrics[: k + 1]:
-            assert abs(m["objective/kl"]) < 1e-3, (name, m["step"], m["objective/kl"])
+        assert abs(metrics[0]["objective/kl"]) < 1e-3  # version 0 is the reference itself
         assert abs(metrics[-1]["objective/kl"]) > 1e-2
+    # behaviour mode: the log pi of the KL is vLLM's, and the first K + 1 batches were sampled by version 0
+    assert all(abs(m["objective/kl"]) < 1e-3 for m in async_runs["k1"][2][:2])
+    # paper mode: it is the learner's own recomputation, which has moved on from version 0 by step 1
+    assert abs(async_runs["k2"][2][1]["objective/kl"]) > 1e-3
 
 
 @pytest.mark.parametrize("name,k", [("k1", 1), ("k2", 2)])
@@ -156,19 +101,25 @@ def test_async_batches_come_from_exactly_version_step_minus_k(async_runs, name, 
     assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
 
 
-def test_importance_ratio_is_taken_to_the_behaviour_policy(async_runs):
-    metrics = async_runs["k2"][2]  # N=1: each step's only update sees the weights the learner had at its start
-    # step 0: the batch was sampled by the learner's own weights, so every sequence ratio is 1 (to float error)
-    assert metrics[0]["policy/importance_ratio_max"] == pytest.approx(1.0, abs=1e-3)
-    assert metrics[0]["policy/clipfrac"] == 0.0 and metrics[0]["policy/approx_kl"] < 1e-6
-    # later batches are 2 versions old (lr 3e-3 moves the tiny policy a lot): the ratio is far from 1
+def test_behaviour_mode_takes_the_ratio_to_the_policy_that_sampled(async_runs):
+    metrics = async_runs["k1"][2]  # (on-policy the ratio is 1: see the sync test, which runs in behaviour mode)
+    # later batches are a version old (lr 3e-3 moves the tiny policy a lot): the ratio is far from 1
     assert metrics[-1]["policy/approx_kl"] > 1e-3 and metrics[-1]["policy/clipfrac"] > 0.0
+    assert all(m["policy/importance_weight_mean"] == 1.0 for m in metrics)
+
+
+def test_paper_mode_ratio_is_exactly_one_at_the_first_update_however_stale(async_runs):
+    metrics = async_runs["k2"][2]  # N=1: each step's only update is its first
+    assert metrics[-1]["async/staleness"] == 2 and metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
+    for m in metrics:  # recomputed in the very micro-batches of the update: equal bit for bit
+        assert m["policy/importance_ratio_max"] == 1.0 and m["policy/importance_ratio_mean"] == 1.0
+        assert m["policy/clipfrac"] == 0.0 and m["policy/zero_gradient_frac"] == 0.0
 
 
 def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_path):
-    # N=1 and fresh weights every step: the data is on-policy, so every ratio is 1; `None` also checks the flag parses
-    proc, _ = run_script(SYNC, tmp_path, *common_flags(tiny, "--num-learner-steps", "4", "--importance-ratio-cap",
-                                                        "None", "--output-dir", str(tmp_path / "model")))
+    # N=1 and fresh weights every step: the data is on-policy, so even vLLM's logprobs give a ratio of 1
+    proc, _ = run_script(SYNC, tmp_path, *common_flags(tiny, "--num-learner-steps", "4", "--off-policy-correction",
+                                                        "behaviour", "--output-dir", str(tmp_path / "model")))
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = read_metrics(tmp_path)
     for key in KEYS:
@@ -186,8 +137,6 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_p
 @pytest.mark.parametrize("flags,message", [
     (dict(prompts_per_step=5, num_mini_batches=2), "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
     (dict(num_samples_per_prompt=1), "--num-samples-per-prompt must be >= 2 for a leave-one-out baseline, got 1"),
-    (dict(importance_ratio_cap=0.5), "--importance-ratio-cap must be >= 1 or None (a cap below 1 down-weights "
-                                     "on-policy samples), got 0.5"),
     (dict(cliprange=-0.1), "--cliprange must be >= 0, got -0.1"),
 ])
 def test_bad_flag_values_are_rejected_with_a_message_naming_the_flag(rloo, tiny, flags, message):

@@ -7,6 +7,7 @@ on one copy (the weight-sync test in test_dpo.py, the thread-crash test) covers 
 """
 
 import ast
+import re
 
 import pytest
 
@@ -26,6 +27,9 @@ COMMON = [
     (name, REWARD_MODEL_SCRIPTS) for name in ("load_prompts", "get_scores", "generation_thread")
 ] + [
     ("behaviour_logprobs_tensor", ["async_ppo.py", "async_grpo_gsm8k.py"]),  # the token-level losses
+] + [
+    (name, ["async_rloo.py", "async_ppo.py", "async_grpo_gsm8k.py"]) for name in ("off_policy_anchor",
+                                                                               "clipped_surrogate")
 ]
 
 
@@ -71,7 +75,7 @@ def test_grpo_thread_is_the_common_thread_plus_evaluation():
 def test_the_learner_side_of_the_hand_off_is_the_same_in_every_async_script():
     def hand_off(path):  # the learner's queue, thread and weight hand-off lines (thread arguments differ by script)
         code = [line.split("  # ")[0] for line in main_lines(path) if not line.startswith(("args=(", "#"))]
-        return [line for line in code if "queue" in line or "thread" in line or "weights" in line]
+        return [line for line in code if re.search(r"queue|thread|\bweights\b", line)]
 
     reference = hand_off("async_dpo.py")
     assert len(reference) >= 8
