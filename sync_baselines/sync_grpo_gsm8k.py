@@ -66,12 +66,13 @@ class Args:
     # model & data
     model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
     """initial policy (and frozen reference when --kl-coef > 0): a hub id or a local folder"""
-    dataset: str = "openai/gsm8k"
+    dataset_name: str = "openai/gsm8k"
     """problems: a hub id of a GSM8K-format dataset with splits train and test (see --dataset-path for a local copy)"""
-    dataset_config: str = "main"
+    dataset_config: Optional[str] = "main"
     """config name of the hub dataset"""
     dataset_path: Optional[str] = None
-    """a local folder holding GSM8K-format train.jsonl and test.jsonl (fields question, answer); overrides --dataset"""
+    """a local folder holding GSM8K-format train.jsonl and test.jsonl (fields question, answer); overrides
+    --dataset-name"""
     prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
     """prompt text around the question (the paper's Rho-1B format); `{question}` is replaced by the problem"""
     chat_template: bool = False
@@ -328,6 +329,13 @@ def verify(text: str, answer: str):
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
+def grade(tokenizer, responses, answers, k: int):
+    """Verifier rewards of the responses (k per problem, prompt-major) and the fraction that state a number at all."""
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    graded = [verify(text, answer) for text, answer in zip(texts, [a for a in answers for _ in range(k)])]
+    return torch.tensor([reward for reward, _ in graded]), float(np.mean([found for _, found in graded]))
+
+
 # DATA: GSM8K-format problems (from the hub or a local folder), their order, and padding
 def load_problems(args: Args, split: str):
     """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
@@ -338,7 +346,8 @@ def load_problems(args: Args, split: str):
     else:
         import datasets  # imported here: it is slow to import and only needed once
 
-        problems, source = list(datasets.load_dataset(args.dataset, args.dataset_config, split=split)), args.dataset
+        problems = list(datasets.load_dataset(args.dataset_name, args.dataset_config, split=split))
+        source = args.dataset_name
     if problems and not {"question", "answer"} <= set(problems[0]):
         sys.exit(f"error: {source} is not in GSM8K format (fields question, answer), it has {sorted(problems[0])}")
     return problems
@@ -459,18 +468,15 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
-    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    repeated_answers = [a for a in answers for _ in range(args.num_samples_per_prompt)]
-    graded = [verify(text, answer) for text, answer in zip(texts, repeated_answers)]
+    rewards, format_rate = grade(tokenizer, responses, answers, args.num_samples_per_prompt)
     truncated = [len(r) >= args.response_length and r[-1] != tokenizer.eos_token_id for r in responses]
     return dict(
         prompts=prompts,
         answers=answers,
         responses=responses,
-        texts=texts,
         behaviour_logprobs=logprobs,
-        rewards=torch.tensor([reward for reward, _ in graded]),
-        format_rate=float(np.mean([found for _, found in graded])),
+        rewards=rewards,
+        format_rate=format_rate,
         truncated_rate=float(np.mean(truncated)),
         response_length=float(np.mean([len(r) for r in responses])),
         time_generation=generation_time,
@@ -713,8 +719,9 @@ if __name__ == "__main__":
         metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
         metrics_file.flush()
         if step % args.sample_every == 0:
-            samples = [(tokenizer.decode(batch["prompts"][i // k])[-200:], text, batch["answers"][i // k], f"{r:.0f}")
-                       for i, (text, r) in enumerate(zip(batch["texts"], batch["rewards"]))]
+            samples = [(tokenizer.decode(batch["prompts"][i // k])[-200:],
+                        tokenizer.decode(response, skip_special_tokens=True), batch["answers"][i // k], f"{r:.0f}")
+                       for i, (response, r) in enumerate(zip(batch["responses"][:8], batch["rewards"]))]
             log_samples(writer, step, ["prompt", "response", "answer", "reward"], samples[:8])
 
     # the final weights have not reached the engine yet

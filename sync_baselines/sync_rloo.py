@@ -22,9 +22,11 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import json
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Literal, Optional
 
 import numpy as np
@@ -63,12 +65,24 @@ class Args:
     """initial policy (and frozen reference): a hub id or a local folder"""
     reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
     """sequence-classification reward model sharing the policy's tokenizer: a hub id or a local folder"""
+    reward: Literal["model", "verifier"] = "model"
+    """model: the reward model scores each response (TL;DR); verifier: 1 if the response's final number equals the
+    reference answer of a GSM8K-format problem, else 0 (the paper's GSM8K runs; no reward model is loaded)"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
     dataset_split: str = "train"
     """split of a hub dataset (ignored for local files)"""
     prompt_field: str = "query"
     """column holding the prompt text"""
+    dataset_config: Optional[str] = None
+    """config name of a hub dataset (GSM8K: main)"""
+    dataset_path: Optional[str] = None
+    """verifier: a local folder holding GSM8K-format train.jsonl and test.jsonl (fields question, answer); overrides
+    --dataset-name"""
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
+    """verifier: prompt text around the question (the paper's Rho-1B format); `{question}` is replaced by the problem"""
+    chat_template: bool = False
+    """verifier: wrap the filled prompt template as a user message in the tokenizer's chat template (instruct models)"""
     max_prompt_tokens: int = 512
     """prompts longer than this (in policy tokens) are dropped, and their count logged; never truncated"""
     response_length: int = 53
@@ -86,6 +100,12 @@ class Args:
     still free once the models are loaded"""
     kv_cache_gib: Optional[float] = None
     """KV cache size in GiB; None lets vLLM size it from `gpu_memory_utilization` on GPU, and means 1 GiB on CPU"""
+
+    # evaluation (verifier only)
+    num_eval_prompts: int = 256
+    """held-out problems (the first of the test split) graded with greedy decoding; 0 turns evaluation off"""
+    eval_every: int = 32
+    """evaluate every this many policy versions (version 0 = before training), and always at the end"""
 
     # algorithm
     num_learner_steps: int = 1024
@@ -110,7 +130,8 @@ class Args:
     """dual-clip PPO (Ye et al., 2020; verl's clip_ratio_c): a term with A < 0 loses at most -A * dual_clip, and gets
     no gradient beyond it; None: off"""
     missing_eos_penalty: float = -1.0
-    """score given to a response that ends without EOS, replacing the reward model's score"""
+    """score given to a response that ends without EOS, replacing the reward model's score (the verifier grades every
+    response as written, as the paper's GSM8K runs did)"""
     max_grad_norm: float = 1.0
     """gradient clipping threshold"""
 
@@ -140,12 +161,21 @@ def check_args(args: Args):
     def fail(msg):
         sys.exit(f"error: {msg}")
 
-    for flag, path in (("--model-name-or-path", args.model_name_or_path),
-                       ("--reward-model-path", args.reward_model_path)):
+    models = [("--model-name-or-path", args.model_name_or_path)]
+    if args.reward == "model":  # the verifier loads no reward model
+        models.append(("--reward-model-path", args.reward_model_path))
+    for flag, path in models:
         looks_local = path.startswith((".", "/", "~")) or os.path.exists(path)
         if looks_local and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
             fail(f"{flag} {path!r} is not a model folder (no config.json there)")
-    if args.dataset_name.endswith((".json", ".jsonl")) and not os.path.isfile(args.dataset_name):
+    if args.reward == "verifier":
+        if args.dataset_path is not None:
+            for split in ("train", "test"):
+                if not os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl")):
+                    fail(f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl")
+        if "{question}" not in args.prompt_template:
+            fail(f"--prompt-template must contain {{question}}, got {args.prompt_template!r}")
+    elif args.dataset_name.endswith((".json", ".jsonl")) and not os.path.isfile(args.dataset_name):
         fail(f"--dataset-name {args.dataset_name!r}: no such file")
     if args.num_samples_per_prompt < 2:
         fail(f"--num-samples-per-prompt must be >= 2 for a leave-one-out baseline, got {args.num_samples_per_prompt}")
@@ -161,6 +191,8 @@ def check_args(args: Args):
              f"got {args.importance_weight_cap}")
     if args.dual_clip is not None and args.dual_clip <= 1:
         fail(f"--dual-clip must be > 1 (or None), got {args.dual_clip}")
+    if args.eval_every < 1 or args.num_eval_prompts < 0:
+        fail("--eval-every must be >= 1 and --num-eval-prompts >= 0")
     if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
            args.micro_batch_size) < 1:
         fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens and "
@@ -265,7 +297,8 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
     return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
 
 
-# REWARD: a sequence-classification reward model scores each response (used by the generation thread)
+# REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
+# final number against the problem's reference answer (--reward verifier); both run in the generation thread
 @torch.no_grad()
 def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`), one
@@ -284,7 +317,45 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     return torch.cat(scores)
 
 
-# DATA: prompts, the order they are used in, and padding
+# a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
+NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+NUMBER_RE = re.compile(NUMBER)
+MARKED_ANSWER_RE = re.compile(r"####\s*(" + NUMBER + ")")
+
+
+def normalize_number(text: str) -> Optional[str]:
+    """Canonical form of a number: no commas or $, integral values without decimals ("1,234.00" -> "1234")."""
+    try:
+        value = Decimal(text.replace(",", "").replace("$", ""))
+    except InvalidOperation:
+        return None
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
+
+
+def extract_answer(text: str) -> Optional[str]:
+    """The final answer of a solution: the number after the first "####" (GSM8K's convention); if there is none, the
+    last number in the text (models that were never taught the convention still state a result); None if no number."""
+    marked = MARKED_ANSWER_RE.search(text)
+    if marked:
+        return normalize_number(marked.group(1))
+    numbers = NUMBER_RE.findall(text)
+    return normalize_number(numbers[-1]) if numbers else None
+
+
+def verify(text: str, answer: str):
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found)."""
+    extracted = extract_answer(text)
+    return float(extracted is not None and extracted == answer), extracted is not None
+
+
+def grade(tokenizer, responses, answers, k: int):
+    """Verifier rewards of the responses (k per problem, prompt-major) and the fraction that state a number at all."""
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    graded = [verify(text, answer) for text, answer in zip(texts, [a for a in answers for _ in range(k)])]
+    return torch.tensor([reward for reward, _ in graded]), float(np.mean([found for _, found in graded]))
+
+
+# DATA: prompts (TL;DR) or GSM8K-format problems (verifier), the order they are used in, and padding
 def load_prompts(args: Args, tokenizer):
     """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
     import datasets  # imported here: it is slow to import and only needed once
@@ -302,6 +373,35 @@ def load_prompts(args: Args, tokenizer):
         sys.exit(f"error: all {len(token_ids)} prompts are empty or longer than "
                  f"--max-prompt-tokens {args.max_prompt_tokens}")
     return kept, len(token_ids) - len(kept)
+
+
+def load_problems(args: Args, split: str):
+    """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
+    if args.dataset_path is not None:
+        with open(os.path.join(args.dataset_path, f"{split}.jsonl")) as f:
+            problems = [json.loads(line) for line in f if line.strip()]
+        source = os.path.join(args.dataset_path, f"{split}.jsonl")
+    else:
+        import datasets  # imported here: it is slow to import and only needed once
+
+        problems = list(datasets.load_dataset(args.dataset_name, args.dataset_config, split=split))
+        source = args.dataset_name
+    if problems and not {"question", "answer"} <= set(problems[0]):
+        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer), it has {sorted(problems[0])}")
+    return problems
+
+
+def build_prompts(problems, tokenizer, args: Args):
+    """Prompt token ids and normalised reference answers; over-long prompts are dropped, not truncated."""
+    texts = [args.prompt_template.replace("{question}", p["question"]) for p in problems]
+    answers = [extract_answer(p["answer"]) for p in problems]
+    if args.chat_template:
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                               add_generation_prompt=True) for text in texts]
+    # the chat template already holds any special tokens the model expects
+    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"] if texts else []
+    kept = [(ids, a) for ids, a in zip(token_ids, answers) if 0 < len(ids) <= args.max_prompt_tokens and a is not None]
+    return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
 
 
 def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
@@ -369,6 +469,17 @@ def generate(llm: LLM, prompts, args: Args, step: int):
     return responses, logprobs
 
 
+def evaluate(llm: LLM, eval_set, args: Args, version: int):
+    """Greedy (temperature 0) accuracy of the weights the engine holds (policy `version`) on held-out problems."""
+    start = time.time()
+    prompts, answers = eval_set
+    params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    graded = [verify(output.outputs[0].text, answer) for output, answer in zip(outputs, answers)]
+    return {"policy_version": version, "eval/accuracy": float(np.mean([r for r, _ in graded])),
+            "eval/format_rate": float(np.mean([found for _, found in graded])), "time/eval": time.time() - start}
+
+
 def push_weights_to_engine(llm: LLM, state_dict: dict):
     """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights)."""
     llm.collective_rpc("reload_weights",
@@ -390,24 +501,29 @@ def keep_models_eager(*models):
 
 
 # GENERATION: one batch, the same code in the async and the sync script
-def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, step: int):
+def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, step: int):
     """Generate k samples per prompt and score each with the reward model (the KL part of the reward needs the
     reference policy, which lives with the learner)."""
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
     repeated_prompts = [p for p in prompts for _ in range(args.num_samples_per_prompt)]
-    input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id,
-                                                 args.engine_device)
     contains_eos = torch.tensor([tokenizer.eos_token_id in r for r in responses])
-    scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
-    scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
+    format_rate = None  # the fraction of responses that state a number (verifier only)
+    if args.reward == "verifier":  # graded as written, with or without EOS, as in the paper's GSM8K runs
+        scores, format_rate = grade(tokenizer, responses, answers, args.num_samples_per_prompt)
+    else:
+        input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id,
+                                                     args.engine_device)
+        scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
+        scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
     return dict(
         prompts=repeated_prompts,
         responses=responses,
         behaviour_logprobs=logprobs,
         scores=scores,
         eos_rate=contains_eos.float().mean().item(),
+        format_rate=format_rate,
         response_length=float(np.mean([len(r) for r in responses])),
         time_generation=generation_time,
         time_labeling=time.time() - start - generation_time,
@@ -473,6 +589,17 @@ def log_samples(writer, step: int, columns, samples):
     writer.add_text("samples", "\n".join(lines + ["|" + "|".join(map(cell, row)) + "|" for row in samples]), step)
 
 
+def log_evaluation(result: dict, writer, eval_file):
+    """Evaluation results go to tensorboard at the evaluated policy version, to eval.jsonl, and to the console."""
+    for key, value in result.items():
+        if key != "policy_version":
+            writer.add_scalar(key, value, result["policy_version"])
+    eval_file.write(json.dumps(result) + "\n")
+    eval_file.flush()
+    tqdm.write(f"eval accuracy of policy version {result['policy_version']}: {result['eval/accuracy']:.3f} "
+               f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)")
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
@@ -498,6 +625,7 @@ if __name__ == "__main__":
     writer.add_text("hyperparameters",
                     "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
+    eval_file = open(f"runs/{args.run_name}/eval.jsonl", "w")
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -506,11 +634,24 @@ if __name__ == "__main__":
 
     # data (before any model, so that bad data fails in seconds)
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-    all_prompts, num_dropped = load_prompts(args, tokenizer)
-    print(f"{len(all_prompts)} prompts, {num_dropped} dropped as longer than "
-          f"--max-prompt-tokens {args.max_prompt_tokens}")
-    order = prompt_order(len(all_prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
-    prompt_batches = [[all_prompts[j] for j in order[i : i + args.prompts_per_step]]
+    eval_set = ([], [])  # held-out (prompts, answers): only the verifier can grade them
+    if args.reward == "verifier":
+        train_prompts, train_answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
+        print(f"{len(train_prompts)} training problems, {num_dropped} dropped (longer than --max-prompt-tokens "
+              f"{args.max_prompt_tokens}, or no \"#### <number>\" answer)")
+        if not train_prompts:
+            sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
+        eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
+        eval_set = (eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
+        print(f"{len(eval_set[0])} held-out problems for greedy evaluation")
+    else:
+        train_prompts, num_dropped = load_prompts(args, tokenizer)
+        train_answers = [None] * len(train_prompts)  # the reward model needs no reference answer
+        print(f"{len(train_prompts)} prompts, {num_dropped} dropped as longer than "
+              f"--max-prompt-tokens {args.max_prompt_tokens}")
+    order = prompt_order(len(train_prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
+    prompt_batches = [([train_prompts[j] for j in order[i : i + args.prompts_per_step]],
+                       [train_answers[j] for j in order[i : i + args.prompts_per_step]])
                       for i in range(0, len(order), args.prompts_per_step)]
 
     # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
@@ -521,12 +662,14 @@ if __name__ == "__main__":
     ref_policy.requires_grad_(False)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
-    reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
-                                                                      dtype=torch.float32)
-    reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
-    if reward_model.config.vocab_size < len(tokenizer):
-        sys.exit(f"error: the reward model's vocabulary ({reward_model.config.vocab_size}) is smaller than the policy "
-                 f"tokenizer's ({len(tokenizer)}); it must share the policy's tokenizer")
+    reward_model = None  # the verifier needs no model
+    if args.reward == "model":
+        reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
+                                                                          dtype=torch.float32)
+        reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
+        if reward_model.config.vocab_size < len(tokenizer):
+            sys.exit(f"error: the reward model's vocabulary ({reward_model.config.vocab_size}) is smaller than the "
+                     f"policy tokenizer's ({len(tokenizer)}); it must share the policy's tokenizer")
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5)
     num_updates = args.num_learner_steps * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
@@ -539,13 +682,15 @@ if __name__ == "__main__":
     keep_models_eager(policy, ref_policy, reward_model)
 
     start_time, training_time = time.time(), 0.0
-    for step, batch_prompts in enumerate(tqdm(prompt_batches, desc="learner steps")):
-        # SYNC: the engine gets the current weights, then the learner idles while it generates and labels
+    for step, (batch_prompts, batch_answers) in enumerate(tqdm(prompt_batches, desc="learner steps")):
+        # SYNC: the engine gets the current weights, then the learner idles while it evaluates, generates and labels
         wait_start = time.time()
         if step > 0:
             push_weights_to_engine(llm, policy.state_dict())
         weight_sync_time = time.time() - wait_start
-        batch = produce_batch(llm, reward_model, tokenizer, args, batch_prompts, step)
+        if eval_set[0] and step % args.eval_every == 0:
+            log_evaluation(evaluate(llm, eval_set, args, step), writer, eval_file)
+        batch = produce_batch(llm, reward_model, tokenizer, args, batch_prompts, batch_answers, step)
         # the engine idled while the learner trained the previous step
         batch.update(actor_version=step, time_weight_sync=weight_sync_time, time_actor_waiting=training_time)
         learner_waiting = time.time() - wait_start
@@ -626,6 +771,8 @@ if __name__ == "__main__":
             "async/staleness": step - batch["actor_version"],
             "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
         }
+        if batch["format_rate"] is not None:  # verifier only
+            metrics["objective/format_rate"] = batch["format_rate"]
         for key, value in metrics.items():
             writer.add_scalar(key, value, step)
         metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -635,8 +782,13 @@ if __name__ == "__main__":
                        for p, r, s, a in zip(batch["prompts"], batch["responses"], batch["scores"], advantages)]
             log_samples(writer, step, ["prompt", "response", "score", "advantage"], samples[:4])
 
+    # the final weights have not reached the engine yet
+    if eval_set[0]:
+        push_weights_to_engine(llm, policy.state_dict())
+        log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
     policy.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)
     print(f"saved the policy to {args.output_dir}")
     metrics_file.close()
+    eval_file.close()
     writer.close()
