@@ -660,6 +660,34 @@ def log_evaluation(result: dict, writer, eval_file):
                f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)")
 
 
+def print_summary(args: Args, reward_key: str, seconds: float):
+    """The last thing a run prints: what it did (read back from its metrics.jsonl and eval.jsonl) and where everything
+    it wrote is, with the commands to look at it."""
+    run_dir = os.path.join("runs", args.run_name)
+    logs = {}
+    for name in ("metrics", "eval"):
+        with open(os.path.join(run_dir, f"{name}.jsonl")) as f:
+            logs[name] = [json.loads(line) for line in f if line.strip()]
+    metrics, evals = logs["metrics"], logs["eval"]
+    first, last = metrics[0], metrics[-1]
+    # shares of the training loop's time each side sat idle: what asynchrony is there to win back
+    learner_idle = sum(m["time/learner_waiting"] for m in metrics) / last["time/elapsed"]
+    engine_idle = sum(m["time/actor_waiting"] for m in metrics) / last["time/elapsed"]
+    lines = [f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, {seconds / 60:.1f} min "
+             f"(idle: learner {learner_idle:.0%}, generation {engine_idle:.0%})",
+             f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
+             f"{last['step']}"]
+    if evals:
+        lines.append(f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version "
+                     f"{evals[0]['policy_version']} -> {evals[-1]['eval/accuracy']:.3f} at version "
+                     f"{evals[-1]['policy_version']}")
+    lines += [f"model:       {args.output_dir}",
+              f"metrics:     {run_dir}/metrics.jsonl" + (f", {run_dir}/eval.jsonl" if evals else ""),
+              f"tensorboard: tensorboard --logdir {run_dir}",
+              f"plot:        python tools/plot_runs.py {run_dir}"]
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
@@ -754,7 +782,9 @@ if __name__ == "__main__":
     thread.start()
 
     start_time = time.time()
-    for step in tqdm(range(args.num_learner_steps), desc="learner steps"):
+    reward_key = "objective/scores"  # shown by the progress bar and the summary
+    progress = tqdm(range(args.num_learner_steps), desc="learner steps")
+    for step in progress:
         wait_start = time.time()
         batch = receive(data_queue, args.queue_timeout, f"the batch of learner step {step}")
         learner_waiting = time.time() - wait_start
@@ -851,6 +881,7 @@ if __name__ == "__main__":
             writer.add_scalar(key, value, step)
         metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
         metrics_file.flush()
+        progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
         if step % args.sample_every == 0:
             samples = [(tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}", f"{a:.3f}")
                        for p, r, s, a in zip(batch["prompts"], batch["responses"], batch["scores"], advantages)]
@@ -867,3 +898,4 @@ if __name__ == "__main__":
     metrics_file.close()
     eval_file.close()
     writer.close()
+    print_summary(args, reward_key, time.time() - start_time)

@@ -3,12 +3,14 @@
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import GSM8K_DIR, load_script, read_metrics, run_script
+from conftest import GSM8K_DIR, REPO, load_script, read_metrics, run_script
 
 ASYNC, SYNC = "async_grpo_gsm8k.py", "sync_baselines/sync_grpo_gsm8k.py"
 
@@ -244,3 +246,32 @@ def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, arithme
     assert f"error: {message}" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert "Initializing a V1 LLM engine" not in proc.stderr + proc.stdout
+
+
+def test_the_run_ends_with_a_summary_naming_real_files_and_the_plot_command_works(async_runs):
+    """The quickstart path: the summary's numbers come from the run's logs, and every path or command it prints works."""
+    proc, metrics, evals, cwd = async_runs["arith_k1"]
+    summary = proc.stdout[proc.stdout.index("== async_grpo_gsm8k__"):].splitlines()
+    assert re.match(r"== async_grpo_gsm8k__3__\d+: 5 learner steps, 320 episodes, [\d.]+ min \(idle: learner \d+%, "
+                    r"generation \d+%\)$", summary[0]), summary[0]
+    assert summary[1] == (f"objective/accuracy: {metrics[0]['objective/accuracy']:.3f} at step 0 -> "
+                          f"{metrics[-1]['objective/accuracy']:.3f} at step 4")
+    assert summary[2] == (f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version 0 -> "
+                          f"{evals[-1]['eval/accuracy']:.3f} at version 5")
+    fields = dict(line.split(":", 1) for line in summary[3:])
+    assert (cwd / fields["model"].strip() / "config.json").exists()
+    assert all((cwd / path.strip()).stat().st_size > 0 for path in fields["metrics"].split(","))
+    run_dir = cwd / fields["tensorboard"].split("--logdir")[1].strip()
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    # the printed plot command, run from the repository root, with the other run beside it (two lines per panel)
+    command = fields["plot"].split()
+    assert command[:2] == ["python", "tools/plot_runs.py"]
+    other = next((async_runs["gsm8k_k2"][3] / "runs").iterdir())
+    out = cwd / "compare.png"
+    plot = subprocess.run([sys.executable, command[1], str(cwd / command[2]), str(other), "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True)
+    assert plot.returncode == 0, plot.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    # a folder that is not a run fails with one line naming it
+    bad = subprocess.run([sys.executable, "tools/plot_runs.py", str(cwd)], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode != 0 and bad.stderr.strip() == f"error: {cwd} is not a run folder (no metrics.jsonl there)"

@@ -23,8 +23,8 @@ COMMON = [
                                        "pad_sequences", "response_logits", "token_logprobs", "token_logprobs_no_grad",
                                        "logprob_gap", "prompt_order", "receive", "chunks", "combine_stats",
                                        "learner_autocast", "enable_gradient_checkpointing", "log_samples",
-                                       "normalize_number", "extract_answer", "verify", "grade", "load_problems",
-                                       "build_prompts", "evaluate", "log_evaluation")
+                                       "print_summary", "normalize_number", "extract_answer", "verify", "grade",
+                                       "load_problems", "build_prompts", "evaluate", "log_evaluation")
 ] + [
     (name, REWARD_MODEL_SCRIPTS) for name in ("load_prompts", "get_scores", "generation_thread")
 ] + [
