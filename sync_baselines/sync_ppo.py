@@ -36,7 +36,8 @@ import torch
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
+                          GenerationConfig)
 from vllm import LLM, SamplingParams
 
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
@@ -158,15 +159,17 @@ class Args:
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
     """dtype of the learner's matmuls (autocast); weights, gradients and the optimizer stay float32"""
 
-    # computed at runtime
-    run_name: str = ""
-    """{exp_name}__{seed}__{unix time}"""
-    mini_batch_size: int = 0
+    # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
+    run_name: tyro.conf.Suppress[str] = ""
+    """{exp_name}__{seed}__{unix time}, with a suffix if another run has that folder"""
+    mini_batch_size: tyro.conf.Suppress[int] = 0
     """prompts per optimizer step = prompts_per_step / num_mini_batches"""
-    learner_device: str = ""
+    learner_device: tyro.conf.Suppress[str] = ""
     """device of the policy, reference, value model and optimizer"""
-    engine_device: str = ""
+    engine_device: tyro.conf.Suppress[str] = ""
     """device of the vLLM engine and the reward model"""
+    eos_token_ids: tyro.conf.Suppress[tuple] = ()
+    """token ids that end a response: the tokenizer's EOS and the generation config's (vLLM stops on all)"""
 
 
 def check_args(args: Args):
@@ -175,13 +178,6 @@ def check_args(args: Args):
     def fail(msg):
         sys.exit(f"error: {msg}")
 
-    models = [("--model-name-or-path", args.model_name_or_path)]
-    if args.reward == "model":  # the verifier loads no reward model
-        models.append(("--reward-model-path", args.reward_model_path))
-    for flag, path in models:
-        looks_local = path.startswith((".", "/", "~")) or os.path.exists(path)
-        if looks_local and not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
-            fail(f"{flag} {path!r} is not a model folder (no config.json there)")
     if args.reward == "verifier":
         if args.dataset_path is not None:
             for split in ("train", "test"):
@@ -209,6 +205,31 @@ def check_args(args: Args):
            args.num_samples_per_prompt, args.num_ppo_epochs, args.micro_batch_size) < 1:
         fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens, "
              "--num-samples-per-prompt, --num-ppo-epochs and --micro-batch-size must be >= 1")
+    models = [("--model-name-or-path", args.model_name_or_path)]
+    if args.reward == "model":  # the verifier loads no reward model
+        models.append(("--reward-model-path", args.reward_model_path))
+    if args.output_dir is not None and os.path.isfile(args.output_dir):
+        fail(f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder")
+    for flag, path in models:  # last: a hub id may take a while to resolve
+        positions = getattr(model_config(flag, path), "max_position_embeddings", None)
+        if positions is not None and args.max_prompt_tokens + args.response_length > positions:
+            fail(f"--max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} is more "
+                 f"than the {positions} positions of {flag} {path!r}")
+
+
+def model_config(flag: str, path: str):
+    """The config of the model a flag names, read without its weights; else exit with one line saying why. A path that
+    must be local is never tried as a hub id (a typo would cost a minute of download retries)."""
+    if path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0]):
+        if not os.path.isdir(os.path.expanduser(path)):
+            sys.exit(f"error: {flag} {path!r}: no such folder (relative paths start at {os.getcwd()})")
+        if not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+            sys.exit(f"error: {flag} {path!r} is not a model folder (no config.json there)")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:  # not a folder here, and neither the hub nor its local cache has it
+        sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
+                 f"({str(e).splitlines()[0]})")
 
 
 # ALGO LOGIC: PPO for RLHF (Ouyang et al., 2022; Huang et al., 2024): per-token KL-penalised rewards, GAE with a value
@@ -393,6 +414,18 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     return torch.cat(scores)
 
 
+def check_reward_tokenizer(args: Args, tokenizer):
+    """The reward model reads the policy's token ids as its own: a reward model with another tokenizer would score
+    other text without any error, so its vocabulary must be the policy's."""
+    try:
+        same = AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab() == tokenizer.get_vocab()
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        sys.exit(f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
+                 f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's")
+
+
 # a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
 NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
 NUMBER_RE = re.compile(NUMBER)
@@ -432,18 +465,52 @@ def grade(tokenizer, responses, answers, k: int):
 
 
 # DATA: prompts (TL;DR) or GSM8K-format problems (verifier), the order they are used in, and padding
+def load_tokenizer(args: Args):
+    """The policy's tokenizer, padding with EOS when it has no pad token (padding never reaches a loss: masks mark the
+    real tokens), and `args.eos_token_ids`: vLLM stops on the generation config's EOS ids too (Llama 3, Qwen)."""
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
+    try:
+        extra = GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id  # an id, a list, or None
+    except OSError:  # the model has no generation_config.json
+        extra = None
+    eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
+    args.eos_token_ids = tuple(sorted(eos - {None}))
+    return tokenizer
+
+
+def read_records(path: str):
+    """The records (JSON objects) of a local JSON Lines file, or of a JSON array; a bad line is named by its number."""
+    with open(path) as f:
+        text = f.read()
+    records = []
+    for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
+        if chunk.strip():
+            try:
+                value = json.loads(chunk)
+            except json.JSONDecodeError as e:
+                sys.exit(f"error: {path} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+            records.extend(value if isinstance(value, list) else [value])
+    if not records or not all(isinstance(record, dict) for record in records):
+        sys.exit(f"error: {path} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
+    return records
+
+
 def load_prompts(args: Args, tokenizer):
     """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
-    import datasets  # imported here: it is slow to import and only needed once
-
     if args.dataset_name.endswith((".json", ".jsonl")):
-        dataset = datasets.load_dataset("json", data_files=args.dataset_name, split="train")
+        records = read_records(args.dataset_name)
     else:
-        dataset = datasets.load_dataset(args.dataset_name, split=args.dataset_split)
-    if args.prompt_field not in dataset.column_names:
-        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a column of "
-                 f"{args.dataset_name} {dataset.column_names}")
-    token_ids = tokenizer(list(dataset[args.prompt_field]))["input_ids"]
+        import datasets  # imported here: it is slow to import and only needed once
+
+        records = list(datasets.load_dataset(args.dataset_name, split=args.dataset_split))
+    bad = next((i for i, record in enumerate(records) if args.prompt_field not in record), None)
+    if bad is not None:
+        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a field of record {bad + 1} of "
+                 f"{args.dataset_name} ({sorted(records[bad])})")
+    token_ids = tokenizer([record[args.prompt_field] for record in records])["input_ids"]
     kept = [ids for ids in token_ids if 0 < len(ids) <= args.max_prompt_tokens]
     if not kept:
         sys.exit(f"error: all {len(token_ids)} prompts are empty or longer than "
@@ -454,16 +521,17 @@ def load_prompts(args: Args, tokenizer):
 def load_problems(args: Args, split: str):
     """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
     if args.dataset_path is not None:
-        with open(os.path.join(args.dataset_path, f"{split}.jsonl")) as f:
-            problems = [json.loads(line) for line in f if line.strip()]
         source = os.path.join(args.dataset_path, f"{split}.jsonl")
+        problems = read_records(source)
     else:
         import datasets  # imported here: it is slow to import and only needed once
 
         problems = list(datasets.load_dataset(args.dataset_name, args.dataset_config, split=split))
         source = args.dataset_name
-    if problems and not {"question", "answer"} <= set(problems[0]):
-        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer), it has {sorted(problems[0])}")
+    bad = next((i for i, problem in enumerate(problems) if not {"question", "answer"} <= set(problem)), None)
+    if bad is not None:
+        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer): record {bad + 1} has "
+                 f"{sorted(problems[bad])}")
     return problems
 
 
@@ -525,13 +593,15 @@ def build_engine(args: Args):
 
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    k = args.num_samples_per_prompt
     params = [
         SamplingParams(
-            n=args.num_samples_per_prompt,
+            n=k,
             temperature=args.temperature,
             max_tokens=args.response_length,
             logprobs=0,  # 0 = only the sampled token's logprob
-            seed=(args.seed * 1_000_003 + step * args.prompts_per_step + j) % 2**31,  # seeded per request
+            # vLLM seeds sample c of a request with seed + c: requests k apart, so no two samples share a stream
+            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
             detokenize=False,
         )
         for j in range(len(prompts))
@@ -583,7 +653,7 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
     repeated_prompts = [p for p in prompts for _ in range(args.num_samples_per_prompt)]
-    contains_eos = torch.tensor([tokenizer.eos_token_id in r for r in responses])
+    contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     format_rate = None  # the fraction of responses that state a number (verifier only)
     if args.reward == "verifier":  # graded as written, with or without EOS, as in the paper's GSM8K runs
         scores, format_rate = grade(tokenizer, responses, answers, args.num_samples_per_prompt)
@@ -704,12 +774,35 @@ def print_summary(args: Args, reward_key: str, seconds: float):
     print("\n".join(lines))
 
 
+def create_run_folder(args: Args):
+    """runs/{run_name}, made only once the inputs have been checked. A run that finds its name taken (same script,
+    seed and second) gets a numbered suffix instead of writing into the other run's folder."""
+    os.makedirs("runs", exist_ok=True)
+    name, suffix = args.run_name, 1
+    while True:
+        try:
+            return os.mkdir(os.path.join("runs", args.run_name))
+        except FileExistsError:
+            args.run_name, suffix = f"{name}-{suffix}", suffix + 1
+
+
+def start_wandb(args: Args):
+    """`wandb.init`, or one line with the two ways out when wandb cannot start (no login, most often)."""
+    import wandb
+
+    try:
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
+                   sync_tensorboard=True, save_code=True)
+    except wandb.errors.Error as e:
+        os.rmdir(os.path.join("runs", args.run_name))  # still empty
+        sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
+                 f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     args.mini_batch_size = args.prompts_per_step // args.num_mini_batches
-    args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
-    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
     # Placement: one GPU is shared (engine takes a memory fraction); with two or more the learner gets its own.
     num_gpus = torch.cuda.device_count()
     args.engine_device = "cuda:0" if num_gpus else "cpu"
@@ -719,18 +812,6 @@ if __name__ == "__main__":
         args.gpu_memory_utilization = args.gpu_memory_utilization or 0.1
     SET_TORCH_THREADS(args.torch_threads)
 
-    # TRY NOT TO MODIFY: tracking
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
-                   sync_tensorboard=True, save_code=True)
-    writer = SummaryWriter(f"runs/{args.run_name}")
-    writer.add_text("hyperparameters",
-                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
-    eval_file = open(f"runs/{args.run_name}/eval.jsonl", "w")
-
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -738,7 +819,9 @@ if __name__ == "__main__":
     shuffle_rng = np.random.default_rng(args.seed)  # the learner's alone: the generation thread never draws from it
 
     # data (before any model, so that bad data fails in seconds)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    tokenizer = load_tokenizer(args)
+    if args.reward == "model":
+        check_reward_tokenizer(args, tokenizer)
     eval_set = ([], [])  # held-out (prompts, answers): only the verifier can grade them
     if args.reward == "verifier":
         train_prompts, train_answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
@@ -759,6 +842,18 @@ if __name__ == "__main__":
                        [train_answers[j] for j in order[i : i + args.prompts_per_step]])
                       for i in range(0, len(order), args.prompts_per_step)]
 
+    # TRY NOT TO MODIFY: tracking, in a run folder made only now that the inputs are known to be good
+    args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
+    create_run_folder(args)
+    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+    if args.track:
+        start_wandb(args)
+    writer = SummaryWriter(f"runs/{args.run_name}")
+    writer.add_text("hyperparameters",
+                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
+    eval_file = open(f"runs/{args.run_name}/eval.jsonl", "w")
+
     # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
     policy = (AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
               .to(args.learner_device).eval())
@@ -770,9 +865,6 @@ if __name__ == "__main__":
         reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
                                                                           dtype=torch.float32)
         reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
-        if reward_model.config.vocab_size < len(tokenizer):
-            sys.exit(f"error: the reward model's vocabulary ({reward_model.config.vocab_size}) is smaller than the "
-                     f"policy tokenizer's ({len(tokenizer)}); it must share the policy's tokenizer")
     # the value model starts as a copy of the reward model (Huang et al., 2024): its score head already reads a
     # sensible "how good is this text" from every prefix, so early advantages are not noise from a random critic.
     # A verifier has no model to copy: the critic starts from the policy, with a new score head (the paper's GSM8K

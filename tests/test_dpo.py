@@ -235,7 +235,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 @pytest.mark.parametrize("script", [ASYNC, SYNC])
 @pytest.mark.parametrize("flags,message", [
-    (("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model' is not a model folder"),
+    (("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model': no such folder"),
     (("--prompts-per-step", "5", "--num-mini-batches", "2"),
      "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
     (("--num-samples-per-prompt", "1",), "--num-samples-per-prompt must be >= 2"),

@@ -126,7 +126,7 @@ def test_values_are_the_score_head_on_every_prefix(ppo, tiny):
 # test_check_args_names_the_flag
 BAD_INPUTS = [
     (ASYNC, ("--model-name-or-path", "./no/such/model"),
-     "--model-name-or-path './no/such/model' is not a model folder"),
+     "--model-name-or-path './no/such/model': no such folder"),
     (SYNC, ("--max-prompt-tokens", "2"), "all 64 prompts are empty or longer than --max-prompt-tokens 2"),
     (ASYNC, ("--async-steps", "-1"), "--async-steps must be >= 0, got -1"),
 ]

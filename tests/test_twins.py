@@ -24,9 +24,12 @@ COMMON = [
                                        "logprob_gap", "prompt_order", "receive", "chunks", "combine_stats",
                                        "learner_autocast", "enable_gradient_checkpointing", "log_samples",
                                        "print_summary", "normalize_number", "extract_answer", "verify", "grade",
-                                       "load_problems", "build_prompts", "evaluate", "log_evaluation")
+                                       "load_problems", "build_prompts", "evaluate", "log_evaluation",
+                                       "model_config", "load_tokenizer", "read_records", "create_run_folder",
+                                       "start_wandb")
 ] + [
-    (name, REWARD_MODEL_SCRIPTS) for name in ("load_prompts", "get_scores", "generation_thread")
+    (name, REWARD_MODEL_SCRIPTS) for name in ("load_prompts", "get_scores", "generation_thread",
+                                              "check_reward_tokenizer")
 ] + [
     ("behaviour_logprobs_tensor", ["async_ppo.py", "async_grpo_gsm8k.py"]),  # the token-level losses
 ] + [
