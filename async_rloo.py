@@ -569,6 +569,30 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
     llm.reset_prefix_cache()
 
 
+@torch.no_grad()
+def weight_check(model, probe, args: Args):
+    """What the engine must answer once it holds `model`'s weights: the probe token ids, and the learner's float32
+    logprob of each token after the first at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
+    ids = torch.tensor([probe], device=args.learner_device)
+    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+
+
+def check_weight_sync(llm: LLM, check, args: Args, version: int):
+    """Stop the run if the engine does not serve the weights it was just sent (the silent "weights never synced"
+    failure): its logprobs of the probe must be the learner's, up to the rounding of `--engine-dtype` (a float32
+    engine matches to ~1e-6; bfloat16 weights move SmolLM2's by 0.07 on average, measured)."""
+    probe, learner_logprobs = check
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
+    output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
+    engine_logprobs = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
+    gap = (engine_logprobs - learner_logprobs).abs().mean().item()
+    tolerance = 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
+    if not gap <= tolerance:
+        raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
+                           f"to the learner {gap:.1e} > {tolerance:g}, the tolerance of --engine-dtype "
+                           f"{args.engine_dtype})")
+
+
 def keep_models_eager(*models):
     """vLLM 0.32 serves architectures it has no code of its own for (GPT-NeoX, i.e. Pythia) through its Transformers
     backend, which makes Hugging Face's own decoder class compilable, in place, when the engine is built: the class's
@@ -631,10 +655,12 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
             waiting_time = weight_sync_time = 0.0
             while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
-                version, weights = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
+                version, weights, check = receive(weights_queue, args.queue_timeout,
+                                                  f"policy version {version + 1}")
                 waiting_time += time.time() - start
                 start = time.time()
                 push_weights_to_engine(llm, weights)
+                check_weight_sync(llm, check, args, version)
                 weight_sync_time += time.time() - start
                 del weights  # the engine holds its own copy now
             evaluation = None
@@ -826,6 +852,8 @@ if __name__ == "__main__":
     prompt_batches = [([train_prompts[j] for j in order[i : i + args.prompts_per_step]],
                        [train_answers[j] for j in order[i : i + args.prompts_per_step]])
                       for i in range(0, len(order), args.prompts_per_step)]
+    # the weight-sync guard's probe: any fixed ids will do; after a sync the engine must score them as the learner
+    probe = (prompt_batches[0][0][0] * 32)[:32]
 
     # TRY NOT TO MODIFY: tracking, in a run folder made only now that the inputs are known to be good
     args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -864,7 +892,7 @@ if __name__ == "__main__":
     keep_models_eager(policy, ref_policy, reward_model)
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # (version, weights) from the learner: at most K+1 wait, the learner needs their data
+    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait; see check_weight_sync
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
     thread = threading.Thread(
         target=generation_thread,
@@ -935,7 +963,7 @@ if __name__ == "__main__":
             weights = {name: t.detach().to(args.engine_device, copy=True) for name, t in policy.state_dict().items()}
             if torch.cuda.is_available():  # vLLM runs each thread on a CUDA stream of its own: finish the copies first
                 torch.cuda.synchronize()
-            weights_queue.put((step + 1, weights))
+            weights_queue.put((step + 1, weights, weight_check(policy, probe, args)))
             del weights  # the queue's reference is the last: the copy is freed once the engine has loaded it
 
         # TRY NOT TO MODIFY: logging
@@ -983,6 +1011,7 @@ if __name__ == "__main__":
     # the final weights never reached the engine during training; the thread has ended, so the engine is free
     if eval_set[0]:
         push_weights_to_engine(llm, policy.state_dict())
+        check_weight_sync(llm, weight_check(policy, probe, args), args, args.num_learner_steps)
         log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
     policy.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)

@@ -507,6 +507,30 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
     llm.reset_prefix_cache()
 
 
+@torch.no_grad()
+def weight_check(model, probe, args: Args):
+    """What the engine must answer once it holds `model`'s weights: the probe token ids, and the learner's float32
+    logprob of each token after the first at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
+    ids = torch.tensor([probe], device=args.learner_device)
+    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+
+
+def check_weight_sync(llm: LLM, check, args: Args, version: int):
+    """Stop the run if the engine does not serve the weights it was just sent (the silent "weights never synced"
+    failure): its logprobs of the probe must be the learner's, up to the rounding of `--engine-dtype` (a float32
+    engine matches to ~1e-6; bfloat16 weights move SmolLM2's by 0.07 on average, measured)."""
+    probe, learner_logprobs = check
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
+    output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
+    engine_logprobs = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
+    gap = (engine_logprobs - learner_logprobs).abs().mean().item()
+    tolerance = 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
+    if not gap <= tolerance:
+        raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
+                           f"to the learner {gap:.1e} > {tolerance:g}, the tolerance of --engine-dtype "
+                           f"{args.engine_dtype})")
+
+
 def keep_models_eager(*models):
     """vLLM 0.32 serves architectures it has no code of its own for (GPT-NeoX, i.e. Pythia) through its Transformers
     backend, which makes Hugging Face's own decoder class compilable, in place, when the engine is built: the class's
@@ -696,6 +720,8 @@ if __name__ == "__main__":
     prompt_batches = [([train_prompts[j] for j in order[i : i + args.prompts_per_step]],
                        [train_answers[j] for j in order[i : i + args.prompts_per_step]])
                       for i in range(0, len(order), args.prompts_per_step)]
+    # the weight-sync guard's probe: any fixed ids will do; after a sync the engine must score them as the learner
+    probe = (prompt_batches[0][0][0] * 32)[:32]
 
     # TRY NOT TO MODIFY: tracking, in a run folder made only now that the inputs are known to be good
     args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -738,6 +764,7 @@ if __name__ == "__main__":
         wait_start = time.time()
         if step > 0:
             push_weights_to_engine(llm, policy.state_dict())
+            check_weight_sync(llm, weight_check(policy, probe, args), args, step)
         weight_sync_time = time.time() - wait_start
         if eval_set[0] and step % args.eval_every == 0:
             log_evaluation(evaluate(llm, eval_set, args, step), writer, eval_file)
@@ -838,6 +865,7 @@ if __name__ == "__main__":
     # the final weights have not reached the engine yet
     if eval_set[0]:
         push_weights_to_engine(llm, policy.state_dict())
+        check_weight_sync(llm, weight_check(policy, probe, args), args, args.num_learner_steps)
         log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
     policy.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)

@@ -5,11 +5,8 @@ The table runs each case as a user would (a subprocess on the command line); the
 the tiny models of conftest.py.
 """
 
-import json
-import os
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -233,6 +233,29 @@ runpy.run_path(sys.argv[0], run_name="__main__")
     assert len(read_metrics(tmp_path)) <= 1
 
 
+@pytest.mark.parametrize("script,version", [(ASYNC, 1), (SYNC, 1)])
+def test_weights_that_never_reach_the_engine_stop_the_run_naming_the_version(tiny, tmp_path, script, version):
+    # fault injection: the engine is real, but the reload call that should bring it new weights does nothing (the
+    # silent failure other projects shipped); without the guard the run would finish on the initial weights
+    (tmp_path / "inject.py").write_text(f"""
+import runpy, sys
+import vllm
+real_rpc = vllm.LLM.collective_rpc
+def lost_reload(self, method, *a, **k):
+    return None if method == "reload_weights" else real_rpc(self, method, *a, **k)
+vllm.LLM.collective_rpc = lost_reload
+sys.argv = [{str(REPO / script)!r}] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+    proc, _ = run_script(str(tmp_path / "inject.py"), tmp_path, *common_flags(tiny, "--num-learner-steps", "4"),
+                         timeout=900)
+    assert proc.returncode != 0
+    assert (f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap to the "
+            f"learner") in proc.stderr, proc.stderr[-3000:]
+    assert "the tolerance of --engine-dtype float32" in proc.stderr
+    assert len(read_metrics(tmp_path)) <= version + 1  # stopped at the first sync
+
+
 @pytest.mark.parametrize("script", [ASYNC, SYNC])
 @pytest.mark.parametrize("flags,message", [
     (("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model': no such folder"),

@@ -1,0 +1,104 @@
+"""Nothing lost: a run stopped by a real SIGTERM saves a checkpoint and, resumed, logs exactly what an uninterrupted
+run logs. Async PPO with K = 2 (a value model, the learner's own shuffling generator, and two batches in flight that
+were made by versions no checkpoint holds) and sync GRPO (held-out evaluations) on the tiny models, real engine."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ENV, REPO, kill_group, read_metrics, run_script
+
+STEPS = 6
+LOSSES = {"async_ppo.py": ("losses/policy_loss", "losses/value_loss", "objective/scores", "objective/kl",
+                           "policy/approx_kl", "async/actor_version"),
+          "sync_baselines/sync_grpo_gsm8k.py": ("losses/policy_loss", "objective/accuracy", "policy/approx_kl",
+                                                "policy/grad_norm")}
+
+
+def flags(script, tiny, arithmetic_folder):
+    common = ("--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--prompts-per-step", "4",
+              "--num-learner-steps", str(STEPS), "--learning-rate", "3e-3", "--seed", "5", "--kv-cache-gib", "0.25",
+              "--save-every", "2")
+    if script == "async_ppo.py":
+        return (*common, "--reward-model-path", str(tiny / "rm"), "--dataset-name", str(tiny / "prompts.jsonl"),
+                "--max-prompt-tokens", "64", "--num-samples-per-prompt", "2", "--async-steps", "2",
+                "--num-mini-batches", "2")
+    return (*common, "--dataset-path", str(arithmetic_folder), "--max-prompt-tokens", "128", "--num-eval-prompts",
+            "8", "--eval-every", "2", "--temperature", "1.0")
+
+
+def run_until_sigterm(script, cwd, args, after_steps: int):
+    """Start the script, send it SIGTERM once `after_steps` learner steps are logged, and wait for it to exit."""
+    proc = subprocess.Popen([sys.executable, str(REPO / script), *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 900
+        while time.time() < deadline and proc.poll() is None:
+            logged = list((cwd / "runs").glob("*/metrics.jsonl"))
+            if logged and len(logged[0].read_text().splitlines()) >= after_steps:
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.5)
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        kill_group(proc)
+    return proc.returncode, stdout, stderr
+
+
+@pytest.mark.parametrize("script", list(LOSSES))
+def test_a_run_stopped_by_sigterm_and_resumed_logs_what_an_uninterrupted_run_logs(tiny, arithmetic_folder, tmp_path,
+                                                                                 script):
+    args = flags(script, tiny, arithmetic_folder)
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "stopped").mkdir()
+    proc, _ = run_script(script, tmp_path / "whole", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    whole = read_metrics(tmp_path / "whole")
+
+    returncode, _, stderr = run_until_sigterm(script, tmp_path / "stopped", args, after_steps=3)
+    assert returncode != 0
+    assert "SIGTERM: stopped after learner step" in stderr, stderr[-3000:]
+    (run_dir,) = (tmp_path / "stopped" / "runs").iterdir()
+    (checkpoint,) = run_dir.glob("checkpoint_*")  # older checkpoints are deleted once a newer one is complete
+    saved = int(checkpoint.name.split("_")[1])
+    assert 3 <= saved < STEPS
+    # a save that was killed half-way leaves a .tmp folder: never taken for a checkpoint
+    (run_dir / "checkpoint_99.tmp").mkdir()
+    assert len(read_metrics(tmp_path / "stopped")) >= saved
+
+    proc, _ = run_script(script, tmp_path / "stopped", *args, "--resume-from", str(run_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = read_metrics(tmp_path / "stopped")
+    assert [m["step"] for m in resumed] == list(range(STEPS))  # the steps logged after the checkpoint ran again
+    for key in LOSSES[script]:
+        assert [m[key] for m in resumed] == pytest.approx([m[key] for m in whole], abs=1e-6), key
+    assert any(m["losses/policy_loss"] != whole[0]["losses/policy_loss"] for m in whole), "nothing trained"
+    if script != "async_ppo.py":
+        evaluations = [[json.loads(line) for line in (cwd / "runs").glob("*/eval.jsonl").__next__().read_text()
+                        .splitlines()] for cwd in (tmp_path / "whole", tmp_path / "stopped")]
+        assert [e["policy_version"] for e in evaluations[1]] == [0, 2, 4, 6]
+        assert [e["eval/accuracy"] for e in evaluations[1]] == [e["eval/accuracy"] for e in evaluations[0]]
+    assert (tmp_path / "stopped" / run_dir.relative_to(tmp_path / "stopped") / "model" / "config.json").exists()
+
+
+def test_resuming_with_other_training_flags_is_refused(tiny, tmp_path):
+    """A checkpoint is continued with the flags it was made with; only where it runs and how it reports may change."""
+    from conftest import load_script
+
+    grpo = load_script("async_grpo_gsm8k.py")
+    run_dir = tmp_path / "runs" / "async_grpo_gsm8k__1__1"
+    (run_dir / "checkpoint_2").mkdir(parents=True)
+    import torch
+
+    torch.save(dict(step=2, args=dict(vars(grpo.Args(run_name="async_grpo_gsm8k__1__1")))),
+               run_dir / "checkpoint_2" / "state.pt")
+    changed = grpo.Args(resume_from=str(run_dir), learning_rate=1e-4)
+    with pytest.raises(SystemExit, match=r"error: --resume-from: --learning-rate is 0.0001 here but was 3e-06 in "
+                                         r"the run; resume with the run's own flags"):
+        grpo.load_checkpoint(changed)
+    with pytest.raises(SystemExit, match="holds no checkpoint"):
+        grpo.load_checkpoint(grpo.Args(resume_from=str(tmp_path)))
