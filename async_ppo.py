@@ -26,10 +26,14 @@ import os
 # `collective_rpc` pickles tensors into lists). Must be set before vllm is imported.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+import collections
+import glob
 import json
 import queue
 import random
 import re
+import shutil
+import signal
 import sys
 import threading
 import time
@@ -71,6 +75,12 @@ class Args:
     """log a table of sample completions every this many learner steps"""
     queue_timeout: float = 1800.0
     """seconds to wait for the other thread before stopping the run with an error"""
+    save_every: int = 0
+    """save a checkpoint every this many learner steps (0: none); while on, SIGINT and SIGTERM save one before the run
+    exits"""
+    resume_from: Optional[str] = None
+    """continue a stopped run from a checkpoint: its run folder (the latest) or a checkpoint_{step} folder in it; give
+    the run's own flags"""
 
     # model & data
     model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"
@@ -182,6 +192,8 @@ class Args:
     """device of the vLLM engine and the reward model"""
     eos_token_ids: tyro.conf.Suppress[tuple] = ()
     """token ids that end a response: the tokenizer's EOS and the generation config's (vLLM stops on all)"""
+    start_step: tyro.conf.Suppress[int] = 0
+    """learner steps already done: 0, or those of the checkpoint resumed from"""
 
 
 def check_args(args: Args):
@@ -220,6 +232,8 @@ def check_args(args: Args):
     models = [("--model-name-or-path", args.model_name_or_path)]
     if args.reward == "model":  # the verifier loads no reward model
         models.append(("--reward-model-path", args.reward_model_path))
+    if args.save_every < 0:
+        fail(f"--save-every must be >= 0, got {args.save_every}")
     if args.output_dir is not None and os.path.isfile(args.output_dir):
         fail(f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder")
     for flag, path in models:  # last: a hub id may take a while to resolve
@@ -657,7 +671,7 @@ def weight_check(model, probe, args: Args):
 def check_weight_sync(llm: LLM, check, args: Args, version: int):
     """Stop the run if the engine does not serve the weights it was just sent (the silent "weights never synced"
     failure): its logprobs of the probe must be the learner's, up to the rounding of `--engine-dtype` (a float32
-    engine matches to ~1e-6; bfloat16 weights move SmolLM2's by 0.07 on average, measured)."""
+    engine matches SmolLM2's to 1e-5; bfloat16 weights move them by 0.07 on average, measured)."""
     probe, learner_logprobs = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
@@ -727,8 +741,11 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
         # OpenMP thread counts are per OS thread: give this one the same count as the thread that built the engine
         # (vLLM's CPU attention checks they match); vLLM has replaced torch.set_num_threads, hence the saved original
         SET_TORCH_THREADS(args.torch_threads)
-        version, last_evaluated = 0, -1
-        for step, (prompts, answers) in enumerate(prompt_batches):
+        version, last_evaluated = args.start_step, -1
+        # a resumed run starts from version s and already holds the batches of steps s .. s+K-1 (its checkpoint's)
+        first = args.start_step + min(args.async_steps, len(prompt_batches) - args.start_step) if args.start_step else 0
+        for step in range(first, len(prompt_batches)):
+            prompts, answers = prompt_batches[step]
             waiting_time = weight_sync_time = 0.0
             while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
@@ -812,6 +829,86 @@ def enable_gradient_checkpointing(model):
     model.train()
 
 
+# CHECKPOINTS: all a stopped run needs to go on exactly where it stopped (--save-every, --resume-from)
+# flags a resumed run may change: where it runs and how it reports, never what it trains
+RESUMABLE = {"resume_from", "save_every", "queue_timeout", "track", "wandb_project_name", "wandb_entity",
+             "sample_every", "torch_threads", "kv_cache_gib", "gpu_memory_utilization", "output_dir", "run_name",
+             "mini_batch_size", "learner_device", "engine_device", "eos_token_ids", "start_step"}
+
+
+def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, pending, generators: dict):
+    """runs/{run_name}/checkpoint_{step}, after `step` learner steps: the models (Hugging Face folders), optimizer,
+    scheduler, every random state, the batches already generated for the next steps (async: by versions no checkpoint
+    holds), and how much of the logs came before it. Written to a .tmp folder and renamed once complete, so a kill
+    mid-save leaves the previous checkpoint whole; the older ones are deleted after."""
+    run_dir = os.path.join("runs", args.run_name)
+    path = os.path.join(run_dir, f"checkpoint_{step}")
+    shutil.rmtree(path + ".tmp", ignore_errors=True)
+    for name, model in models.items():
+        model.save_pretrained(os.path.join(path + ".tmp", name))
+    torch.save(dict(step=step, args=dict(vars(args)), optimizer=optimizer.state_dict(), pending=list(pending),
+                    scheduler=scheduler.state_dict(), python=random.getstate(), numpy=np.random.get_state(),
+                    torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available()
+                    else None, generators={name: g.bit_generator.state for name, g in generators.items()},
+                    logs={name: os.path.getsize(os.path.join(run_dir, name)) for name in ("metrics.jsonl",
+                                                                                         "eval.jsonl")}),
+               os.path.join(path + ".tmp", "state.pt"))
+    os.rename(path + ".tmp", path)
+    for old in glob.glob(os.path.join(run_dir, "checkpoint_*")):
+        if old != path:
+            shutil.rmtree(old)
+    return path
+
+
+def load_checkpoint(args: Args):
+    """What `save_checkpoint` wrote in --resume-from (a checkpoint folder, or a run folder: its latest checkpoint);
+    exits with one line if there is none, or if a flag that changes the training differs from the run's."""
+    path = args.resume_from.rstrip("/")
+    if not os.path.isfile(os.path.join(path, "state.pt")):
+        saved = [p for p in glob.glob(os.path.join(path, "checkpoint_*")) if not p.endswith(".tmp")]
+        if not saved:
+            sys.exit(f"error: --resume-from {path!r} holds no checkpoint (checkpoint_<step> folders: see --save-every)")
+        path = max(saved, key=lambda p: int(p.rsplit("_", 1)[1]))
+    state = torch.load(os.path.join(path, "state.pt"), weights_only=False)  # our own file; batches are Python objects
+    changed = [name for name, value in state["args"].items() if name not in RESUMABLE and getattr(args, name) != value]
+    if changed:
+        name = changed[0]
+        sys.exit(f"error: --resume-from: --{name.replace('_', '-')} is {getattr(args, name)!r} here but was "
+                 f"{state['args'][name]!r} in the run; resume with the run's own flags")
+    run_dir = os.path.join("runs", state["args"]["run_name"])
+    if not os.path.isdir(run_dir) or not os.path.samefile(os.path.dirname(os.path.abspath(path)), run_dir):
+        sys.exit(f"error: --resume-from {path!r}: start the resumed run in the folder that holds {run_dir}")
+    return dict(state, path=path)
+
+
+def restore_random_states(state: dict, generators: dict):
+    """Python's, NumPy's and torch's global random states, and the learner's own generators, as saved."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for name, generator in generators.items():
+        generator.bit_generator.state = state["generators"][name]
+
+
+def stop_requests(args: Args):
+    """With --save-every on, SIGINT and SIGTERM make the learner save a checkpoint after the current step and exit (a
+    second signal stops at once); the returned list records them."""
+    requests = []
+
+    def request(signum, frame):
+        if requests:
+            raise KeyboardInterrupt
+        requests.append(signal.Signals(signum).name)
+        tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
+
+    if args.save_every:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, request)
+    return requests
+
+
 # LOGGING
 def log_samples(writer, step: int, columns, samples):
     """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
@@ -881,7 +978,8 @@ def start_wandb(args: Args):
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
                    sync_tensorboard=True, save_code=True)
     except wandb.errors.Error as e:
-        os.rmdir(os.path.join("runs", args.run_name))  # still empty
+        if not args.start_step:
+            os.rmdir(os.path.join("runs", args.run_name))  # still empty
         sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
                  f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
 
@@ -889,6 +987,7 @@ def start_wandb(args: Args):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
+    resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
     args.mini_batch_size = args.prompts_per_step // args.num_mini_batches
@@ -906,6 +1005,7 @@ if __name__ == "__main__":
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     shuffle_rng = np.random.default_rng(args.seed)  # the learner's alone: the generation thread never draws from it
+    generators = {"shuffle": shuffle_rng}  # saved in checkpoints
 
     # data (before any model, so that bad data fails in seconds)
     tokenizer = load_tokenizer(args)
@@ -934,19 +1034,25 @@ if __name__ == "__main__":
     probe = (prompt_batches[0][0][0] * 32)[:32]
 
     # TRY NOT TO MODIFY: tracking, in a run folder made only now that the inputs are known to be good
-    args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
-    create_run_folder(args)
+    if resumed:  # the run's own folder; what it logged after the checkpoint goes, those steps run again
+        args.run_name, args.start_step = resumed["args"]["run_name"], resumed["step"]
+        for name, size in resumed["logs"].items():
+            os.truncate(os.path.join("runs", args.run_name, name), size)
+    else:
+        args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
+        create_run_folder(args)
     args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
     if args.track:
         start_wandb(args)
-    writer = SummaryWriter(f"runs/{args.run_name}")
+    writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
     writer.add_text("hyperparameters",
                     "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
-    eval_file = open(f"runs/{args.run_name}/eval.jsonl", "w")
+    metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
+    eval_file = open(f"runs/{args.run_name}/eval.jsonl", "a" if resumed else "w")
 
     # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
-    policy = (AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
+    policy_path = os.path.join(resumed["path"], "policy") if resumed else args.model_name_or_path
+    policy = (AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32)
               .to(args.learner_device).eval())
     ref_policy = (AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
                   .to(args.learner_device).eval())
@@ -961,6 +1067,7 @@ if __name__ == "__main__":
     # A verifier has no model to copy: the critic starts from the policy, with a new score head (the paper's GSM8K
     # PPO does the same)
     value_model_path = args.reward_model_path if args.reward == "model" else args.model_name_or_path
+    value_model_path = os.path.join(resumed["path"], "value_model") if resumed else value_model_path
     value_model = AutoModelForSequenceClassification.from_pretrained(value_model_path, num_labels=1,
                                                                      dtype=torch.float32)
     value_model = value_model.to(args.learner_device).eval()
@@ -971,6 +1078,9 @@ if __name__ == "__main__":
     optimizer = torch.optim.AdamW([*policy.parameters(), *value_model.parameters()], lr=args.learning_rate, eps=1e-5)
     num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
     if args.gpu_memory_utilization is None:
         # vLLM claims this fraction of the whole card and refuses to start unless it is free; the models loaded above
         # are not, so the fraction is taken of what is left (reasoned from vLLM 0.32's source; untested: no GPU here)
@@ -978,10 +1088,15 @@ if __name__ == "__main__":
         args.gpu_memory_utilization = (0.3 if num_gpus == 1 else 0.9) * free / total
     llm = build_engine(args)
     keep_models_eager(policy, ref_policy, reward_model, value_model)
+    if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
+        push_weights_to_engine(llm, policy.state_dict())
+        check_weight_sync(llm, weight_check(policy, probe, args), args, args.start_step)
+        restore_random_states(resumed, generators)
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
     weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait; see check_weight_sync
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
     thread = threading.Thread(
         target=generation_thread,
         args=(llm, reward_model, tokenizer, args, prompt_batches, eval_set, weights_queue, data_queue),
@@ -991,10 +1106,13 @@ if __name__ == "__main__":
 
     start_time = time.time()
     reward_key = "objective/scores"  # shown by the progress bar and the summary
-    progress = tqdm(range(args.num_learner_steps), desc="learner steps")
+    progress = tqdm(range(args.start_step, args.num_learner_steps), desc="learner steps", initial=args.start_step,
+                    total=args.num_learner_steps)
+    requests = stop_requests(args)
     for step in progress:
         wait_start = time.time()
-        batch = receive(data_queue, args.queue_timeout, f"the batch of learner step {step}")
+        batch = pending.popleft() if pending else receive(data_queue, args.queue_timeout,
+                                                          f"the batch of learner step {step}")
         learner_waiting = time.time() - wait_start
         if batch["evaluation"] is not None:
             log_evaluation(batch["evaluation"], writer, eval_file)
@@ -1120,6 +1238,15 @@ if __name__ == "__main__":
             samples = [(tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}")
                        for p, r, s in zip(batch["prompts"], batch["responses"], batch["scores"])]
             log_samples(writer, step, ["prompt", "response", "score"], samples[:4])
+        if requests or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+            # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
+            while len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
+                pending.append(receive(data_queue, args.queue_timeout,
+                                       f"the batch of learner step {step + 1 + len(pending)}"))
+            path = save_checkpoint(args, step + 1, {"policy": policy, "value_model": value_model}, optimizer,
+                                   scheduler, pending, generators)
+            if requests:
+                sys.exit(f"{requests[0]}: stopped after learner step {step}; continue with --resume-from {path}")
     thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
     # the final weights never reached the engine during training; the thread has ended, so the engine is free
