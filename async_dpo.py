@@ -210,20 +210,6 @@ def check_args(args: Args):
                  f"than the {positions} positions of {flag} {path!r}")
 
 
-def model_config(flag: str, path: str):
-    """The config of the model a flag names, read without its weights; else exit with one line saying why. A path that
-    must be local is never tried as a hub id (a typo would cost a minute of download retries)."""
-    if path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0]):
-        if not os.path.isdir(os.path.expanduser(path)):
-            sys.exit(f"error: {flag} {path!r}: no such folder (relative paths start at {os.getcwd()})")
-        if not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
-            sys.exit(f"error: {flag} {path!r} is not a model folder (no config.json there)")
-    try:
-        return AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:  # not a folder here, and neither the hub nor its local cache has it
-        sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
-                 f"({str(e).splitlines()[0]})")
-
 
 # ALGO LOGIC: online DPO (Guo et al., 2024). Of the k samples of a prompt, the reward model's best and worst form a
 # pair; DPO (Rafailov et al., 2023) trains on the pairs against a frozen reference. Pure functions, unit-tested.
@@ -337,7 +323,23 @@ def grade(tokenizer, responses, answers, k: int):
     return torch.tensor([reward for reward, _ in graded]), float(np.mean([found for _, found in graded]))
 
 
-# DATA: prompts (TL;DR) or GSM8K-format problems (verifier), the order they are used in, and padding
+# DATA: model configs and the tokenizer (read before any weights), prompts (TL;DR) or GSM8K-format problems
+# (verifier), the order they are used in, and padding
+def model_config(flag: str, path: str):
+    """The config of the model a flag names, read without its weights; else exit with one line saying why. A path that
+    must be local is never tried as a hub id (a typo would cost a minute of download retries)."""
+    if path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0]):
+        if not os.path.isdir(os.path.expanduser(path)):
+            sys.exit(f"error: {flag} {path!r}: no such folder (relative paths start at {os.getcwd()})")
+        if not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+            sys.exit(f"error: {flag} {path!r} is not a model folder (no config.json there)")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:  # not a folder here, and neither the hub nor its local cache has it
+        sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
+                 f"({str(e).splitlines()[0]})")
+
+
 def load_tokenizer(args: Args):
     """The policy's tokenizer, padding with EOS when it has no pad token (padding never reaches a loss: masks mark the
     real tokens), and `args.eos_token_ids`: vLLM stops on the generation config's EOS ids too (Llama 3, Qwen)."""
@@ -630,7 +632,7 @@ def receive(q: queue.Queue, timeout: float, what: str):
     return item
 
 
-# LEARNER PLUMBING: micro-batches, autocast, checkpointing
+# LEARNER PLUMBING: micro-batches, autocast, gradient checkpointing
 def chunks(rows: torch.Tensor, size: int):
     """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of a
     mini-batch."""
