@@ -10,10 +10,11 @@ groups from a bounded queue and does GRPO (group-normalised advantages, clipped 
 Paper setup (GSM8K, Rho-1B SFT policy; needs a GPU and hub access):
     python async_grpo_gsm8k.py
 Offline on a CPU: SmolLM2-135M-Instruct learning arithmetic word problems (tools/make_arithmetic.py, run by
-install.sh; ~10 minutes on 2 cores):
+install.sh; under 5 minutes on 2 cores, held-out accuracy 0.125 -> 0.48-0.66 on seeds 1-3):
     python async_grpo_gsm8k.py --model-name-or-path models/SmolLM2-135M-Instruct --dataset-path data/arithmetic \
-        --chat-template --prompt-template '{question}' --response-length 48 --max-prompt-tokens 128 \
-        --prompts-per-step 4 --num-learner-steps 8 --learning-rate 5e-5 --num-eval-prompts 32 --eval-every 1000
+        --chat-template --prompt-template '{question} Answer with just the number.' --response-length 16 \
+        --max-prompt-tokens 128 --prompts-per-step 4 --num-learner-steps 8 --learning-rate 5e-5 \
+        --num-eval-prompts 64 --eval-every 4
 Local GSM8K copy (a folder holding train.jsonl and test.jsonl), staleness sweep:
     python async_grpo_gsm8k.py --dataset-path data/gsm8k --async-steps 2 --num-mini-batches 4
 """
