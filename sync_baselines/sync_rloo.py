@@ -66,6 +66,8 @@ class Args:
     save_every: int = 0
     """save a checkpoint every this many learner steps (0: none); while on, SIGINT and SIGTERM save one before the run
     exits"""
+    keep_checkpoints: int = 1
+    """how many of the newest checkpoints to keep (0: all, to evaluate them later as benchmark/staleness.py does)"""
     resume_from: Optional[str] = None
     """continue a stopped run from a checkpoint: its run folder (the latest) or a checkpoint_{step} folder in it; give
     the run's own flags"""
@@ -207,8 +209,8 @@ def check_args(args: Args):
     models = [("--model-name-or-path", args.model_name_or_path)]
     if args.reward == "model":  # the verifier loads no reward model
         models.append(("--reward-model-path", args.reward_model_path))
-    if args.save_every < 0:
-        fail(f"--save-every must be >= 0, got {args.save_every}")
+    if args.save_every < 0 or args.keep_checkpoints < 0:
+        fail(f"--save-every and --keep-checkpoints must be >= 0, got {args.save_every} and {args.keep_checkpoints}")
     if args.output_dir is not None and os.path.isfile(args.output_dir):
         fail(f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder")
     for flag, path in models:  # last: a hub id may take a while to resolve
@@ -690,9 +692,9 @@ def enable_gradient_checkpointing(model):
 
 # CHECKPOINTS: all a stopped run needs to go on exactly where it stopped (--save-every, --resume-from)
 # flags a resumed run may change: where it runs and how it reports, never what it trains
-RESUMABLE = {"resume_from", "save_every", "queue_timeout", "track", "wandb_project_name", "wandb_entity",
-             "sample_every", "torch_threads", "kv_cache_gib", "gpu_memory_utilization", "output_dir", "run_name",
-             "mini_batch_size", "learner_device", "engine_device", "eos_token_ids", "start_step"}
+RESUMABLE = {"resume_from", "save_every", "keep_checkpoints", "queue_timeout", "track", "wandb_project_name",
+             "wandb_entity", "sample_every", "torch_threads", "kv_cache_gib", "gpu_memory_utilization", "output_dir",
+             "run_name", "mini_batch_size", "learner_device", "engine_device", "eos_token_ids", "start_step"}
 
 
 def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, pending, generators: dict):
@@ -713,9 +715,14 @@ def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, p
                                                                                          "eval.jsonl")}),
                os.path.join(path + ".tmp", "state.pt"))
     os.rename(path + ".tmp", path)
-    for old in glob.glob(os.path.join(run_dir, "checkpoint_*")):
-        if old != path:
-            shutil.rmtree(old)
+    # keep the newest --keep-checkpoints up to this one (0: all); a stale .tmp, or a later checkpoint left behind by
+    # resuming from an earlier one, goes
+    others = [p for p in glob.glob(os.path.join(run_dir, "checkpoint_*")) if p != path]
+    earlier = sorted((p for p in others if p[-1].isdigit() and int(p.rsplit("_", 1)[1]) < step),
+                     key=lambda p: int(p.rsplit("_", 1)[1]), reverse=True)
+    kept = earlier if args.keep_checkpoints == 0 else earlier[: args.keep_checkpoints - 1]
+    for old in set(others) - set(kept):
+        shutil.rmtree(old)
     return path
 
 

@@ -55,9 +55,12 @@ def test_a_run_stopped_by_sigterm_and_resumed_logs_what_an_uninterrupted_run_log
     args = flags(script, tiny, arithmetic_folder)
     (tmp_path / "whole").mkdir()
     (tmp_path / "stopped").mkdir()
-    proc, _ = run_script(script, tmp_path / "whole", *args)
+    proc, _ = run_script(script, tmp_path / "whole", *args, "--keep-checkpoints", "0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     whole = read_metrics(tmp_path / "whole")
+    # --keep-checkpoints 0 keeps every checkpoint (the last step saves none: the model goes to --output-dir)
+    assert sorted(p.name for p in (tmp_path / "whole" / "runs").glob("*/checkpoint_*")) == ["checkpoint_2",
+                                                                                         "checkpoint_4"]
 
     returncode, _, stderr = run_until_sigterm(script, tmp_path / "stopped", args, after_steps=3)
     assert returncode != 0
