@@ -1,24 +1,30 @@
-"""Staleness table: how much does off-policy data hurt each algorithm? The paper's Sec. 3 protocol at CPU scale.
+"""Staleness: how much does off-policy data cost each algorithm, and which correction buys it back? The paper's
+Sec. 3 protocol at CPU scale, with a gold reward that can still rise.
 
-    python benchmark/staleness.py --prep-only                         # build the miniature task once (~4 min, idle CPU)
-    python benchmark/staleness.py --algorithms dpo --seeds 1 --max-runs 4   # run a chunk of the sweep
-    python benchmark/staleness.py --time-budget-hours 2               # run until 2 h are used, then stop cleanly
-    python benchmark/staleness.py --report-only                       # rebuild staleness.md / .png from result files
+    python benchmark/staleness.py --prep-only                          # build the miniature task once (~5 min, idle)
+    python benchmark/staleness.py --algorithms grpo_gsm8k --settings sync-1 --seeds 1 --learning-rates 1e-4 3e-4
+    python benchmark/staleness.py --time-budget-hours 2                # run the sweep until 2 h are used, then stop
+    python benchmark/staleness.py --report-only                        # rebuild staleness.md / .png from result files
     python benchmark/staleness.py --quick --algorithms dpo --results-dir D --work-dir W   # the test suite's smoke run
 
 Paper (Noukhov et al., 2025, Sec. 3): train with N mini-batches per generation round (N-1 of the N updates use data
-from an older policy) and compare final gold reward against KL to the initial policy. As in the paper's code (where a
+from an older policy) and compare gold reward against KL to the initial policy. As in the paper's code (where a
 generation batch is num_mini_batches x the mini-batch), the mini-batch and the number of optimizer updates are the same
 for every setting: sync-N generates N mini-batches per round and runs 1/N as many rounds, so only off-policyness varies,
-not the number, size or learning-rate schedule of the updates. Here the pipeline is rebuilt in
-miniature so that the 108 runs fit in about 70 minutes on 2 idle CPU cores (a SmolLM2-135M step would take minutes):
-  task     GSM8K-format arithmetic word problems from tools/make_arithmetic.py; gold = its grader (the same
-           final-number rule as the scripts' GSM8K verifier, checked in tests)
-  policy   a 0.4M-parameter Llama trained here by SFT until it is competent but imperfect
-  proxy RM a Llama classifier initialised from the SFT policy, trained on the SFT policy's own samples labelled by the
-           verifier; DPO, RLOO and PPO optimise it, GRPO optimises the verifier itself
-Every run is one subprocess of the real sync or async script, then an evaluation of its saved policy by the verifier.
-Each run writes one result file; a rerun skips finished runs, so the sweep can be done in chunks.
+not the number, size or learning-rate schedule of the updates. async-K trains on batches made K policy versions ago,
+under each of the scripts' three `--off-policy-correction` modes (DPO has no ratio and so no correction).
+
+  task     one-step GSM8K-format arithmetic word problems from tools/make_arithmetic.py; gold = the task's grader
+           (the same final-number rule as the scripts' verifier, checked in tests). Two-step problems (difficulty 2)
+           were tried first: RL did not raise this tiny model's held-out accuracy there at any learning rate tried
+  policy   a 0.4M-parameter Llama trained here by SFT and stopped early, at about 0.2 greedy held-out accuracy, so
+           that RL has room to raise it
+  reward   every algorithm trains on the scripts' own verifier (`--reward verifier`): the gold signal cannot be
+           over-optimised the way the earlier proxy reward model was
+  curves   every run saves a checkpoint every --eval-every-updates updates (`--keep-checkpoints 0`); each one is
+           evaluated here afterwards, so a run is a gold-vs-updates and a gold-vs-KL curve
+Every run is one subprocess of the real sync or async script. Each run writes one result file; a rerun skips finished
+runs, so the sweep can be done in chunks across sessions.
 """
 
 import json
@@ -42,94 +48,106 @@ sys.path.insert(0, str(REPO / "tools"))
 import make_arithmetic as task  # noqa: E402  the problem generator and its gold grader
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 
-# ONE table of every per-algorithm choice. The episode budget of an algorithm (mini_batch_prompts x samples x
-# num_updates) is the same for all its N / K settings. {sft}, {rm}, {data} are filled in at run time. Learning rates
-# suit a tiny model SFT-trained at 2e-3, not Pythia; only spot-checked on sync-1 seed 1 under an earlier budget of 48
-# updates: DPO at 1e-4 over-optimised the proxy RM (gold 0.40 -> 0.36 at KL 1.3), at 3e-5 gold rose to 0.415;
-# GRPO (verifier reward, no proxy to over-optimise) at 1e-4 rose to 0.47. RLOO and PPO take DPO's rate, untested.
+# ONE table of every per-algorithm choice; {sft} and {data} are filled in at run time. All four sample 4 responses per
+# prompt (the paper's GSM8K online DPO and RLOO use k = 4), so a mini-batch of P prompts is 4P episodes for every
+# algorithm; GRPO always grades with the verifier, the others are told to. Learning rates: the best of a sweep on
+# sync-1, seed 1 (docs/benchmarks.md gives the sweep).
+VERIFIER = ["--dataset-path", "{data}", "--prompt-template", PROMPT_TEMPLATE,
+            "--num-eval-prompts", "0", "--num-samples-per-prompt", "4"]
 ALGORITHMS = {
-    "dpo": dict(async_script="async_dpo.py", sync_script="sync_baselines/sync_dpo.py", samples=2,
-                flags=["--reward-model-path", "{rm}", "--dataset-name", "{data}/prompts.jsonl",
-                       "--num-samples-per-prompt", "2", "--learning-rate", "3e-5", "--beta", "0.1"]),
-    "rloo": dict(async_script="async_rloo.py", sync_script="sync_baselines/sync_rloo.py", samples=2,
-                 flags=["--reward-model-path", "{rm}", "--dataset-name", "{data}/prompts.jsonl",
-                        "--num-samples-per-prompt", "2", "--learning-rate", "3e-5", "--kl-coef", "0.05"]),
-    "ppo": dict(async_script="async_ppo.py", sync_script="sync_baselines/sync_ppo.py", samples=1,
-                flags=["--reward-model-path", "{rm}", "--dataset-name", "{data}/prompts.jsonl",
-                       "--num-samples-per-prompt", "1", "--learning-rate", "3e-5", "--kl-coef", "0.05"]),
-    "grpo_gsm8k": dict(async_script="async_grpo_gsm8k.py", sync_script="sync_baselines/sync_grpo_gsm8k.py", samples=4,
-                       flags=["--dataset-path", "{data}", "--prompt-template", PROMPT_TEMPLATE,
-                              "--num-eval-prompts", "0", "--num-samples-per-prompt", "4", "--learning-rate", "1e-4"]),
+    "dpo": dict(async_script="async_dpo.py", sync_script="sync_baselines/sync_dpo.py", learning_rate=3e-4,
+                flags=["--reward", "verifier", "--beta", "0.1"], corrections=False),
+    "rloo": dict(async_script="async_rloo.py", sync_script="sync_baselines/sync_rloo.py", learning_rate=3e-4,
+                 flags=["--reward", "verifier", "--kl-coef", "0.05"], corrections=True),
+    "ppo": dict(async_script="async_ppo.py", sync_script="sync_baselines/sync_ppo.py", learning_rate=3e-4,
+                flags=["--reward", "verifier", "--kl-coef", "0.05"], corrections=True),
+    "grpo_gsm8k": dict(async_script="async_grpo_gsm8k.py", sync_script="sync_baselines/sync_grpo_gsm8k.py",
+                       learning_rate=3e-4, flags=[], corrections=True),
 }
 # flags every run gets (prompt/response sizes fit the generated problems; no sample tables: they cost time)
 COMMON_FLAGS = ["--model-name-or-path", "{sft}", "--max-prompt-tokens", "96", "--temperature", "0.7",
-                "--torch-threads", "1", "--sample-every", "1000000"]
-# the paper's off-policyness knobs: sync with N mini-batches (N=1 is fully on-policy), async with K steps of lag
-# (script, N mini-batches per generation round, flags)
-SETTINGS = {**{f"sync-{n}": ("sync_script", n, ["--num-mini-batches", str(n)]) for n in (1, 2, 4, 8, 16, 32)},
-            **{f"async-{k}": ("async_script", 1, ["--async-steps", str(k)]) for k in (1, 2, 4)}}
-QUICK_SETTINGS = ["sync-1", "sync-2", "async-1"]
+                "--torch-threads", "1", "--sample-every", "1000000", "--keep-checkpoints", "0"]
+# the paper's off-policyness knobs: sync with N mini-batches per round (N=1 is fully on-policy), async with K steps of
+# lag under each correction
+SYNC_N = (1, 4, 16, 32)
+ASYNC_K = (1, 2, 4, 8)
+CORRECTIONS = ("paper", "behaviour", "decoupled")
+QUICK_SETTINGS = ["sync-1", "sync-2", "async-1", "async-1-decoupled"]
+
+
+def settings_of(algo: str):
+    """sync-N, then async-K (DPO) or async-K-<correction> (the others), in table order."""
+    if ALGORITHMS[algo]["corrections"]:
+        return [f"sync-{n}" for n in SYNC_N] + [f"async-{k}-{c}" for c in CORRECTIONS for k in ASYNC_K]
+    return [f"sync-{n}" for n in SYNC_N] + [f"async-{k}" for k in ASYNC_K]
+
+
+def parse_setting(setting: str):
+    """'sync-4' -> ('sync', 4, None); 'async-2-decoupled' -> ('async', 2, 'decoupled'); 'async-2' -> ('async', 2,
+    None)."""
+    kind, value, *correction = setting.split("-")
+    return kind, int(value), (correction[0] if correction else None)
 
 
 @dataclass
 class Args:
     algorithms: List[str] = field(default_factory=lambda: list(ALGORITHMS))
     """algorithms to run"""
-    settings: List[str] = field(default_factory=lambda: list(SETTINGS))
-    """settings to run: sync-N (N mini-batches per round) and async-K (K steps of lag)"""
-    seeds: List[int] = field(default_factory=lambda: [1, 2, 3])
+    settings: Optional[List[str]] = None
+    """settings to run (None: all of each algorithm): sync-N (N mini-batches per round), async-K (DPO) and
+    async-K-<paper|behaviour|decoupled> (K steps of lag under that --off-policy-correction)"""
+    seeds: List[int] = field(default_factory=lambda: [1, 2])
     """seeds of the RL runs (the prep is seeded separately and shared)"""
+    learning_rates: Optional[List[float]] = None
+    """learning rates to run (None: each algorithm's own from ALGORITHMS); result files of other rates are kept apart,
+    for the sweep that chose them"""
     mini_batch_prompts: int = 16
     """prompts per optimizer update, the same for every setting (a generation round of sync-N holds N mini-batches)"""
-    num_updates: int = 96
-    """optimizer updates per run, the same for every setting; must be divisible by every N (32 for sync-32)"""
+    num_updates: int = 256
+    """optimizer updates per run, the same for every setting; must be divisible by every N"""
+    eval_every_updates: int = 32
+    """evaluate the policy every this many updates (a multiple of every N), so each run is a curve"""
     response_length: int = 48
-    """maximum new tokens per response (worked solutions are ~22 tokens + EOS at difficulty 1, 33 at 2)"""
+    """maximum new tokens per response (worked solutions are ~22 tokens + EOS at difficulty 1, 35 at 2)"""
     difficulty: int = 1
     """arithmetic difficulty: operations per problem (operands up to 10*difficulty-1)"""
     num_train_problems: int = 4096
-    """generated training problems (SFT, RM samples and RL prompts)"""
+    """generated training problems (SFT and RL prompts)"""
     num_eval_problems: int = 256
     """held-out problems for every evaluation (disjoint from the training problems)"""
-    sft_max_steps: int = 1500
+    sft_max_steps: int = 3000
     """SFT optimizer steps at most (batch 32)"""
-    sft_target_accuracy: float = 0.5
-    """SFT stops at the first check whose greedy held-out accuracy reaches this: competent but imperfect"""
-    rm_prompts: int = 2048
-    """training problems whose SFT samples (4 each, temperature 0.7) train the proxy reward model"""
-    rm_epochs: int = 4
-    """passes of the reward-model training over its samples"""
-    rm_learning_rate: float = 3e-4
-    """AdamW learning rate of the reward model, decayed linearly to 0"""
+    sft_target_accuracy: float = 0.2
+    """SFT stops at the first check whose greedy held-out accuracy reaches this: competent, with headroom"""
     eval_samples: int = 4
     """samples per held-out problem (temperature 0.7) for the gold reward and the KL"""
     prep_threads: int = 2
     """torch threads for the prep and the evaluations (the RL runs use --torch-threads 1 per role)"""
     results_dir: str = str(REPO / "benchmark" / "results")
-    """where result files, staleness.md and staleness.png go"""
+    """where result files, staleness.md and staleness*.png go"""
     work_dir: str = str(REPO / "benchmark" / "work" / "staleness")
-    """scratch space (git-ignored): data, tokenizer, SFT policy, reward model, run folders"""
+    """scratch space (git-ignored): data, tokenizer, SFT policy, run folders"""
     max_runs: Optional[int] = None
     """stop after this many new runs (None: no limit)"""
     time_budget_hours: Optional[float] = None
     """do not start a run that would likely end after this many hours of this invocation (None: no limit)"""
     quick: bool = False
-    """smoke mode for the test suite: tiny prep, 2 learner steps, 1 seed, settings sync-1, sync-2, async-1"""
+    """smoke mode for the test suite: tiny prep, 4 updates, 1 seed, settings sync-1, sync-2, async-1(-decoupled)"""
     prep_only: bool = False
     """build (or load) the prep and stop"""
     report_only: bool = False
-    """only rebuild staleness.md and staleness.png from existing result files"""
+    """only rebuild staleness.md and the plots from existing result files"""
     force: bool = False
     """rerun runs whose result file exists"""
 
 
-# PREP: data, tokenizer, SFT policy, proxy reward model. Built once; prep.json records what was measured.
+# PREP: data, tokenizer, SFT policy. Built once; prep.json records what was measured.
 def write_jsonl(path: Path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def make_data(args: Args, task, data_dir: Path):
-    """Train / held-out problems (disjoint questions) as GSM8K-format JSONL, and the prompt file of DPO/RLOO/PPO."""
+    """Train / held-out problems (disjoint questions) as GSM8K-format JSONL, what the scripts' --dataset-path reads."""
     train = task.make_arithmetic_problems(args.num_train_problems, args.difficulty, seed=0)
     seen = {p["question"] for p in train}
     test = [p for p in task.make_arithmetic_problems(4 * args.num_eval_problems, args.difficulty, seed=1)
@@ -137,7 +155,6 @@ def make_data(args: Args, task, data_dir: Path):
     data_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(data_dir / "train.jsonl", train)
     write_jsonl(data_dir / "test.jsonl", test)
-    write_jsonl(data_dir / "prompts.jsonl", [{"query": PROMPT_TEMPLATE.format(question=p["question"])} for p in train])
     return train, test
 
 
@@ -171,24 +188,27 @@ def pad_right(rows, pad_id):
     return ids, mask
 
 
-def sample(model, prompts, n, temperature, max_new, eos_id, seed, chunk=128):
+def sample(model, prompts, n, temperature, max_new, eos_id, seed, chunk=512):
     """n responses per prompt (prompt-major), each ending at its first EOS; greedy if temperature == 0.
 
     A plain KV-cache loop rather than `generate`: no hidden top-k / top-p defaults, so samples come from exactly
-    softmax(logits / T), the distribution whose logprobs the KL uses. Prompts are batched by length, so there is no
-    padding (left padding would shift Llama's positions).
+    softmax(logits / T), the distribution whose logprobs the KL uses. Prompts are left-padded with explicit positions,
+    so a padded prompt is read exactly as it would be alone.
     """
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    out = [None] * (len(prompts) * n)
-    by_length = defaultdict(list)
-    for i, p in enumerate(prompts):
-        by_length[len(p)].extend(i * n + j for j in range(n))
+    rows = [p for p in prompts for _ in range(n)]
+    out = []
     with torch.no_grad():
-        for rows in (r[s : s + chunk] for r in by_length.values() for s in range(0, len(r), chunk)):
-            result = model(input_ids=torch.tensor([prompts[r // n] for r in rows]), use_cache=True)
-            done = torch.zeros(len(rows), dtype=torch.bool)
+        for start in range(0, len(rows), chunk):
+            batch = rows[start : start + chunk]
+            width = max(map(len, batch))
+            ids = torch.tensor([[eos_id] * (width - len(r)) + r for r in batch])
+            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in batch])
+            positions = (mask.cumsum(1) - 1).clamp(min=0)
+            result = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            done = torch.zeros(len(batch), dtype=torch.bool)
             tokens = []
             for _ in range(max_new):
                 logits = result.logits[:, -1].float()
@@ -201,9 +221,12 @@ def sample(model, prompts, n, temperature, max_new, eos_id, seed, chunk=128):
                 done |= nxt == eos_id
                 if done.all():
                     break
-                result = model(input_ids=nxt[:, None], past_key_values=result.past_key_values, use_cache=True)
-            for r, seq in zip(rows, torch.stack(tokens, 1).tolist()):
-                out[r] = seq[: seq.index(eos_id) + 1] if eos_id in seq else seq
+                mask = torch.cat([mask, torch.ones(len(batch), 1, dtype=mask.dtype)], 1)
+                positions = positions[:, -1:] + 1
+                result = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions,
+                               past_key_values=result.past_key_values, use_cache=True)
+            for seq in torch.stack(tokens, 1).tolist():
+                out.append(seq[: seq.index(eos_id) + 1] if eos_id in seq else seq)
     return out
 
 
@@ -264,7 +287,7 @@ def train_sft(args: Args, tokenizer, task, train, eval_set, out_dir: Path, log):
     answers = tokenizer([" " + p["answer"] for p in train])["input_ids"]
     examples = [(p, a + [tokenizer.eos_token_id]) for p, a in zip(prompts, answers)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
-    check_every = 10 if args.quick else 100
+    check_every = 10 if args.quick else 25  # often enough to stop near the target: the accuracy climbs fast
     rng, accuracy, step, history = random.Random(0), 0.0, 0, []
     for step in range(1, args.sft_max_steps + 1):
         batch = rng.sample(examples, 32)
@@ -294,68 +317,12 @@ def train_sft(args: Args, tokenizer, task, train, eval_set, out_dir: Path, log):
                        policy_parameters=sum(p.numel() for p in model.parameters()))
 
 
-def rm_scores(rm, prompts, responses, pad_id):
-    """Score at each sequence's last real token, as the scripts' `get_scores` (pad == EOS breaks HF's pooling)."""
-    import torch
-
-    ids, mask = pad_right([p + r for p, r in zip(prompts, responses)], pad_id)
-    hidden = getattr(rm, rm.base_model_prefix)(input_ids=ids, attention_mask=mask).last_hidden_state
-    return rm.score(hidden[torch.arange(len(ids)), mask.sum(1) - 1]).squeeze(-1).float()
-
-
-def train_rm(args: Args, tokenizer, task, sft, train, eval_set, sft_dir: Path, out_dir: Path, log):
-    """Proxy RM: the SFT weights plus a scalar head, trained with binary cross-entropy to predict the verifier's verdict
-    on the SFT policy's own T=0.7 samples. Held-out accuracy is measured on samples of held-out problems."""
-    import torch
-    from transformers import LlamaForSequenceClassification
-
-    n, eos = 4, tokenizer.eos_token_id
-    prompts, answers = encode(tokenizer, train[: args.rm_prompts])
-    responses = sample(sft, prompts, n, 0.7, args.response_length, eos, seed=1)
-    labels = grade(task, tokenizer, responses, answers, n)
-    data = [(prompts[i // n], r, y) for i, (r, y) in enumerate(zip(responses, labels))]
-    eval_responses = sample(sft, eval_set[0], n, 0.7, args.response_length, eos, seed=2)
-    eval_labels = grade(task, tokenizer, eval_responses, eval_set[1], n)
-    torch.manual_seed(0)
-    rm = LlamaForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
-    optimizer = torch.optim.AdamW(rm.parameters(), lr=args.rm_learning_rate)
-    rng, batch_size = random.Random(0), 32
-    num_updates = args.rm_epochs * math.ceil(len(data) / batch_size)
-    update = 0
-    for epoch in range(args.rm_epochs):
-        rng.shuffle(data)
-        for s in range(0, len(data), batch_size):
-            batch = data[s : s + batch_size]
-            for g in optimizer.param_groups:
-                g["lr"] = args.rm_learning_rate * (1 - update / num_updates)
-            scores = rm_scores(rm, [b[0] for b in batch], [b[1] for b in batch], tokenizer.pad_token_id)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(scores, torch.tensor([b[2] for b in batch]))
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            update += 1
-        log(f"RM epoch {epoch + 1}: last loss {loss.item():.3f}")
-    rm.eval()
-    with torch.no_grad():
-        repeated = [p for p in eval_set[0] for _ in range(n)]
-        scores = torch.cat([rm_scores(rm, repeated[s : s + 64], eval_responses[s : s + 64], tokenizer.pad_token_id)
-                            for s in range(0, len(repeated), 64)])
-    correct = [(s > 0) == bool(y) for s, y in zip(scores.tolist(), eval_labels)]
-    rm.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return dict(rm_train_samples=len(data), rm_train_positive_rate=sum(d[2] for d in data) / len(data),
-                rm_heldout_accuracy=sum(correct) / len(correct),
-                rm_heldout_majority_baseline=max(sum(eval_labels), len(eval_labels) - sum(eval_labels))
-                / len(eval_labels),
-                rm_parameters=sum(p.numel() for p in rm.parameters()))
-
-
 PREP_FLAGS = ("difficulty", "num_train_problems", "num_eval_problems", "sft_max_steps", "sft_target_accuracy",
-              "rm_prompts", "rm_epochs", "rm_learning_rate", "eval_samples")
+              "eval_samples", "response_length")
 
 
 def prepare(args: Args, task):
-    """Build data, tokenizer, SFT policy and reward model once; returns the prep numbers (from prep.json if built)."""
+    """Build data, tokenizer and SFT policy once; returns the prep numbers (from prep.json if built)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -378,79 +345,97 @@ def prepare(args: Args, task):
     eval_set = encode(tokenizer, test)
     log(f"{len(train)} train / {len(test)} held-out problems, vocabulary {len(tokenizer)}, "
         f"prompt ~{sum(map(len, eval_set[0])) / len(test):.0f} tokens")
-    sft, sft_stats = train_sft(args, tokenizer, task, train, eval_set, work / "sft", log)
+    _, sft_stats = train_sft(args, tokenizer, task, train, eval_set, work / "sft", log)
     sft_time = time.time() - start
-    rm_stats = train_rm(args, tokenizer, task, sft, train, eval_set, work / "sft", work / "rm", log)
-    rm_time = time.time() - start - sft_time
     # the starting point of every run, measured exactly as the runs are (KL to itself is 0 by definition)
     sft = AutoModelForCausalLM.from_pretrained(work / "sft").eval()
     initial = evaluate_policy(sft, sft, AutoTokenizer.from_pretrained(work / "sft"), task, eval_set, args, seed=0)
     prep = dict(flags=wanted, difficulty=args.difficulty, num_train_problems=len(train), num_eval_problems=len(test),
-                vocab_size=len(tokenizer), **sft_stats, **rm_stats, initial_policy=initial,
-                sft_seconds=round(sft_time), rm_seconds=round(rm_time), total_seconds=round(time.time() - start),
+                vocab_size=len(tokenizer), **sft_stats, initial_policy=initial,
+                sft_seconds=round(sft_time), total_seconds=round(time.time() - start),
                 threads=args.prep_threads, machine=f"{platform.machine()}, {os.cpu_count()} cores (shared)")
     prep_file.write_text(json.dumps(prep, indent=1))
     log(json.dumps({k: v for k, v in prep.items() if k != "sft_history"}))
     return prep
 
 
-# SWEEP: one subprocess per (algorithm, setting, seed), then the evaluation of its saved policy
-def run_one(args: Args, task, algo: str, setting: str, seed: int, result_path: Path):
+# SWEEP: one subprocess per (algorithm, setting, learning rate, seed), then the evaluation of each of its checkpoints
+def setting_flags(setting: str):
+    """The script (sync or async twin), the number N of mini-batches per generation round, and the flags."""
+    kind, value, correction = parse_setting(setting)
+    if kind == "sync":
+        return "sync_script", value, ["--num-mini-batches", str(value)]
+    return "async_script", 1, ["--async-steps", str(value)] + (["--off-policy-correction", correction]
+                                                                 if correction else [])
+
+
+def budget(args: Args, setting: str):
+    """The paper's protocol: N mini-batches of a fixed size per generation round, num_updates / N rounds; a checkpoint
+    every eval_every_updates updates."""
+    n = setting_flags(setting)[1]
+    return {"--prompts-per-step": n * args.mini_batch_prompts, "--num-learner-steps": args.num_updates // n,
+            "--response-length": args.response_length, "--save-every": args.eval_every_updates // n}
+
+
+def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed: int):
+    return Path(args.results_dir) / "staleness" / f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
+
+
+def run_one(args: Args, task, algo: str, setting: str, learning_rate: float, seed: int, path: Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     work = Path(args.work_dir)
     spec = ALGORITHMS[algo]
-    script_key, _, setting_flags = SETTINGS[setting]
-    # str.replace, not str.format: GRPO's --prompt-template holds a literal {question}
-    fill = {"{sft}": work / "sft", "{rm}": work / "rm", "{data}": work / "data"}
-    flags = COMMON_FLAGS + spec["flags"]
-    for key, value in fill.items():
+    script_key, n, flags_of_setting = setting_flags(setting)
+    # str.replace, not str.format: --prompt-template holds a literal {question}
+    flags = COMMON_FLAGS + VERIFIER + spec["flags"] + ["--learning-rate", f"{learning_rate:g}"]
+    for key, value in {"{sft}": work / "sft", "{data}": work / "data"}.items():
         flags = [f.replace(key, str(value)) for f in flags]
-    cwd = work / "runs" / result_path.stem
+    cwd = work / "runs" / path.stem
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
-    cmd = [sys.executable, str(REPO / spec[script_key]), *flags, *setting_flags, "--seed", str(seed),
+    cmd = [sys.executable, str(REPO / spec[script_key]), *flags, *flags_of_setting, "--seed", str(seed),
            *[str(x) for item in budget(args, setting).items() for x in item], "--output-dir", str(cwd / "model")]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    print(f"== {algo} {setting} seed {seed}: {' '.join(cmd)}", flush=True)
+    print(f"== {path.stem}: {' '.join(cmd)}", flush=True)
     start = time.time()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit(f"error: {algo} {setting} seed {seed} failed:\n{proc.stderr[-5000:]}")
+        sys.exit(f"error: {path.stem} failed:\n{proc.stderr[-5000:]}")
     run_seconds = time.time() - start
     (metrics_path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
     metrics = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    # the curve: the SFT policy (update 0), every checkpoint, the final policy
+    points = [(int(c.name.split("_")[1]) * n, c / "policy") for c in (cwd / "runs").glob("*/checkpoint_*")]
+    points = [(0, work / "sft")] + sorted(points) + [(args.num_updates, cwd / "model")]
     torch.set_num_threads(args.prep_threads)
     tokenizer = AutoTokenizer.from_pretrained(work / "sft")
-    policy = AutoModelForCausalLM.from_pretrained(cwd / "model").eval()
     sft = AutoModelForCausalLM.from_pretrained(work / "sft").eval()
     test = [json.loads(line) for line in (work / "data" / "test.jsonl").read_text().splitlines()]
-    # evaluation seed differs per run seed but not per setting: settings are compared on the same random numbers
-    evaluation = evaluate_policy(policy, sft, tokenizer, task, encode(tokenizer, test), args, seed=1000 + seed)
-    result = dict(algorithm=algo, setting=setting, seed=seed, command=cmd[1:], **evaluation,
+    curve = []
+    for updates, folder in points:
+        policy = AutoModelForCausalLM.from_pretrained(folder).eval()
+        # the evaluation seed differs per run seed, not per setting or point: all are compared on the same random draws
+        curve.append(dict(updates=updates, **evaluate_policy(policy, sft, tokenizer, task, encode(tokenizer, test),
+                                                             args, seed=1000 + seed)))
+    result = dict(algorithm=algo, setting=setting, learning_rate=learning_rate, seed=seed, command=cmd[1:],
+                  **{k: v for k, v in curve[-1].items() if k != "updates"}, curve=curve,
                   episodes=metrics[-1]["episodes"], run_seconds=round(run_seconds, 1),
                   eval_seconds=round(time.time() - start - run_seconds, 1), date=time.strftime("%Y-%m-%d %H:%M"),
                   machine=f"{platform.machine()}, {os.cpu_count()} cores", final_metrics=metrics[-1])
-    result_path.write_text(json.dumps(result, indent=1))
-    shutil.rmtree(cwd, ignore_errors=True)  # the run folder and saved policy are not needed any more
-    print(f"   gold {evaluation['gold_reward']:.3f}  greedy {evaluation['greedy_accuracy']:.3f}  "
-          f"KL {evaluation['kl']:.3f}  ({run_seconds:.0f}s run + {result['eval_seconds']:.0f}s eval)", flush=True)
+    path.write_text(json.dumps(result, indent=1))
+    shutil.rmtree(cwd, ignore_errors=True)  # the run folder and its checkpoints are not needed any more
+    print("   gold " + " ".join(f"{p['gold_reward']:.3f}" for p in curve) + f"  final KL {curve[-1]['kl']:.3f}  "
+          f"({run_seconds:.0f}s run + {result['eval_seconds']:.0f}s eval)", flush=True)
     return time.time() - start
-
-
-def budget(args: Args, setting: str):
-    """The paper's protocol: N mini-batches of a fixed size per generation round, num_updates / N rounds."""
-    n = SETTINGS[setting][1]
-    return {"--prompts-per-step": n * args.mini_batch_prompts, "--num-learner-steps": args.num_updates // n,
-            "--response-length": args.response_length}
 
 
 def check_same_budget(path: Path, args: Args, setting: str):
     """A finished run is only reused if it had this invocation's budget; a silent mix would corrupt the table."""
     command = json.loads(path.read_text())["command"]
     wanted = budget(args, setting)
-    found = {flag: int(command[command.index(flag) + 1]) for flag in wanted}
+    found = {flag: int(command[command.index(flag) + 1]) if flag in command else None for flag in wanted}
     if found != wanted:
         sys.exit(f"error: {path} was made with {found}, this invocation asks for {wanted}; "
                  "pass --force to rerun it or --results-dir to keep both sweeps")
@@ -462,99 +447,161 @@ def mean_std(values):
     return m, (math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else float("nan"))
 
 
-def report(results_dir: Path):
-    """Rebuild staleness.md and staleness.png from results_dir/staleness/*.json."""
-    runs = defaultdict(list)
-    for path in sorted((results_dir / "staleness").glob("*__*__seed*.json")):
+def gold_at_kl(curve, kl: float):
+    """Gold where the run's curve (in update order) first reaches this KL, interpolated linearly between its points."""
+    for a, b in zip(curve, curve[1:]):
+        if a["kl"] <= kl <= b["kl"]:
+            t = (kl - a["kl"]) / (b["kl"] - a["kl"]) if b["kl"] > a["kl"] else 1.0
+            return a["gold_reward"] + t * (b["gold_reward"] - a["gold_reward"])
+    return float("nan")
+
+
+def mean_curve(runs):
+    """Seed-mean gold and KL at each evaluated update count (every seed of a setting is evaluated at the same ones)."""
+    return [dict(updates=points[0]["updates"], gold_reward=mean_std([p["gold_reward"] for p in points])[0],
+                 kl=mean_std([p["kl"] for p in points])[0]) for points in zip(*[r["curve"] for r in runs])]
+
+
+def load_results(results_dir: Path):
+    """{(algorithm, setting): [runs at the algorithm's own learning rate]}, and every sync-1 run (the rate sweep)."""
+    runs, rate_sweep = defaultdict(list), defaultdict(list)
+    for path in sorted((results_dir / "staleness").glob("*__*__lr*__seed*.json")):
         r = json.loads(path.read_text())
-        runs[(r["algorithm"], r["setting"])].append(r)
+        if r["algorithm"] not in ALGORITHMS:
+            continue
+        if r["setting"] == "sync-1":
+            rate_sweep[(r["algorithm"], r["learning_rate"])].append(r)
+        if r["learning_rate"] == ALGORITHMS[r["algorithm"]]["learning_rate"]:
+            runs[(r["algorithm"], r["setting"])].append(r)
+    for (algo, setting), rs in runs.items():
+        if len({(r["episodes"], len(r["curve"])) for r in rs}) > 1:
+            sys.exit(f"error: {algo} {setting} has result files of different budgets in {results_dir / 'staleness'}")
+    return runs, rate_sweep
+
+
+def report(results_dir: Path):
+    """Rebuild staleness.md, staleness.png (gold vs KL) and staleness_updates.png (gold vs updates)."""
+    runs, rate_sweep = load_results(results_dir)
     prep_path = results_dir / "staleness" / "prep.json"
     prep = json.loads(prep_path.read_text()) if prep_path.exists() else None
-    lines = ["Staleness (Noukhov et al. 2025, Sec. 3) in miniature: gold reward = verifier accuracy of temperature-0.7",
-             "samples on held-out problems; KL = mean over the policy's own samples of sum_t log pi - log pi_sft "
-             "(T=0.7).",
-             "sync-N: N mini-batches per generation round; async-K: batches generated K policy versions ago.",
+    fmt = lambda ms: f"{ms[0]:.3f} ± {ms[1]:.3f}" if not math.isnan(ms[1]) else f"{ms[0]:.3f}"
+    lines = ["Staleness (Noukhov et al. 2025, Sec. 3) in miniature, every algorithm on the verifier reward. Gold = "
+             "verifier accuracy of temperature-0.7 samples on held-out problems; KL = mean over the policy's own "
+             "samples of sum_t log pi - log pi_sft (T=0.7).",
+             "sync-N: N mini-batches per generation round; async-K[-correction]: batches generated K policy versions "
+             "ago, trained with that --off-policy-correction. Gold at matched KL: each run's gold where its curve "
+             "first reaches the largest KL that every run of the algorithm reaches (linear between evaluations).",
              "Produced by `python benchmark/staleness.py` (see its docstring); mean ± std over seeds.", ""]
     if prep:
         init = prep["initial_policy"]
-        lines += [f"Initial SFT policy: gold {init['gold_reward']:.3f}, greedy {init['greedy_accuracy']:.3f}; proxy RM "
-                  f"held-out accuracy {prep['rm_heldout_accuracy']:.3f} "
-                  f"(majority {prep['rm_heldout_majority_baseline']:.3f}).", ""]
-    lines += ["| algorithm | setting | gold reward | greedy accuracy | KL to SFT | seeds | episodes | s/run |",
-              "|" + "---|" * 8]
-    fmt = lambda ms: f"{ms[0]:.3f} ± {ms[1]:.3f}" if not math.isnan(ms[1]) else f"{ms[0]:.3f}"
-    points = defaultdict(list)
+        lines += [f"Initial SFT policy: gold {init['gold_reward']:.3f}, greedy {init['greedy_accuracy']:.3f} "
+                  f"({prep['policy_parameters']:,} parameters, difficulty {prep['difficulty']}).", ""]
+    lines += ["| algorithm | setting | final gold | gold at matched KL | matched KL | final KL | final greedy | "
+              "seeds | episodes | s/run |", "|" + "---|" * 10]
     for algo in ALGORITHMS:
-        for setting in SETTINGS:
-            rs = runs.get((algo, setting))
-            if not rs:
-                continue
-            if len({r["episodes"] for r in rs}) > 1:
-                sys.exit(f"error: {algo} {setting} has result files with different episode budgets "
-                         f"{sorted({r['episodes'] for r in rs})} in {results_dir / 'staleness'}")
-            gold, kl = mean_std([r["gold_reward"] for r in rs]), mean_std([r["kl"] for r in rs])
-            lines.append(f"| {algo} | {setting} | {fmt(gold)} | {fmt(mean_std([r['greedy_accuracy'] for r in rs]))} | "
-                         f"{fmt(kl)} | {len(rs)} | {rs[0]['episodes']} | "
+        found = [s for s in settings_of(algo) + ["sync-2", "sync-8"] if runs.get((algo, s))]
+        if not found:
+            continue
+        matched = min(max(p["kl"] for p in r["curve"]) for s in found for r in runs[(algo, s)])
+        for setting in found:
+            rs = runs[(algo, setting)]
+            gold_matched = mean_std([gold_at_kl(r["curve"], matched) for r in rs])
+            lines.append(f"| {algo} | {setting} | {fmt(mean_std([r['gold_reward'] for r in rs]))} | "
+                         f"{fmt(gold_matched)} | {matched:.3f} | {fmt(mean_std([r['kl'] for r in rs]))} | "
+                         f"{fmt(mean_std([r['greedy_accuracy'] for r in rs]))} | {len(rs)} | {rs[0]['episodes']} | "
                          f"{mean_std([r['run_seconds'] + r['eval_seconds'] for r in rs])[0]:.0f} |")
-            points[algo].append((setting, gold, kl))
+    if rate_sweep:
+        lines += ["", "Learning-rate sweep on sync-1 (gold at each evaluation, from update 0; the rate each algorithm "
+                  "uses is marked *):", "", "| algorithm | learning rate | gold along the run | final KL | seeds |",
+                  "|---|---|---|---|---|"]
+        for (algo, lr), rs in sorted(rate_sweep.items()):
+            curve = mean_curve(rs)
+            mark = " *" if lr == ALGORITHMS[algo]["learning_rate"] else ""
+            golds = " ".join(f"{p['gold_reward']:.3f}" for p in curve)
+            lines.append(f"| {algo} | {lr:g}{mark} | {golds} | {curve[-1]['kl']:.3f} | {len(rs)} |")
     (results_dir / "staleness.md").write_text("\n".join(lines) + "\n")
-    if points:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        algos = list(points)
-        fig, axes = plt.subplots(1, len(algos), figsize=(3.6 * len(algos), 3.4), squeeze=False)
-        sync_colors = plt.get_cmap("viridis")
-        for ax, algo in zip(axes[0], algos):
-            if prep:
-                ax.plot(0, prep["initial_policy"]["gold_reward"], "k*", markersize=10, label="SFT")
-            for setting, gold, kl in points[algo]:
-                kind, value = setting.split("-")
-                # sync N on a colour ramp (log2 N / 5), async K as red-ish triangles darkening with K
-                if kind == "sync":
-                    color = sync_colors(math.log2(int(value)) / 5)
-                else:
-                    color = plt.get_cmap("Reds")(0.4 + 0.15 * int(value) / 1.5)
-                ax.errorbar(kl[0], gold[0], xerr=0 if math.isnan(kl[1]) else kl[1],
-                            yerr=0 if math.isnan(gold[1]) else gold[1], fmt="o" if kind == "sync" else "^",
-                            color=color, label=f"{'N' if kind == 'sync' else 'K'}={value}")
-            ax.set_title(algo)
-            ax.set_xlabel("KL(pi || pi_sft)")
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("gold reward (verifier accuracy)")
-        axes[0][-1].legend(fontsize=7, loc="best")
-        fig.tight_layout()
-        fig.savefig(results_dir / "staleness.png", dpi=120)
-        plt.close(fig)
+    if runs:
+        plot(runs, prep, results_dir)
     return lines
+
+
+def plot(runs, prep, results_dir: Path):
+    """One row per algorithm; columns: sync N, then async K under each correction (sync-1 dashed as the reference)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    algos = [a for a in ALGORITHMS if any(key[0] == a for key in runs)]
+    columns = ["sync"] + [f"async, {c}" for c in CORRECTIONS]
+    for x_key, name, x_label in (("kl", "staleness.png", "KL(pi || pi_sft)"), ("updates", "staleness_updates.png",
+                                                                              "optimizer updates")):
+        fig, axes = plt.subplots(len(algos), 4, figsize=(14, 3.0 * len(algos)), squeeze=False, sharey="row")
+        for row, algo in zip(axes, algos):
+            for col, (ax, column) in enumerate(zip(row, columns)):
+                for setting in settings_of(algo) + ["sync-2", "sync-8"]:
+                    kind, value, correction = parse_setting(setting)
+                    in_column = (kind == "sync" and col == 0) or (kind == "async" and col > 0 and (
+                        correction == CORRECTIONS[col - 1] or (correction is None and col == 1)))
+                    reference = setting == "sync-1" and col > 0
+                    if not runs.get((algo, setting)) or not (in_column or reference):
+                        continue
+                    curve = mean_curve(runs[(algo, setting)])
+                    if reference:
+                        style = dict(color="k", linestyle="--", label="sync-1")
+                    elif kind == "sync":
+                        style = dict(color=plt.get_cmap("viridis")(math.log2(value) / 5.5), marker="o",
+                                     label=f"N={value}")
+                    else:
+                        style = dict(color=plt.get_cmap("Reds")(0.35 + 0.65 * math.log2(value) / 3), marker="^",
+                                     label=f"K={value}")
+                    ax.plot([p[x_key] for p in curve], [p["gold_reward"] for p in curve], markersize=3, **style)
+                ax.set_title(f"{algo}: {column}" if col == 0 or ALGORITHMS[algo]["corrections"] or col == 1
+                             else f"{algo}: (no correction modes)", fontsize=9)
+                ax.grid(alpha=0.3)
+                if ax.get_legend_handles_labels()[0]:
+                    ax.legend(fontsize=7)
+            row[0].set_ylabel("gold (held-out accuracy)")
+        for ax in axes[-1]:
+            ax.set_xlabel(x_label)
+        fig.tight_layout()
+        fig.savefig(results_dir / name, dpi=110)
+        plt.close(fig)
 
 
 def quick_settings(args: Args):
     """--quick: tiny everything, so that the whole pipeline runs inside the test suite in minutes. Only fields left at
     their defaults shrink: a flag given explicitly next to --quick wins."""
-    explicit = args.settings != list(SETTINGS)
-    args.settings = [s for s in args.settings if s in QUICK_SETTINGS] if explicit else QUICK_SETTINGS
+    args.settings = [s for s in (args.settings or QUICK_SETTINGS) if s in QUICK_SETTINGS]
     args.seeds = args.seeds[:1]
-    quick = dict(num_updates=2, num_train_problems=128, num_eval_problems=8, sft_max_steps=10, rm_prompts=16,
-                 rm_epochs=1, eval_samples=2, mini_batch_prompts=2, response_length=32)
+    quick = dict(num_updates=4, eval_every_updates=2, num_train_problems=128, num_eval_problems=8, sft_max_steps=10,
+                 eval_samples=2, mini_batch_prompts=2, response_length=32)
     defaults = Args()
     for name, value in quick.items():
         if getattr(args, name) == getattr(defaults, name):
             setattr(args, name, value)
 
 
+def check(args: Args):
+    """Bad flags fail in one line before anything is built."""
+    unknown = [a for a in args.algorithms if a not in ALGORITHMS]
+    if unknown:
+        sys.exit(f"error: unknown --algorithms {unknown}; known: {list(ALGORITHMS)}")
+    known = {s for a in ALGORITHMS for s in settings_of(a)} | set(QUICK_SETTINGS) | {"sync-2", "sync-8"}
+    if args.settings is not None and [s for s in args.settings if s not in known]:
+        sys.exit(f"error: unknown --settings {[s for s in args.settings if s not in known]}; known: {sorted(known)}")
+    for s in args.settings or [s for a in args.algorithms for s in settings_of(a)]:
+        n = setting_flags(s)[1]
+        if args.eval_every_updates % n or args.num_updates % args.eval_every_updates:
+            sys.exit(f"error: --eval-every-updates {args.eval_every_updates} must be a multiple of N of {s} and "
+                     f"divide --num-updates {args.num_updates}")
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args)
     if args.quick:
         quick_settings(args)
-    for name, chosen, known in (("--algorithms", args.algorithms, ALGORITHMS), ("--settings", args.settings, SETTINGS)):
-        if [a for a in chosen if a not in known]:
-            sys.exit(f"error: unknown {name} {[a for a in chosen if a not in known]}; known: {list(known)}")
-    if [s for s in args.settings if args.num_updates % SETTINGS[s][1]]:
-        sys.exit(f"error: --num-updates {args.num_updates} must be divisible by N of every sync-N setting "
-                 f"{[SETTINGS[s][1] for s in args.settings]}")
+    check(args)
     results_dir = Path(args.results_dir)
     (results_dir / "staleness").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
@@ -565,19 +612,22 @@ if __name__ == "__main__":
             # seed-major order: a partial sweep has one complete seed of every setting before it starts the next seed
             for seed in args.seeds:
                 for algo in args.algorithms:
-                    for setting in args.settings:
-                        path = results_dir / "staleness" / f"{algo}__{setting}__seed{seed}.json"
-                        if path.exists() and not args.force:
-                            check_same_budget(path, args, setting)
-                            print(f"== {algo} {setting} seed {seed}: done already ({path})")
-                            continue
-                        if args.max_runs is not None and new_runs >= args.max_runs:
-                            continue
-                        expected = max(durations) if durations else 0.0
-                        if args.time_budget_hours is not None and \
-                                time.time() - invocation_start + expected > 3600 * args.time_budget_hours:
-                            print(f"== time budget reached: not starting {algo} {setting} seed {seed}")
-                            continue
-                        durations.append(run_one(args, task, algo, setting, seed, path))
-                        new_runs += 1
+                    for learning_rate in args.learning_rates or [ALGORITHMS[algo]["learning_rate"]]:
+                        for setting in args.settings or settings_of(algo):
+                            if parse_setting(setting)[2] and not ALGORITHMS[algo]["corrections"]:
+                                continue  # DPO has no --off-policy-correction
+                            path = result_path(args, algo, setting, learning_rate, seed)
+                            if path.exists() and not args.force:
+                                check_same_budget(path, args, setting)
+                                print(f"== {path.stem}: done already ({path})")
+                                continue
+                            if args.max_runs is not None and new_runs >= args.max_runs:
+                                continue
+                            expected = max(durations) if durations else 0.0
+                            if args.time_budget_hours is not None and \
+                                    time.time() - invocation_start + expected > 3600 * args.time_budget_hours:
+                                print(f"== time budget reached: not starting {path.stem}")
+                                continue
+                            durations.append(run_one(args, task, algo, setting, learning_rate, seed, path))
+                            new_runs += 1
     print("\n".join(report(results_dir)))

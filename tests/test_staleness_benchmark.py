@@ -4,6 +4,8 @@ end to end, and a rerun skips finished runs."""
 import json
 import math
 
+import pytest
+
 from conftest import load_script, run_script
 
 
@@ -13,38 +15,49 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     proc, _ = run_script("benchmark/staleness.py", tmp_path, *flags, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    # the prep: data files, an SFT policy and a reward model, and its measured numbers
+    # the prep: data files, an SFT policy, and its measured numbers
     prep = json.loads((results / "staleness" / "prep.json").read_text())
-    for key in ("sft_greedy_accuracy", "rm_heldout_accuracy"):
+    for key in ("sft_greedy_accuracy",):
         assert 0 <= prep[key] <= 1, key
-    for key in ("policy_parameters", "rm_parameters", "total_seconds"):
+    for key in ("policy_parameters", "total_seconds"):
         assert prep[key] > 0, key
-    assert (work / "sft" / "config.json").exists() and (work / "rm" / "config.json").exists()
+    assert (work / "sft" / "config.json").exists() and not (work / "rm").exists()  # every run trains on the verifier
     test_questions = {json.loads(line)["question"] for line in (work / "data" / "test.jsonl").read_text().splitlines()}
     train_questions = {json.loads(line)["question"]
                        for line in (work / "data" / "train.jsonl").read_text().splitlines()}
     assert test_questions and not test_questions & train_questions  # the held-out set is disjoint
 
-    # one result file per run, with finite numbers and the same episode budget for every setting
+    # one result file per run, each a curve evaluated at the same update counts, with finite numbers and the same
+    # episode budget for every setting
     names = sorted(p.name for p in (results / "staleness").glob("*__*__seed*.json"))
-    assert names == ["dpo__async-1__seed1.json", "dpo__sync-1__seed1.json", "dpo__sync-2__seed1.json"]
+    assert names == ["dpo__async-1__lr0.0003__seed1.json", "dpo__sync-1__lr0.0003__seed1.json",
+                     "dpo__sync-2__lr0.0003__seed1.json"]
     runs = [json.loads((results / "staleness" / n).read_text()) for n in names]
     for r in runs:
-        assert 0 <= r["gold_reward"] <= 1 and 0 <= r["greedy_accuracy"] <= 1 and math.isfinite(r["kl"]), r
+        assert [p["updates"] for p in r["curve"]] == [0, 2, 4]
+        for p in r["curve"]:
+            assert 0 <= p["gold_reward"] <= 1 and 0 <= p["greedy_accuracy"] <= 1 and math.isfinite(p["kl"]), r
+        assert r["curve"][0]["kl"] == 0.0  # the SFT policy against itself
+        assert r["gold_reward"] == r["curve"][-1]["gold_reward"]
     assert len({r["episodes"] for r in runs}) == 1
-    # the paper's protocol: the same mini-batch and number of updates, sync-N generating N mini-batches per round
-    flag = lambda r, name: int(r["command"][r["command"].index(name) + 1])
-    assert [(flag(r, "--prompts-per-step"), flag(r, "--num-learner-steps")) for r in runs] == [(2, 2), (2, 2), (4, 1)]
-    assert "--num-mini-batches" in runs[2]["command"] and "--async-steps" in runs[0]["command"]
+    # the paper's protocol: the same mini-batch and number of updates, sync-N generating N mini-batches per round, and
+    # a checkpoint every 2 updates; every run trains on the verifier
+    flag = lambda r, name: r["command"][r["command"].index(name) + 1]
+    assert [(int(flag(r, "--prompts-per-step")), int(flag(r, "--num-learner-steps")), int(flag(r, "--save-every")))
+            for r in runs] == [(2, 4, 2), (2, 4, 2), (4, 2, 1)]
+    assert flag(runs[2], "--num-mini-batches") == "2" and flag(runs[0], "--async-steps") == "1"
+    assert all(flag(r, "--reward") == "verifier" and flag(r, "--keep-checkpoints") == "0" for r in runs)  # DPO
 
-    # the report: one table row per setting, with finite numbers, and a plot
+    # the report: one table row per setting, with finite numbers, the rate-sweep table, and the two plots
     table = (results / "staleness.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith("| dpo |")]
-    assert [r.split("|")[2].strip() for r in rows] == ["sync-1", "sync-2", "async-1"]
+    rows = [line for line in table.splitlines() if line.startswith("| dpo | ") and "sync" in line.split("|")[2]]
+    assert [r.split("|")[2].strip() for r in rows] == ["sync-1", "async-1", "sync-2"]
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert all(math.isfinite(float(cells[i].split(" ")[0])) for i in (2, 3, 4)) and cells[5] == "1", row
-    assert (results / "staleness.png").stat().st_size > 1000
+        assert all(math.isfinite(float(cells[i].split(" ")[0])) for i in (2, 3, 4, 5, 6)) and cells[7] == "1", row
+    assert "| dpo | 0.0003 * |" in table
+    for name in ("staleness.png", "staleness_updates.png"):
+        assert (results / name).stat().st_size > 1000
 
     # a rerun skips every finished run (and the prep), then rebuilds the report
     (results / "staleness.md").unlink()
@@ -55,14 +68,33 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
 
     # finished runs of another budget are refused, not reused (a silent mix would corrupt the table)
     longer, _ = run_script("benchmark/staleness.py", tmp_path, *flags, "--settings", "sync-1",
-                           "--num-updates", "4", timeout=900)
+                           "--num-updates", "8", timeout=900)
     assert longer.returncode != 0
-    assert "dpo__sync-1__seed1.json was made with" in longer.stderr and "'--num-learner-steps': 2" in longer.stderr
+    assert "dpo__sync-1__lr0.0003__seed1.json was made with" in longer.stderr
+    assert "'--num-learner-steps': 4" in longer.stderr
 
     # so is a cached prep built with other prep flags
-    other_prep, _ = run_script("benchmark/staleness.py", tmp_path, *flags, "--rm-epochs", "2", timeout=900)
+    other_prep, _ = run_script("benchmark/staleness.py", tmp_path, *flags, "--sft-target-accuracy", "0.9", timeout=900)
     assert other_prep.returncode != 0
-    assert "was built with" in other_prep.stderr and "'rm_epochs': 1" in other_prep.stderr
+    assert "was built with" in other_prep.stderr and "'sft_target_accuracy': 0.2" in other_prep.stderr
+
+
+def test_settings_and_gold_at_matched_kl():
+    """The sweep's settings (DPO has no correction modes) and the interpolation behind "gold at matched KL"."""
+    staleness = load_script("benchmark/staleness.py")
+    assert staleness.settings_of("dpo") == ["sync-1", "sync-4", "sync-16", "sync-32", "async-1", "async-2", "async-4",
+                                            "async-8"]
+    rloo = staleness.settings_of("rloo")
+    assert len(rloo) == 4 + 4 * 3 and "async-8-decoupled" in rloo and "async-8" not in rloo
+    assert staleness.setting_flags("async-4-behaviour") == ("async_script", 1, ["--async-steps", "4",
+                                                                                 "--off-policy-correction", "behaviour"])
+    assert staleness.setting_flags("sync-16") == ("sync_script", 16, ["--num-mini-batches", "16"])
+    curve = [dict(kl=0.0, gold_reward=0.2), dict(kl=1.0, gold_reward=0.4), dict(kl=0.8, gold_reward=0.3),
+             dict(kl=3.0, gold_reward=0.5)]
+    assert staleness.gold_at_kl(curve, 0.5) == pytest.approx(0.3)  # halfway along the first segment
+    # 2.0 is first reached on the 0.8 -> 3.0 leg
+    assert staleness.gold_at_kl(curve, 2.0) == pytest.approx(0.3 + (1.2 / 2.2) * 0.2)
+    assert math.isnan(staleness.gold_at_kl(curve, 4.0))  # never reached
 
 
 def test_sampler_and_kl_match_the_scripts_logprobs(tmp_path):
