@@ -20,10 +20,14 @@ Local GSM8K copy (a folder holding train.jsonl and test.jsonl), off-policyness s
 
 import os
 
-# The engine must live in this process so that weights can be handed over as tensors (with a separate engine process
-# `collective_rpc` pickles tensors into lists). Must be set before vllm is imported.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# The engine lives in this process, so that weights can be handed over as tensors (to an engine process of its own,
+# `collective_rpc` sends tensors as lists). Not under torchrun: vLLM takes the torch.distributed world it finds for its
+# own, and that world is the learners'; there the engine gets a process of its own and the weights go through shared
+# memory (see push_weights_to_engine). Must be set before vllm is imported.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if os.environ.get("WORLD_SIZE", "1") == "1" else "1")
 
+import contextlib
+import datetime
 import glob
 import json
 import random
@@ -31,14 +35,20 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Literal, Optional
 
 import numpy as np
+import safetensors.torch
 import torch
+import torch.distributed as dist
 import tyro
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -101,6 +111,9 @@ class Args:
     """G: sampled solutions per problem, the group whose rewards are normalised together (4 as in the paper)"""
     engine_dtype: str = "float32"
     """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
+    engine_tensor_parallel_size: int = 1
+    """devices the engine's model is split over (vLLM's tensor parallelism; its workers run in processes of their
+    own). On CPU, give each worker its cores with VLLM_CPU_OMP_THREADS_BIND, e.g. 0|1"""
     gpu_memory_utilization: Optional[float] = None
     """fraction of the engine GPU for vLLM; None: 30% (GPU shared with the learner) or 90% (its own GPU) of the memory
     still free once the models are loaded"""
@@ -148,6 +161,12 @@ class Args:
     """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
     """dtype of the learner's matmuls (autocast); weights, gradients and the optimizer stay float32"""
+    fsdp: bool = False
+    """with torchrun: shard parameters, gradients and optimizer state over the learner processes (FSDP2)
+    instead of replicating them (DDP), for a model that does not fit one device"""
+    collective_timeout: float = 1800.0
+    """with torchrun: seconds a learner process waits for the others in a collective (while rank 0 generates, say)
+    before the run stops with an error"""
 
     # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
     run_name: tyro.conf.Suppress[str] = ""
@@ -162,6 +181,12 @@ class Args:
     """token ids that end a response: the tokenizer's EOS and the generation config's (vLLM stops on all)"""
     start_step: tyro.conf.Suppress[int] = 0
     """learner steps already done: 0, or those of the checkpoint resumed from"""
+    rank: tyro.conf.Suppress[int] = 0
+    """this learner process's rank (torchrun's RANK); rank 0 owns the engine, the logs and the checkpoints"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """learner processes (torchrun's WORLD_SIZE): each mini-batch is split evenly over them"""
+    local_rank: tyro.conf.Suppress[int] = 0
+    """this process's rank on its node (torchrun's LOCAL_RANK): which GPU it uses"""
 
 
 def check_args(args: Args):
@@ -181,6 +206,8 @@ def check_args(args: Args):
     if args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches != 0:
         fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by "
              f"--num-mini-batches {args.num_mini_batches}")
+    if args.engine_tensor_parallel_size < 1:
+        fail(f"--engine-tensor-parallel-size must be >= 1, got {args.engine_tensor_parallel_size}")
     if args.temperature <= 0:
         fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
     if args.importance_weight_cap < 1:
@@ -195,6 +222,14 @@ def check_args(args: Args):
         fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens, --eval-every and "
              "--micro-batch-size must be >= 1, --num-eval-prompts >= 0")
     models = [("--model-name-or-path", args.model_name_or_path)]
+    ranks = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's learner processes
+    if (args.prompts_per_step // max(1, args.num_mini_batches)) % ranks:
+        fail(f"--prompts-per-step {args.prompts_per_step} / --num-mini-batches {args.num_mini_batches} prompts per "
+             f"mini-batch cannot be split evenly over {ranks} learner processes (torchrun --nproc-per-node)")
+    if args.fsdp and ranks == 1:
+        fail("--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more")
+    if args.fsdp and (args.save_every or args.resume_from):
+        fail("--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP")
     if args.save_every < 0 or args.keep_checkpoints < 0:
         fail(f"--save-every and --keep-checkpoints must be >= 0, got {args.save_every} and {args.keep_checkpoints}")
     if args.output_dir is not None and os.path.isfile(args.output_dir):
@@ -479,6 +514,7 @@ def build_engine(args: Args):
         logprobs_mode="processed_logprobs",
         # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
         enforce_eager=args.engine_device == "cpu",
+        tensor_parallel_size=args.engine_tensor_parallel_size,
     )
 
 
@@ -518,9 +554,27 @@ def evaluate(llm: LLM, eval_set, args: Args, version: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
-    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights)."""
-    llm.collective_rpc("reload_weights",
-                       kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
+    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights).
+    An engine in this process takes the tensors themselves; one whose workers run in processes of their own (under
+    torchrun, or tensor-parallel) reads them from a safetensors file in shared memory, the form in which
+    `reload_weights` takes weights across processes."""
+    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
+        llm.collective_rpc("reload_weights",
+                           kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
+    else:
+        folder = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir(),
+                              f"clean-async-rlhf-{os.getpid()}")
+        os.makedirs(folder, exist_ok=True)
+        # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
+        # memory, and vLLM's reload, given only one of the two names, unties them: measured)
+        tensors, seen = {}, set()
+        for name, tensor in state_dict.items():
+            tensor = tensor.detach().cpu().contiguous()
+            tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor
+            seen.add(tensor.data_ptr())
+        safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
+        llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
+        shutil.rmtree(folder)
     # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
     llm.reset_prefix_cache()
 
@@ -547,6 +601,15 @@ def check_weight_sync(llm: LLM, check, args: Args, version: int):
         raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
                            f"to the learner {gap:.1e} > {tolerance:g}, the tolerance of --engine-dtype "
                            f"{args.engine_dtype})")
+
+
+def sync_engine(llm, policy, probe, args: Args, version: int):
+    """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
+    (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
+    weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
+    if args.rank == 0:
+        push_weights_to_engine(llm, weights)
+        check_weight_sync(llm, check, args, version)
 
 
 def keep_models_eager(*models):
@@ -592,15 +655,16 @@ def chunks(rows: torch.Tensor, size: int):
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` of every row without gradient, one micro-batch at a time. Given the training loop's
-    `mini_batches`, in its very micro-batches: same rows, same shapes, so the values equal bit for bit those of the
-    loop's forward passes with the same weights (the ratio of the first update is exactly 1)."""
+    """`token_logprobs` of every row without gradient, one micro-batch at a time, each rank its share of each
+    mini-batch (of the whole batch if none is given). Given the training loop's `mini_batches`, in its very
+    micro-batches: same rows, same shapes, so the values equal bit for bit those of the loop's forward passes with the
+    same weights (the ratio of the first update is exactly 1)."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in mini_batches or [torch.arange(len(input_ids))]:
-            for rows in chunks(mini_batch, args.micro_batch_size):
-                logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                                args.temperature)
+            share = [token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
+                     for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)]
+            logprobs[mini_batch] = gather_rows(torch.cat(share), args)
     return logprobs
 
 
@@ -632,11 +696,109 @@ def enable_gradient_checkpointing(model):
     model.train()
 
 
+# DISTRIBUTED: `torchrun --nproc-per-node P` starts P learner processes (ranks) that split every mini-batch and average
+# their gradients: DDP, or FSDP2 with --fsdp (parameters, gradients and optimizer state sharded over the ranks). Rank
+# 0 alone owns the engine, the generation thread, the logs and the checkpoints, and hands every rank the same batch.
+# Plain `python` is one rank, and every helper below then returns at once.
+def init_distributed(args: Args):
+    """Join torchrun's process group (NCCL on GPUs, gloo on CPU); sets args.rank, args.world_size, args.local_rank.
+    A collective waits at most --collective-timeout seconds."""
+    args.rank, args.world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    args.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if args.world_size > 1:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                timeout=datetime.timedelta(seconds=args.collective_timeout))
+
+
+def wrap_model(model, args: Args, trained: bool = True):
+    """The model as every rank runs it: itself (one rank), DDP (a trained model, replicated), or FSDP2 (each decoder
+    layer, then the rest, sharded; a frozen model too, so that no rank holds all of it)."""
+    if model is None or args.world_size == 1 or not (trained or args.fsdp):
+        return model
+    if args.fsdp:
+        for module in model.modules():
+            if type(module).__name__ in (model._no_split_modules or []):  # the decoder layers, as accelerate wraps them
+                fully_shard(module)
+        return fully_shard(model)
+    return DDP(model, device_ids=[args.learner_device] if args.learner_device.startswith("cuda") else None,
+               broadcast_buffers=False)  # no buffer is trained; a broadcast per forward pass would only cost time
+
+
+def unwrap(model):
+    """The Hugging Face model inside a DDP wrapper (FSDP2 shards a model in place: it is its own)."""
+    return model.module if isinstance(model, DDP) else model
+
+
+def full_state_dict(model, args: Args):
+    """The model's whole weights, on rank 0 (for the engine or a save). Under FSDP2 they are gathered from the shards:
+    every rank must call this, and the others get an empty dict."""
+    if args.fsdp and args.world_size > 1:
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return unwrap(model).state_dict()
+
+
+def rank_rows(rows: torch.Tensor, args: Args):
+    """This rank's share of a mini-batch's rows: equal and contiguous (check_args makes the mini-batch divisible)."""
+    return rows.reshape(args.world_size, -1)[args.rank]
+
+
+def gather_rows(values: torch.Tensor, args: Args):
+    """Every rank's share of `values`, in rank order: the whole mini-batch's again."""
+    if args.world_size == 1:
+        return values
+    shares = [torch.empty_like(values) for _ in range(args.world_size)]
+    dist.all_gather(shares, values.contiguous())
+    return torch.cat(shares)
+
+
+def from_rank_0(obj, args: Args):
+    """Rank 0's object (a batch, a run name) on every rank."""
+    if args.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def mean_over_ranks(metrics: dict, args: Args):
+    """A step's float metrics averaged over the ranks (the maximum for *_max), so that rank 0 logs the whole batch's
+    numbers; the shares are equal, so the mean of the ranks' means is the batch mean."""
+    names = [name for name, value in metrics.items() if isinstance(value, float)]
+    if args.world_size == 1 or not names:
+        return metrics
+    values = torch.tensor([metrics[name] for name in names], dtype=torch.float64, device=args.learner_device)
+    maxima = values.clone()
+    dist.all_reduce(values)
+    dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+    return {**metrics, **{name: (maxima[i] if name.endswith("_max") else values[i] / args.world_size).item()
+                          for i, name in enumerate(names)}}
+
+
+def any_rank(flag: bool, args: Args) -> bool:
+    """True on every rank if it is true on any (a signal reaches the ranks at slightly different times)."""
+    if args.world_size == 1:
+        return flag
+    value = torch.tensor([float(flag)], device=args.learner_device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def gradient_sync(model, last: bool):
+    """Average gradients over the ranks once per mini-batch, in its last micro-batch's backward pass (DDP's no_sync
+    must wrap the forward pass too)."""
+    if isinstance(model, DDP) and not last:
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(last)
+    return contextlib.nullcontext()
+
+
 # CHECKPOINTS: all a stopped run needs to go on exactly where it stopped (--save-every, --resume-from)
 # flags a resumed run may change: where it runs and how it reports, never what it trains
-RESUMABLE = {"resume_from", "save_every", "keep_checkpoints", "queue_timeout", "track", "wandb_project_name",
-             "wandb_entity", "sample_every", "torch_threads", "kv_cache_gib", "gpu_memory_utilization", "output_dir",
-             "run_name", "mini_batch_size", "learner_device", "engine_device", "eos_token_ids", "start_step"}
+RESUMABLE = {"resume_from", "save_every", "keep_checkpoints", "queue_timeout", "collective_timeout", "track",
+             "wandb_project_name", "wandb_entity", "sample_every", "torch_threads", "kv_cache_gib",
+             "gpu_memory_utilization", "output_dir", "run_name", "mini_batch_size", "learner_device", "engine_device",
+             "eos_token_ids", "start_step", "rank", "world_size", "local_rank"}
 
 
 def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, pending, generators: dict):
@@ -646,9 +808,11 @@ def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, p
     mid-save leaves the previous checkpoint whole; the older ones are deleted after."""
     run_dir = os.path.join("runs", args.run_name)
     path = os.path.join(run_dir, f"checkpoint_{step}")
+    if args.rank > 0:  # under DDP rank 0 holds every weight and optimizer state
+        return path
     shutil.rmtree(path + ".tmp", ignore_errors=True)
     for name, model in models.items():
-        model.save_pretrained(os.path.join(path + ".tmp", name))
+        unwrap(model).save_pretrained(os.path.join(path + ".tmp", name))
     torch.save(dict(step=step, args=dict(vars(args)), optimizer=optimizer.state_dict(), pending=list(pending),
                     scheduler=scheduler.state_dict(), python=random.getstate(), numpy=np.random.get_state(),
                     torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available()
@@ -795,12 +959,16 @@ def start_wandb(args: Args):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
+    init_distributed(args)  # torchrun's learner processes; plain python: rank 0 of 1
     resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
     args.mini_batch_size = args.prompts_per_step // args.num_mini_batches
-    # Placement: one GPU is shared (engine takes a memory fraction); with two or more the learner gets its own.
-    num_gpus = torch.cuda.device_count()
+    # Placement: rank 0's engine on GPUs 0 .. T-1 (T = --engine-tensor-parallel-size); learner rank r on GPU T+r if the
+    # node has T GPUs to spare for the engine (the paper's 1 + 3), else on GPU r, rank 0 sharing GPU 0 with the engine
+    # (which then takes a memory fraction)
+    num_gpus, tp = torch.cuda.device_count(), args.engine_tensor_parallel_size
     args.engine_device = "cuda:0" if num_gpus else "cpu"
-    args.learner_device = "cuda:1" if num_gpus >= 2 else args.engine_device
+    spare = tp if num_gpus >= tp + int(os.environ.get("LOCAL_WORLD_SIZE", 1)) else 0
+    args.learner_device = f"cuda:{args.local_rank + spare}" if num_gpus else "cpu"
     if num_gpus == 0:  # on CPU the KV cache is sized in GiB (see build_engine); the fraction is unused
         args.kv_cache_gib = 1.0 if args.kv_cache_gib is None else args.kv_cache_gib
         args.gpu_memory_utilization = args.gpu_memory_utilization or 0.1
@@ -829,22 +997,25 @@ if __name__ == "__main__":
     # the weight-sync guard's probe: any fixed ids will do; after a sync the engine must score them as the learner
     probe = (prompt_batches[0][0][0] * 32)[:32]
 
-    # TRY NOT TO MODIFY: tracking, in a run folder made only now that the inputs are known to be good
-    if resumed:  # the run's own folder; what it logged after the checkpoint goes, those steps run again
-        args.run_name, args.start_step = resumed["args"]["run_name"], resumed["step"]
-        for name, size in resumed["logs"].items():
-            os.truncate(os.path.join("runs", args.run_name, name), size)
-    else:
-        args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
-        create_run_folder(args)
-    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
-    if args.track:
-        start_wandb(args)
-    writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
-    writer.add_text("hyperparameters",
-                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
-    eval_file = open(f"runs/{args.run_name}/eval.jsonl", "a" if resumed else "w")
+    # TRY NOT TO MODIFY: tracking, by rank 0, in a run folder made only now that the inputs are known to be good
+    args.start_step = resumed["step"] if resumed else 0
+    if args.rank == 0:
+        if resumed:  # the run's own folder; what it logged after the checkpoint goes, those steps run again
+            args.run_name = resumed["args"]["run_name"]
+            for name, size in resumed["logs"].items():
+                os.truncate(os.path.join("runs", args.run_name, name), size)
+        else:
+            args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
+            create_run_folder(args)
+        args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+        if args.track:
+            start_wandb(args)
+        writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
+        writer.add_text("hyperparameters",
+                        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+        metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
+        eval_file = open(f"runs/{args.run_name}/eval.jsonl", "a" if resumed else "w")
+    args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
 
     # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
     policy_path = os.path.join(resumed["path"], "policy") if resumed else args.model_name_or_path
@@ -856,6 +1027,7 @@ if __name__ == "__main__":
         ref_policy = ref_policy.to(args.learner_device).eval().requires_grad_(False)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
+    policy, ref_policy = wrap_model(policy, args), wrap_model(ref_policy, args, trained=False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5)
     num_updates = args.num_learner_steps * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
@@ -866,8 +1038,8 @@ if __name__ == "__main__":
         # vLLM claims this fraction of the whole card and refuses to start unless it is free; the models loaded above
         # are not, so the fraction is taken of what is left (reasoned from vLLM 0.32's source; untested: no GPU here)
         free, total = torch.cuda.mem_get_info(args.engine_device)
-        args.gpu_memory_utilization = (0.3 if num_gpus == 1 else 0.9) * free / total
-    llm = build_engine(args)
+        args.gpu_memory_utilization = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
+    llm = build_engine(args) if args.rank == 0 else None  # rank 0's
     keep_models_eager(policy, ref_policy)
     if resumed:  # vLLM's start reseeded the global RNGs (the engine gets the weights at the first step)
         restore_random_states(resumed, generators)
@@ -876,20 +1048,21 @@ if __name__ == "__main__":
     k = args.num_samples_per_prompt  # G, the group size
     reward_key = "objective/accuracy"  # shown by the progress bar and the summary
     progress = tqdm(prompt_batches[args.start_step :], desc="learner steps", initial=args.start_step,
-                    total=args.num_learner_steps)
+                    total=args.num_learner_steps, disable=args.rank > 0)
     requests = stop_requests(args)
     for step, (batch_prompts, batch_answers) in enumerate(progress, args.start_step):
         # SYNC: the engine gets the current weights, then the learner idles while it evaluates, generates and grades
         wait_start = time.time()
         if step > 0:
-            push_weights_to_engine(llm, policy.state_dict())
-            check_weight_sync(llm, weight_check(policy, probe, args), args, step)
-        weight_sync_time = time.time() - wait_start
-        if eval_set[0] and step % args.eval_every == 0:
-            log_evaluation(evaluate(llm, eval_set, args, step), writer, eval_file)
-        batch = produce_batch(llm, tokenizer, args, batch_prompts, batch_answers, step)
-        # the engine idled while the learner trained the previous step
-        batch.update(actor_version=step, time_weight_sync=weight_sync_time, time_actor_waiting=training_time)
+            sync_engine(llm, policy, probe, args, step)
+        weight_sync_time, batch = time.time() - wait_start, None
+        if args.rank == 0:  # rank 0's engine evaluates, generates and labels
+            if eval_set[0] and step % args.eval_every == 0:
+                log_evaluation(evaluate(llm, eval_set, args, step), writer, eval_file)
+            batch = produce_batch(llm, tokenizer, args, batch_prompts, batch_answers, step)
+            # the engine idled while the learner trained the previous step
+            batch.update(actor_version=step, time_weight_sync=weight_sync_time, time_actor_waiting=training_time)
+        batch = from_rank_0(batch, args)  # every rank trains on its share of it
         learner_waiting = time.time() - wait_start
 
         # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
@@ -912,8 +1085,9 @@ if __name__ == "__main__":
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
-            for rows in chunks(mini_batch, args.micro_batch_size):
-                with learner_autocast(args):
+            micro_batches = chunks(rank_rows(mini_batch, args), args.micro_batch_size)
+            for i, rows in enumerate(micro_batches):
+                with gradient_sync(policy, last=i == len(micro_batches) - 1), learner_autocast(args):
                     new_logprobs = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
                                                   args.temperature)
                 if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
@@ -927,7 +1101,8 @@ if __name__ == "__main__":
                     kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask)
                     loss = loss + args.kl_coef * kl
                     micro_stats["kl"] = kl.item()
-                share = len(rows) / len(mini_batch)  # gradients of share-weighted means add up to the mini-batch's
+                # gradients of share-weighted means add up to the mini-batch's; the ranks' are averaged, hence x ranks
+                share = args.world_size * len(rows) / len(mini_batch)
                 (loss * share).backward()
                 micro_batch_stats.append((share, micro_stats))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
@@ -970,27 +1145,36 @@ if __name__ == "__main__":
         }
         if ref_policy is not None:  # the KL to the reference exists only when the reference is loaded
             metrics["objective/kl"] = float(np.mean(stats["kl"]))
-        for key, value in metrics.items():
-            writer.add_scalar(key, value, step)
-        metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
-        metrics_file.flush()
-        progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
-        if step % args.sample_every == 0:
-            samples = [(tokenizer.decode(batch["prompts"][i // k])[-200:],
-                        tokenizer.decode(response, skip_special_tokens=True), batch["answers"][i // k], f"{r:.0f}")
-                       for i, (response, r) in enumerate(zip(batch["responses"][:8], batch["rewards"]))]
-            log_samples(writer, step, ["prompt", "response", "answer", "reward"], samples[:8])
-        if requests or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+        metrics = mean_over_ranks(metrics, args)  # every rank trained on its share
+        if args.rank == 0:
+            for key, value in metrics.items():
+                writer.add_scalar(key, value, step)
+            metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
+            metrics_file.flush()
+            progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
+            if step % args.sample_every == 0:
+                samples = [(tokenizer.decode(batch["prompts"][i // k])[-200:],
+                            tokenizer.decode(response, skip_special_tokens=True), batch["answers"][i // k], f"{r:.0f}")
+                           for i, (response, r) in enumerate(zip(batch["responses"][:8], batch["rewards"]))]
+                log_samples(writer, step, ["prompt", "response", "answer", "reward"], samples[:8])
+        stop = any_rank(bool(requests), args)  # all ranks stop after the same step
+        if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
             path = save_checkpoint(args, step + 1, {"policy": policy}, optimizer, scheduler, [], generators)
-            if requests:
-                sys.exit(f"{requests[0]}: stopped after learner step {step}; continue with --resume-from {path}")
+            if stop:
+                why = requests[0] if requests else "a signal to another rank"
+                sys.exit(f"{why}: stopped after learner step {step}; continue with --resume-from {path}")
 
     # the final weights have not reached the engine yet
     if eval_set[0]:
-        push_weights_to_engine(llm, policy.state_dict())
-        check_weight_sync(llm, weight_check(policy, probe, args), args, args.num_learner_steps)
-        log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
-    policy.save_pretrained(args.output_dir)
+        sync_engine(llm, policy, probe, args, args.num_learner_steps)
+        if args.rank == 0:
+            log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
+    weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
+    if args.world_size > 1:
+        dist.destroy_process_group()
+    if args.rank > 0:  # rank 0 saves and reports
+        sys.exit()
+    unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
     tokenizer.save_pretrained(args.output_dir)
     print(f"saved the policy to {args.output_dir}")
     metrics_file.close()

@@ -87,6 +87,8 @@ BAD_INPUTS = [
      "--max-prompt-tokens 128 + --response-length 400 is more than the 512 positions of --model-name-or-path"),
     ("async_rloo.py", rm_flags, ("--track",), nothing,
      "--track: wandb did not start"),
+    ("sync_baselines/sync_rloo.py", rm_flags, ("--fsdp",), nothing,
+     "--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more"),
 ]
 
 
@@ -115,7 +117,7 @@ def test_bad_input_fails_with_one_line_before_any_model_loads(tiny, arithmetic_f
 
 
 @pytest.mark.parametrize("flag", ["--run-name", "--mini-batch-size", "--learner-device", "--engine-device",
-                                  "--eos-token-ids"])
+                                  "--eos-token-ids", "--rank", "--world-size", "--local-rank"])
 def test_computed_fields_are_not_flags(flag, monkeypatch, capsys):
     import tyro
 

@@ -26,7 +26,9 @@ COMMON = [
                                        "print_summary", "normalize_number", "extract_answer", "verify", "grade",
                                        "load_problems", "build_prompts", "evaluate", "log_evaluation",
                                        "model_config", "load_tokenizer", "read_records", "create_run_folder",
-                                       "start_wandb")
+                                       "start_wandb", "sync_engine", "init_distributed", "wrap_model", "unwrap",
+                                       "full_state_dict", "rank_rows", "gather_rows", "from_rank_0", "mean_over_ranks",
+                                       "any_rank", "gradient_sync")
 ] + [
     (name, REWARD_MODEL_SCRIPTS) for name in ("load_prompts", "get_scores", "generation_thread",
                                               "check_reward_tokenizer")

@@ -1,0 +1,110 @@
+"""torchrun: two learner processes (DDP, or FSDP2 with --fsdp) train on the same global batch as one process and log
+the same losses; the engine (rank 0's, in a process of its own) serves exactly the learners' weights; a crash on a
+non-zero rank ends the whole job within seconds, with its traceback. Real engine, tiny models, gloo on CPU."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ENV, REPO, kill_group, read_metrics, run_script
+
+STEPS = 3
+# one script of each pair, async and sync alternating; FSDP2 on PPO (two sharded models under one optimizer)
+CASES = {
+    "async_dpo.py": ("losses/dpo_loss", "objective/kl", "policy/chosen_rejected_logratio", "policy/grad_norm"),
+    "sync_baselines/sync_rloo.py": ("losses/policy_loss", "objective/kl", "policy/approx_kl", "policy/grad_norm"),
+    "async_ppo.py": ("losses/policy_loss", "losses/value_loss", "objective/kl", "policy/grad_norm"),
+    "sync_baselines/sync_grpo_gsm8k.py": ("losses/policy_loss", "objective/accuracy", "policy/approx_kl",
+                                          "policy/grad_norm"),
+}
+
+
+def flags(script, tiny, arithmetic_folder):
+    common = ("--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--prompts-per-step", "4",
+              "--num-learner-steps", str(STEPS), "--learning-rate", "3e-3", "--seed", "5", "--kv-cache-gib", "0.25",
+              "--micro-batch-size", "2", "--collective-timeout", "300")
+    if "grpo" in script:
+        return (*common, "--dataset-path", str(arithmetic_folder), "--max-prompt-tokens", "128",
+                "--num-eval-prompts", "8", "--eval-every", "2", "--temperature", "1.0")
+    common += ("--reward-model-path", str(tiny / "rm"), "--dataset-name", str(tiny / "prompts.jsonl"),
+               "--max-prompt-tokens", "64")
+    if "ppo" in script:  # two mini-batches of two prompts (one per rank), two samples each; FSDP2
+        return (*common, "--num-samples-per-prompt", "2", "--num-mini-batches", "2", "--fsdp")
+    return common
+
+
+def torchrun(target, cwd, *args, nproc: int = 2, timeout: float = 900):
+    """`torchrun --nproc-per-node nproc target args` in a subprocess; returns (CompletedProcess, seconds)."""
+    start = time.time()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), str(target), *args]
+    proc = subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        kill_group(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), time.time() - start
+
+
+@pytest.mark.parametrize("script", list(CASES))
+def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path, script):
+    args = [*flags(script, tiny, arithmetic_folder)]
+    one_args = [a for a in args if a != "--fsdp"]  # --fsdp needs two or more processes
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    proc, _ = run_script(script, tmp_path / "one", *one_args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two, _ = torchrun(REPO / script, tmp_path / "two", *args)
+    assert two.returncode == 0, two.stderr[-5000:]
+
+    # the same samples (rank 0's engine, same seeds), the same losses up to float rounding: each rank's share of a
+    # mini-batch is half of it, the gradients are averaged, the metrics are the ranks' means
+    one, both = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")  # one run folder: rank 0 logs
+    assert [m["step"] for m in both] == list(range(STEPS))
+    assert [m["episodes"] for m in both] == [m["episodes"] for m in one]
+    for key in CASES[script]:
+        assert [m[key] for m in both] == pytest.approx([m[key] for m in one], rel=1e-4, abs=1e-5), key
+    # the engine runs in a process of its own under torchrun: its logprobs of the first batch equal the learners'
+    # (the weight-sync guard also checked every hand-over, or the run would have stopped)
+    assert both[0]["async/behaviour_learner_logprob_gap"] < 1e-4
+    # the saved policies agree too (under FSDP2 it was gathered from the shards), and they trained
+    saved = [load_file(next((cwd / "runs").glob("*/model/model.safetensors"))) for cwd in (tmp_path / "one",
+                                                                                          tmp_path / "two")]
+    assert set(saved[0]) <= set(saved[1])  # gathered from FSDP2 shards, a tied lm_head is saved under its name too
+    assert max((saved[0][k] - saved[1][k]).abs().max().item() for k in saved[0]) < 1e-4
+    assert not torch.equal(saved[0]["model.embed_tokens.weight"], load_file(tiny / "policy" / "model.safetensors")[
+        "model.embed_tokens.weight"])
+
+
+def test_a_crash_on_another_rank_ends_the_job_with_its_traceback(tiny, tmp_path):
+    """Rank 1 raises in its first optimizer step; rank 0 must not wait in a collective until --collective-timeout."""
+    wrapper = tmp_path / "crash_rank_1.py"
+    wrapper.write_text(
+        "import os, runpy, sys\nimport torch\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    def step(self, *args, **kwargs):\n"
+        "        raise RuntimeError('injected failure on rank 1')\n"
+        "    torch.optim.AdamW.step = step\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    args = [str(REPO / "async_rloo.py"), *flags("async_rloo.py", tiny, None)]
+    proc, seconds = torchrun(wrapper, tmp_path, *args, timeout=600)
+    assert proc.returncode != 0
+    assert "RuntimeError: injected failure on rank 1" in proc.stderr
+    assert seconds < 150  # start-up included; --collective-timeout is 300
+
+
+def test_a_tensor_parallel_engine_serves_the_learners_weights(tiny, tmp_path, monkeypatch):
+    """--engine-tensor-parallel-size 2: the engine's two workers run in processes of their own, so the weights reach
+    them through shared memory; the weight-sync guard checks every version, and the first batch's logprobs match."""
+    monkeypatch.setitem(ENV, "VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per worker (vLLM's CPU default wants NUMA)
+    proc, _ = run_script("async_dpo.py", tmp_path, *flags("async_dpo.py", tiny, None), "--num-learner-steps", "4",
+                         "--engine-tensor-parallel-size", "2")
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    metrics = read_metrics(tmp_path)
+    assert [m["async/actor_version"] for m in metrics] == [0, 0, 1, 2]  # versions 1 and 2 went through the file
+    assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4
