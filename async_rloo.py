@@ -886,8 +886,8 @@ def from_rank_0(obj, args: Args):
 
 def mean_over_ranks(metrics: dict, args: Args):
     """A step's float metrics averaged over the ranks (the maximum for *_max), so that rank 0 logs the whole batch's
-    numbers; the shares are equal, so the mean of the ranks' means is the batch mean."""
-    names = [name for name, value in metrics.items() if isinstance(value, float)]
+    numbers; the shares are equal, so the mean of the ranks' means is the batch mean. time/ stays rank 0's own."""
+    names = [name for name, value in metrics.items() if isinstance(value, float) and not name.startswith("time/")]
     if args.world_size == 1 or not names:
         return metrics
     values = torch.tensor([metrics[name] for name in names], dtype=torch.float64, device=args.learner_device)
