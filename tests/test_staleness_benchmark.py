@@ -30,8 +30,8 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     # one result file per run, each a curve evaluated at the same update counts, with finite numbers and the same
     # episode budget for every setting
     names = sorted(p.name for p in (results / "staleness").glob("*__*__seed*.json"))
-    assert names == ["dpo__async-1__lr0.0003__seed1.json", "dpo__sync-1__lr0.0003__seed1.json",
-                     "dpo__sync-2__lr0.0003__seed1.json"]
+    assert names == ["dpo__async-1__lr3e-05__seed1.json", "dpo__sync-1__lr3e-05__seed1.json",
+                     "dpo__sync-2__lr3e-05__seed1.json"]
     runs = [json.loads((results / "staleness" / n).read_text()) for n in names]
     for r in runs:
         assert [p["updates"] for p in r["curve"]] == [0, 2, 4]
@@ -55,7 +55,7 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert all(math.isfinite(float(cells[i].split(" ")[0])) for i in (2, 3, 4, 5, 6)) and cells[7] == "1", row
-    assert "| dpo | 0.0003 * |" in table
+    assert "| dpo | 3e-05 * |" in table
     for name in ("staleness.png", "staleness_updates.png"):
         assert (results / name).stat().st_size > 1000
 
@@ -70,7 +70,7 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     longer, _ = run_script("benchmark/staleness.py", tmp_path, *flags, "--settings", "sync-1",
                            "--num-updates", "8", timeout=900)
     assert longer.returncode != 0
-    assert "dpo__sync-1__lr0.0003__seed1.json was made with" in longer.stderr
+    assert "dpo__sync-1__lr3e-05__seed1.json was made with" in longer.stderr
     assert "'--num-learner-steps': 4" in longer.stderr
 
     # so is a cached prep built with other prep flags
@@ -86,8 +86,8 @@ def test_settings_and_gold_at_matched_kl():
                                             "async-8"]
     rloo = staleness.settings_of("rloo")
     assert len(rloo) == 4 + 4 * 3 and "async-8-decoupled" in rloo and "async-8" not in rloo
-    assert staleness.setting_flags("async-4-behaviour") == ("async_script", 1, ["--async-steps", "4",
-                                                                                 "--off-policy-correction", "behaviour"])
+    assert staleness.setting_flags("async-4-behaviour") == (
+        "async_script", 1, ["--async-steps", "4", "--off-policy-correction", "behaviour"])
     assert staleness.setting_flags("sync-16") == ("sync_script", 16, ["--num-mini-batches", "16"])
     curve = [dict(kl=0.0, gold_reward=0.2), dict(kl=1.0, gold_reward=0.4), dict(kl=0.8, gold_reward=0.3),
              dict(kl=3.0, gold_reward=0.5)]
