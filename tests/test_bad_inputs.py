@@ -1,16 +1,17 @@
 """Every bad input we found fails with one line naming the flag or the file, before any model loads, and leaves no
 run folder behind; and the details of generation that other model families expose: seeds, EOS ids, a missing pad.
 
-The table runs each case as a user would (a subprocess on the command line); the other tests use a real vLLM engine on
-the tiny models of conftest.py.
+The table runs each case as a user would, as a process on the command line (forked from conftest.py's warm launcher);
+the other tests use a real vLLM engine on the tiny models of conftest.py.
 """
 
 import shutil
+import subprocess
 import sys
 
 import pytest
 
-from conftest import ENV, load_script, run_script
+from conftest import ENV, load_script
 
 RM_FLAGS = ("--max-prompt-tokens", "64", "--response-length", "16", "--prompts-per-step", "4",
             "--num-samples-per-prompt", "2", "--num-learner-steps", "2", "--kv-cache-gib", "0.25")
@@ -94,7 +95,8 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("index", range(len(BAD_INPUTS)),
                          ids=[f"{case[0].split('/')[-1]}:{' '.join(case[2])}" for case in BAD_INPUTS])
-def test_bad_input_fails_with_one_line_before_any_model_loads(tiny, arithmetic_folder, tmp_path, monkeypatch, index):
+def test_bad_input_fails_with_one_line_before_any_model_loads(tiny, arithmetic_folder, tmp_path, monkeypatch, cli,
+                                                             index):
     script, build, extra, setup, message = BAD_INPUTS[index]
     setup(tmp_path, tiny, arithmetic_folder)
     # no network here; offline, a hub id that is not cached fails at once instead of after a minute of retries
@@ -104,8 +106,7 @@ def test_bad_input_fails_with_one_line_before_any_model_loads(tiny, arithmetic_f
         for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR"):
             monkeypatch.delitem(ENV, name, raising=False)
     extra = [flag.replace("{tmp}", str(tmp_path)) for flag in extra]
-    proc, _ = run_script(script, tmp_path, *build(tiny, *([arithmetic_folder] if build is grpo_flags else [])),
-                         *extra, timeout=300)
+    proc = cli(script, tmp_path, *build(tiny, *([arithmetic_folder] if build is grpo_flags else [])), *extra)
     assert proc.returncode != 0
     assert f"error: {message.replace('{tmp}', str(tmp_path))}" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
@@ -114,6 +115,20 @@ def test_bad_input_fails_with_one_line_before_any_model_loads(tiny, arithmetic_f
         assert "wandb login" in proc.stderr and "WANDB_MODE=offline" in proc.stderr
     runs = tmp_path / "runs"
     assert not runs.exists() or not any(runs.iterdir()), "a failed start left a run folder behind"
+
+
+@pytest.mark.parametrize("body", ["import sys; print('out'); sys.exit('error: a message')",
+                                  "import os; print(os.getcwd()); raise ValueError('boom')",
+                                  "import atexit, sys; atexit.register(print, 'bye'); print(sys.argv[1:])"])
+def test_the_launcher_ends_a_command_line_as_python_does(tmp_path, cli, body):
+    """The table above runs through the launcher: exit code, output and traceback must be what `python` gives."""
+    (tmp_path / "script.py").write_text(body + "\n")
+    launched = cli(str(tmp_path / "script.py"), tmp_path, "--a-flag", "1")
+    plain = subprocess.run([sys.executable, str(tmp_path / "script.py"), "--a-flag", "1"], cwd=tmp_path, env=ENV,
+                           capture_output=True, text=True)
+    assert (launched.returncode, launched.stdout) == (plain.returncode, plain.stdout)
+    assert launched.stderr.splitlines()[-1] == plain.stderr.splitlines()[-1] if plain.stderr else not launched.stderr
+    assert ("Traceback" in launched.stderr) == ("Traceback" in plain.stderr)
 
 
 @pytest.mark.parametrize("flag", ["--run-name", "--mini-batch-size", "--learner-device", "--engine-device",

@@ -264,8 +264,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
     (("--num-samples-per-prompt", "1",), "--num-samples-per-prompt must be >= 2"),
     (("--max-prompt-tokens", "2",), "all 64 prompts are empty or longer than --max-prompt-tokens 2"),
 ])
-def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, tmp_path, script, flags, message):
-    proc, _ = run_script(script, tmp_path, *common_flags(tiny, "--num-learner-steps", "2"), *flags, timeout=300)
+def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, tmp_path, cli, script, flags, message):
+    proc = cli(script, tmp_path, *common_flags(tiny, "--num-learner-steps", "2"), *flags)
     assert proc.returncode != 0
     assert f"error: {message}" in proc.stderr
     assert "Traceback" not in proc.stderr

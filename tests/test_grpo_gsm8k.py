@@ -235,13 +235,12 @@ BAD_INPUTS = [
 ]
 
 
-# every case on the async script, two on the sync one (each case is a subprocess that imports torch and vLLM)
-@pytest.mark.parametrize("script,flags,message", [(ASYNC, *case) for case in BAD_INPUTS] +
-                         [(SYNC, *case) for case in BAD_INPUTS[1::2]])
-def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, arithmetic_folder, tmp_path, script, flags,
-                                                                 message):
-    proc, _ = run_script(script, tmp_path, *common_flags(tiny, "--dataset-path", str(arithmetic_folder),
-                                                         "--num-learner-steps", "2"), *flags, timeout=300)
+@pytest.mark.parametrize("script", [ASYNC, SYNC])
+@pytest.mark.parametrize("flags,message", BAD_INPUTS)
+def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, arithmetic_folder, tmp_path, cli, script,
+                                                                 flags, message):
+    proc = cli(script, tmp_path, *common_flags(tiny, "--dataset-path", str(arithmetic_folder), "--num-learner-steps",
+                                               "2"), *flags)
     assert proc.returncode != 0
     assert f"error: {message}" in proc.stderr
     assert "Traceback" not in proc.stderr

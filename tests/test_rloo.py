@@ -152,8 +152,8 @@ def test_bad_flag_values_are_rejected_with_a_message_naming_the_flag(rloo, tiny,
     (SYNC, ("--prompts-per-step", "5", "--num-mini-batches", "2"),
      "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
 ])
-def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, tmp_path, script, flags, message):
-    proc, _ = run_script(script, tmp_path, *common_flags(tiny, "--num-learner-steps", "2"), *flags, timeout=300)
+def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, tmp_path, cli, script, flags, message):
+    proc = cli(script, tmp_path, *common_flags(tiny, "--num-learner-steps", "2"), *flags)
     assert proc.returncode != 0
     assert f"error: {message}" in proc.stderr
     assert "Traceback" not in proc.stderr
