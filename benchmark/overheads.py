@@ -131,6 +131,11 @@ def measure(args: Args):
         "learner: weight_check (guard)": lambda i: dpo.weight_check(policy, probe, run),
         "learner: copy of the weights": lambda i: {name: t.detach().to(run.engine_device, copy=True)
                                                    for name, t in dpo.full_state_dict(policy, run).items()},
+        # candidate cuts: a copy into a buffer the engine has finished with (no fresh 0.5 GB allocation), a shorter
+        # probe for the guard
+        "alternative: copy into a reused buffer": lambda i: [buffer[name].copy_(t.detach()) for name, t in
+                                                             dpo.full_state_dict(policy, run).items()],
+        "alternative: weight_check, 8-token probe": lambda i: dpo.weight_check(policy, probe[:8], run),
         "hand-off: a batch through the queue": None,  # timed inside hand_off_seconds
         "engine: push_weights_to_engine": lambda i: dpo.push_weights_to_engine(llm, dpo.full_state_dict(policy, run)),
         "engine: check_weight_sync (guard)": lambda i: dpo.check_weight_sync(llm, check, run, i),
@@ -139,6 +144,7 @@ def measure(args: Args):
         "generate: bare, vLLM defaults": lambda i: bare(i, False),
     }
     check = dpo.weight_check(policy, probe, run)
+    buffer = {name: t.detach().clone() for name, t in dpo.full_state_dict(policy, run).items()}
     seconds = {name: [] for name in pieces}
     tokens = {name: [] for name in pieces if name.startswith("generate")}
     outputs = {}
