@@ -30,8 +30,8 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     # one result file per run, each a curve evaluated at the same update counts, with finite numbers and the same
     # episode budget for every setting
     names = sorted(p.name for p in (results / "staleness").glob("*__*__seed*.json"))
-    assert names == ["dpo__async-1__lr3e-05__seed1.json", "dpo__sync-1__lr3e-05__seed1.json",
-                     "dpo__sync-2__lr3e-05__seed1.json"]
+    assert names == ["dpo__async-1__lr0.0001__seed1.json", "dpo__sync-1__lr0.0001__seed1.json",
+                     "dpo__sync-2__lr0.0001__seed1.json"]
     runs = [json.loads((results / "staleness" / n).read_text()) for n in names]
     for r in runs:
         assert [p["updates"] for p in r["curve"]] == [0, 2, 4]
@@ -70,7 +70,7 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     longer, _ = run_script("benchmark/staleness.py", tmp_path, *flags, "--settings", "sync-1",
                            "--num-updates", "8", timeout=900)
     assert longer.returncode != 0
-    assert "dpo__sync-1__lr3e-05__seed1.json was made with" in longer.stderr
+    assert "dpo__sync-1__lr0.0001__seed1.json was made with" in longer.stderr
     assert "'--num-learner-steps': 4" in longer.stderr
 
     # so is a cached prep built with other prep flags
