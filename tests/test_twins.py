@@ -7,6 +7,7 @@ on one copy (the weight-sync test in test_dpo.py, the thread-crash test) covers 
 """
 
 import ast
+import functools
 import re
 
 import pytest
@@ -40,12 +41,14 @@ COMMON = [
 ]
 
 
+@functools.cache  # parsed once per file: ast.get_source_segment is slow on files of ~1,300 lines
 def functions(path: str):
     source = (REPO / path).read_text()
     return {node.name: ast.get_source_segment(source, node) for node in ast.parse(source).body
             if isinstance(node, ast.FunctionDef)}
 
 
+@functools.cache
 def main_lines(path: str):
     source = (REPO / path).read_text()
     main = next(node for node in ast.parse(source).body if isinstance(node, ast.If))
