@@ -55,7 +55,7 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert all(math.isfinite(float(cells[i].split(" ")[0])) for i in (2, 3, 4, 5, 6)) and cells[7] == "1", row
-    assert "| dpo | 3e-05 * |" in table
+    assert "| dpo | 0.0001 * |" in table
     for name in ("staleness.png", "staleness_updates.png"):
         assert (results / name).stat().st_size > 1000
 
