@@ -112,8 +112,7 @@ def measure(args: Args):
         return [prompts[(step * n + j) % len(prompts)] for j in range(n)]
 
     def ours(step):
-        responses, logprobs = dpo.generate(llm, prompts_of(step), run, step)
-        return responses
+        return dpo.generate(llm, prompts_of(step), run, step)[0]  # the responses
 
     def bare(step, seeded):
         """llm.generate as a user would call it; `seeded`: with the seeds `generate` gives each request."""

@@ -196,6 +196,11 @@ def secs(x: float) -> str:
     return f"{x:.1f}" if x >= 1 else f"{x:.3f}"
 
 
+def med(runs, key):
+    """median of one number over runs (repeats)"""
+    return statistics.median(r[key] for r in runs)
+
+
 def spread(values, fmt="{:.2f}x"):
     """median, and [min-max] when there is more than one value"""
     values = sorted(values)
@@ -245,7 +250,6 @@ def report(results_dir: Path):
     """Rebuild speed.md, speed.png (bars) and speed_balance.png (speedup against G/T) from the result files."""
     runs = load_runs(results_dir)
     rows = compare(runs)
-    med = lambda rs, key: statistics.median(r[key] for r in rs)  # noqa: E731
     table = []
     for setting, rs in rows.items():
         gap = [100 * (r["speedup_split"] - 1) / (r["bound_split"] - 1) if r["bound_split"] > 1.001 else float("nan")
@@ -300,7 +304,6 @@ def plot(rows, results_dir: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    med = lambda rs, key: statistics.median(r[key] for r in rs)  # noqa: E731
     fig, ax = plt.subplots(figsize=(2.2 + 2.2 * len(rows), 3.6))
     width = 0.25
     for i, (setting, rs) in enumerate(rows.items()):
