@@ -511,6 +511,7 @@ def report(results_dir: Path):
                          f"{fmt(gold_matched)} | {matched:.3f} | {fmt(mean_std([r['kl'] for r in rs]))} | "
                          f"{fmt(mean_std([r['greedy_accuracy'] for r in rs]))} | {len(rs)} | {rs[0]['episodes']} | "
                          f"{mean_std([r['run_seconds'] + r['eval_seconds'] for r in rs])[0]:.0f} |")
+    lines += cost_tables(runs, prep)
     if rate_sweep:
         lines += ["", "Learning-rate sweep on sync-1 (gold at each evaluation, from update 0; the rate each algorithm "
                   "uses is marked *):", "", "| algorithm | learning rate | gold along the run | final KL | seeds |",
@@ -523,6 +524,66 @@ def report(results_dir: Path):
     (results_dir / "staleness.md").write_text("\n".join(lines) + "\n")
     if runs:
         plot(runs, prep, results_dir)
+    return lines
+
+
+# the settings whose cost ranks the algorithms: the most off-policy of each kind, async under the paper's own loss
+RANKED = ("sync-16", "sync-32", "async-4", "async-8")
+
+
+def cost_tables(runs, prep):
+    """What staleness costs each algorithm (final gold minus its sync-1's, seed means), the ranking by the mean cost
+    over RANKED (the paper's finding: online DPO loses least, PPO and RLOO most), and the corrections side by side at
+    the largest K."""
+    fmt = lambda ms: f"{ms[0]:+.3f} ± {ms[1]:.3f}" if not math.isnan(ms[1]) else f"{ms[0]:+.3f}"
+
+    def cost(algo, setting):
+        """Final gold minus sync-1's: the mean over seeds, and the std of the per-seed differences (seed s of a
+        setting against seed s of sync-1, which shares its SFT policy and data order)."""
+        base = {r["seed"]: r["gold_reward"] for r in runs.get((algo, "sync-1"), [])}
+        diffs = [r["gold_reward"] - base[r["seed"]] for r in runs.get((algo, setting), []) if r["seed"] in base]
+        return mean_std(diffs) if diffs else None
+
+    def named(algo, setting):  # async-K means async-K-paper for the algorithms that have corrections
+        kind, k, _ = parse_setting(setting)
+        return f"{setting}-paper" if kind == "async" and ALGORITHMS[algo]["corrections"] else setting
+
+    algos = [a for a in ALGORITHMS if runs.get((a, "sync-1"))]
+    if not algos:
+        return []
+    columns = [f"sync-{n}" for n in SYNC_N[1:]] + [f"async-{k}" for k in ASYNC_K]
+    noise = ""
+    if prep:  # sampling noise alone: the binomial standard error of a difference of two final golds
+        n = prep["flags"]["num_eval_problems"] * prep["flags"]["eval_samples"]
+        gold = mean_std([r["gold_reward"] for a in algos for r in runs[(a, "sync-1")]])[0]
+        noise = (f" A final gold is the accuracy of {n:,} samples, so two runs differ by about "
+                 f"{math.sqrt(2 * gold * (1 - gold) / n):.3f} from sampling alone (one standard error).")
+    lines = ["", "What staleness costs: final gold minus sync-1's, per seed, then mean ± std over seeds (async-K under "
+             "the paper's loss, `--off-policy-correction paper`, for the algorithms that have a ratio)." + noise +
+             f" Rank: by the mean cost over {', '.join(RANKED)}, most robust first.", "",
+             "| algorithm | sync-1 final gold | " + " | ".join(columns) + " | mean cost | rank |",
+             "|" + "---|" * (len(columns) + 4)]
+    mean_cost = {}
+    for algo in algos:
+        costs = {s: cost(algo, named(algo, s)) for s in columns}
+        if all(costs[s] for s in RANKED):
+            mean_cost[algo] = sum(costs[s][0] for s in RANKED) / len(RANKED)
+    order = sorted(mean_cost, key=mean_cost.get, reverse=True)
+    for algo in algos:
+        costs = {s: cost(algo, named(algo, s)) for s in columns}
+        base = mean_std([r["gold_reward"] for r in runs[(algo, "sync-1")]])
+        lines.append(f"| {algo} | {base[0]:.3f} | " + " | ".join(fmt(costs[s]) if costs[s] else "–" for s in columns)
+                     + (f" | {mean_cost[algo]:+.3f} | {order.index(algo) + 1 if len(order) > 1 else '–'} |"
+                        if algo in mean_cost else " | – | (incomplete) |"))
+    corrected = [a for a in algos if ALGORITHMS[a]["corrections"]]
+    if corrected:
+        lines += ["", "Which correction recovers what staleness costs: final gold minus sync-1's at the largest lags, "
+                  "per `--off-policy-correction` (mean ± std over seeds).", "",
+                  "| algorithm | K | " + " | ".join(CORRECTIONS) + " |", "|" + "---|" * (len(CORRECTIONS) + 2)]
+        for algo in corrected:
+            for k in ASYNC_K[-2:]:
+                costs = [cost(algo, f"async-{k}-{c}") for c in CORRECTIONS]
+                lines.append(f"| {algo} | {k} | " + " | ".join(fmt(c) if c else "–" for c in costs) + " |")
     return lines
 
 

@@ -97,6 +97,33 @@ def test_settings_and_gold_at_matched_kl():
     assert math.isnan(staleness.gold_at_kl(curve, 4.0))  # never reached
 
 
+
+def test_cost_tables_pair_seeds_rank_by_the_most_stale_settings_and_compare_corrections():
+    """The cost of a setting is its final gold minus sync-1's of the same seed; the ranking uses RANKED, async under
+    the paper's loss; an algorithm missing one of them is not ranked."""
+    staleness = load_script("benchmark/staleness.py")
+    gold = {  # (algorithm, setting): final gold of seeds 1 and 2
+        ("dpo", "sync-1"): (0.30, 0.20), ("dpo", "sync-16"): (0.29, 0.19), ("dpo", "sync-32"): (0.28, 0.18),
+        ("dpo", "async-4"): (0.30, 0.20), ("dpo", "async-8"): (0.29, 0.19),
+        ("rloo", "sync-1"): (0.30, 0.30), ("rloo", "sync-16"): (0.20, 0.22), ("rloo", "sync-32"): (0.10, 0.10),
+        ("rloo", "async-4-paper"): (0.20, 0.20), ("rloo", "async-8-paper"): (0.10, 0.10),
+        ("rloo", "async-8-behaviour"): (0.25, 0.27), ("rloo", "async-8-decoupled"): (0.30, 0.32),
+        ("ppo", "sync-1"): (0.30, 0.30), ("ppo", "sync-16"): (0.30, 0.30),  # incomplete: not ranked
+    }
+    runs = {key: [dict(seed=seed, gold_reward=g) for seed, g in zip((1, 2), golds)] for key, golds in gold.items()}
+    prep = dict(flags=dict(num_eval_problems=256, eval_samples=4))
+    lines = staleness.cost_tables(runs, prep)
+    row = lambda start: next(line for line in lines if line.startswith(start)).strip("|").split("|")
+    dpo, rloo, ppo = row("| dpo |"), row("| rloo |"), row("| ppo |")
+    # columns: algorithm, sync-1 gold, sync-4, sync-16, sync-32, async-1, async-2, async-4, async-8, mean cost, rank
+    assert dpo[1].strip() == "0.250" and dpo[3].strip() == "-0.010 ± 0.000" and dpo[2].strip() == "–"
+    assert rloo[3].strip() == "-0.090 ± 0.014"  # per-seed differences -0.10 and -0.08
+    assert float(dpo[9]) == pytest.approx(-0.010, abs=1e-3) and float(rloo[9]) == pytest.approx(-0.1475, abs=1e-3)
+    assert (dpo[10].strip(), rloo[10].strip(), ppo[10].strip()) == ("1", "2", "(incomplete)")
+    k8 = row("| rloo | 8 |")
+    assert [c.strip() for c in k8[2:5]] == ["-0.200 ± 0.000", "-0.040 ± 0.014", "+0.010 ± 0.014"]
+    assert any("1,024 samples" in line for line in lines)
+
 def test_sampler_and_kl_match_the_scripts_logprobs(tmp_path):
     """The evaluation's own sampler stops at EOS, and its logprob sums equal the scripts' `token_logprobs` summed."""
     import torch
