@@ -6,8 +6,9 @@
 
 Every piece is the scripts' own function (loaded from async_dpo.py; `tests/test_twins.py` keeps them identical in all
 eight scripts), run on a real engine and learner model with one torch thread per role, as in an async run:
-  learner   full_state_dict (the weights for the engine), weight_check (the guard's probe logprobs), the copy of the
-            weights that the learner hands over (the learner trains on while the engine loads them)
+  learner   full_state_dict (the weights for the engine), weight_check (the guard's probe logprobs), copy_for_engine
+            (the copy the learner hands over, since it trains on while the engine loads it: into a copy the engine
+            has loaded, as in a run, and a fresh one, as before the first copy comes back)
   hand-off  a batch through a queue.Queue from one thread to another, as the generation thread gives it to the learner
   engine    push_weights_to_engine (vLLM's in-place reload_weights + prefix-cache reset), check_weight_sync (the
             guard: the engine's logprobs of the probe)
@@ -128,12 +129,11 @@ def measure(args: Args):
     pieces = {
         "learner: full_state_dict": lambda i: dpo.full_state_dict(policy, run),
         "learner: weight_check (guard)": lambda i: dpo.weight_check(policy, probe, run),
-        "learner: copy of the weights": lambda i: {name: t.detach().to(run.engine_device, copy=True)
-                                                   for name, t in dpo.full_state_dict(policy, run).items()},
-        # candidate cuts: a copy into a buffer the engine has finished with (no fresh 0.5 GB allocation), a shorter
-        # probe for the guard
-        "alternative: copy into a reused buffer": lambda i: [buffer[name].copy_(t.detach()) for name, t in
-                                                             dpo.full_state_dict(policy, run).items()],
+        "learner: copy_for_engine, into a loaded copy": lambda i: dpo.copy_for_engine(
+            dpo.full_state_dict(policy, run), spare_weights, run),
+        "learner: copy_for_engine, fresh": lambda i: dpo.copy_for_engine(
+            dpo.full_state_dict(policy, run), queue.Queue(), run),
+        # a cut measured and not made: a shorter probe leaves bfloat16's rounding too little room (docs/async.md)
         "alternative: weight_check, 8-token probe": lambda i: dpo.weight_check(policy, probe[:8], run),
         "hand-off: a batch through the queue": None,  # timed inside hand_off_seconds
         "engine: push_weights_to_engine": lambda i: dpo.push_weights_to_engine(llm, dpo.full_state_dict(policy, run)),
@@ -143,7 +143,8 @@ def measure(args: Args):
         "generate: bare, vLLM defaults": lambda i: bare(i, False),
     }
     check = dpo.weight_check(policy, probe, run)
-    buffer = {name: t.detach().clone() for name, t in dpo.full_state_dict(policy, run).items()}
+    spare_weights = queue.Queue()  # holds one loaded copy, taken and given back each round as in a run
+    spare_weights.put({name: t.detach().clone() for name, t in dpo.full_state_dict(policy, run).items()})
     seconds = {name: [] for name in pieces}
     tokens = {name: [] for name in pieces if name.startswith("generate")}
     outputs = {}
@@ -156,6 +157,8 @@ def measure(args: Args):
                 out = fn(i)
                 t = time.perf_counter() - start
             outputs[name] = out
+            if name == "learner: copy_for_engine, into a loaded copy":
+                spare_weights.put(out)  # back, as the generation thread gives it back once loaded
             if i > 0:
                 seconds[name].append(t)
                 if name in tokens:

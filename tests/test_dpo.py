@@ -1,6 +1,7 @@
 """async_dpo.py and sync_baselines/sync_dpo.py: numerics, weight sync on a real engine, end-to-end runs, failures."""
 
 import math
+import queue
 import subprocess
 import sys
 from pathlib import Path
@@ -102,15 +103,34 @@ def check_weight_sync(policy_dir: str):
     before = engine_sequence_logprobs()
     assert (before - learner_logprobs(fixed, everything, 1.0)).abs().max() < 1e-4
 
-    # one learner step, then the sync
+    # a learner step, then the sync, through the async scripts' hand-off: the engine's own copy of the weights
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
-    loss = -dpo.token_logprobs(model, torch.tensor([fixed]), everything, everything, 1.0).sum()
-    loss.backward()
-    optimizer.step()
-    dpo.push_weights_to_engine(llm, model.state_dict())
+
+    def learner_step():
+        optimizer.zero_grad()
+        loss = -dpo.token_logprobs(model, torch.tensor([fixed]), everything, everything, 1.0).sum()
+        loss.backward()
+        optimizer.step()
+
+    learner_step()
+    spare_weights = queue.Queue()
+    handed = dpo.copy_for_engine(model.state_dict(), spare_weights, args)  # no spare yet: a fresh copy
+    dpo.push_weights_to_engine(llm, handed)
     after = engine_sequence_logprobs()
     assert (after - learner_logprobs(fixed, everything, 1.0)).abs().max() < 1e-4
     assert (after - before).abs().max() > 1e-2, "the engine did not pick up the new weights"
+
+    # the next version is written into that copy once the engine has loaded it: vLLM must hold weights of its own,
+    # or overwriting the copy would change what it serves before the next sync
+    spare_weights.put(handed)
+    learner_step()
+    assert dpo.copy_for_engine(model.state_dict(), spare_weights, args) is handed
+    assert all(torch.equal(handed[name], t) for name, t in model.state_dict().items())
+    assert (engine_sequence_logprobs() - after).abs().max() < 1e-6, "overwriting a loaded copy changed the engine"
+    dpo.push_weights_to_engine(llm, handed)
+    after_second = engine_sequence_logprobs()
+    assert (after_second - learner_logprobs(fixed, everything, 1.0)).abs().max() < 1e-4
+    assert (after_second - after).abs().max() > 1e-2
 
     # sampled-token logprobs are those of the tempered distribution (logprobs_mode="processed_logprobs"),
     # i.e. exactly what the learner computes at the sampling temperature

@@ -248,7 +248,7 @@ def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, arithme
 
 
 def test_the_run_ends_with_a_summary_naming_real_files_and_the_plot_command_works(async_runs):
-    """The quickstart path: the summary's numbers come from the run's logs, and every path or command it prints works."""
+    """The quickstart path: the summary's numbers come from the run's logs; every path or command it prints works."""
     proc, metrics, evals, cwd = async_runs["arith_k1"]
     summary = proc.stdout[proc.stdout.index("== async_grpo_gsm8k__"):].splitlines()
     assert re.match(r"== async_grpo_gsm8k__3__\d+: 5 learner steps, 320 episodes, [\d.]+ min \(idle: learner \d+%, "

@@ -17,15 +17,15 @@ from conftest import REPO
 PAIRS = {algo: (f"async_{algo}.py", f"sync_baselines/sync_{algo}.py") for algo in ("dpo", "rloo", "ppo", "grpo_gsm8k")}
 ASYNC_SCRIPTS = [pair[0] for pair in PAIRS.values()]
 REWARD_MODEL_SCRIPTS = ["async_dpo.py", "async_rloo.py", "async_ppo.py"]
-ASYNC_ONLY = {"generation_thread", "receive"}
+ASYNC_ONLY = {"generation_thread", "receive", "copy_for_engine"}
 
 COMMON = [
     (name, ASYNC_SCRIPTS) for name in ("build_engine", "generate", "push_weights_to_engine", "keep_models_eager",
                                        "pad_sequences", "response_logits", "token_logprobs", "token_logprobs_no_grad",
-                                       "logprob_gap", "prompt_order", "receive", "chunks", "combine_stats",
-                                       "learner_autocast", "enable_gradient_checkpointing", "log_samples",
-                                       "print_summary", "normalize_number", "extract_answer", "verify", "grade",
-                                       "load_problems", "build_prompts", "evaluate", "log_evaluation",
+                                       "logprob_gap", "prompt_order", "receive", "copy_for_engine", "chunks",
+                                       "combine_stats", "learner_autocast", "enable_gradient_checkpointing",
+                                       "log_samples", "print_summary", "normalize_number", "extract_answer", "verify",
+                                       "grade", "load_problems", "build_prompts", "evaluate", "log_evaluation",
                                        "model_config", "load_tokenizer", "read_records", "create_run_folder",
                                        "start_wandb", "sync_engine", "init_distributed", "wrap_model", "unwrap",
                                        "full_state_dict", "rank_rows", "gather_rows", "from_rank_0", "mean_over_ranks",
