@@ -858,7 +858,7 @@ def receive(q: queue.Queue, timeout: float, what: str):
 def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
     """The engine's own copy of the learner's weights (the learner goes on updating its tensors while the engine
     loads them), written into a copy the engine has finished loading when one is back in `spare_weights`: for SmolLM2
-    that takes 0.11 s, a fresh allocation 0.27 s (benchmark/overheads.py). A loaded copy is free to overwrite: vLLM
+    that takes 0.13 s, a fresh allocation 0.30 s (benchmark/overheads.py). A loaded copy is free to overwrite: vLLM
     copies what it loads into its own parameters (measured: overwriting it leaves the engine's logprobs unchanged)."""
     try:
         spare = spare_weights.get_nowait()
