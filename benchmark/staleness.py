@@ -24,7 +24,8 @@ under each of the scripts' three `--off-policy-correction` modes (DPO has no rat
   curves   every run saves a checkpoint every --eval-every-updates updates (`--keep-checkpoints 0`); each one is
            evaluated here afterwards, so a run is a gold-vs-updates and a gold-vs-KL curve
 Every run is one subprocess of the real sync or async script. Each run writes one result file; a rerun skips finished
-runs, so the sweep can be done in chunks across sessions.
+runs, so the sweep can be done in chunks across sessions, and by several invocations at once (each run is claimed
+first; see `claim`).
 """
 
 import json
@@ -432,6 +433,33 @@ def run_one(args: Args, task, algo: str, setting: str, learning_rate: float, see
     return time.time() - start
 
 
+def claim(work: Path, stem: str):
+    """Several invocations may share one sweep on a machine (e.g. one per pair of cores): each run is claimed first by
+    creating runs/<stem>.claim holding the claimant's pid. A claim whose process is gone is taken over. Returns the
+    claim file, or None when another live invocation holds the run."""
+    path = work / "runs" / f"{stem}.claim"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            text = path.read_text() if path.exists() else ""
+            if not text.isdigit():
+                return None  # being written by its claimant right now, or not ours to judge
+            try:
+                os.kill(int(text), 0)
+                return None  # its claimant is alive
+            except ProcessLookupError:
+                path.unlink(missing_ok=True)  # left by a killed invocation
+                continue
+            except PermissionError:
+                return None  # a live process of another user
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return path
+    return None
+
+
 def check_same_budget(path: Path, args: Args, setting: str):
     """A finished run is only reused if it had this invocation's budget; a silent mix would corrupt the table."""
     command = json.loads(path.read_text())["command"]
@@ -529,19 +557,30 @@ def report(results_dir: Path):
 
 # the settings whose cost ranks the algorithms: the most off-policy of each kind, async under the paper's own loss
 RANKED = ("sync-16", "sync-32", "async-4", "async-8")
+# a setting's cost is measured on the mean gold of the last evaluations, not on the final one alone: one evaluation's
+# sampling noise (~0.02) is as large as the costs themselves
+LATE_EVALUATIONS = 3
+
+
+def late_gold(run):
+    return sum(p["gold_reward"] for p in run["curve"][-LATE_EVALUATIONS:]) / len(run["curve"][-LATE_EVALUATIONS:])
+
+
+def final_gold(run):
+    return run["gold_reward"]
 
 
 def cost_tables(runs, prep):
-    """What staleness costs each algorithm (final gold minus its sync-1's, seed means), the ranking by the mean cost
+    """What staleness costs each algorithm (late gold minus its sync-1's, seed means), the ranking by the mean cost
     over RANKED (the paper's finding: online DPO loses least, PPO and RLOO most), and the corrections side by side at
     the largest K."""
     fmt = lambda ms: f"{ms[0]:+.3f} ± {ms[1]:.3f}" if not math.isnan(ms[1]) else f"{ms[0]:+.3f}"
 
-    def cost(algo, setting):
-        """Final gold minus sync-1's: the mean over seeds, and the std of the per-seed differences (seed s of a
-        setting against seed s of sync-1, which shares its SFT policy and data order)."""
-        base = {r["seed"]: r["gold_reward"] for r in runs.get((algo, "sync-1"), [])}
-        diffs = [r["gold_reward"] - base[r["seed"]] for r in runs.get((algo, setting), []) if r["seed"] in base]
+    def cost(algo, setting, gold=late_gold):
+        """Gold minus sync-1's: the mean over seeds, and the std of the per-seed differences (seed s of a setting
+        against seed s of sync-1, which shares its SFT policy and data order)."""
+        base = {r["seed"]: gold(r) for r in runs.get((algo, "sync-1"), [])}
+        diffs = [gold(r) - base[r["seed"]] for r in runs.get((algo, setting), []) if r["seed"] in base]
         return mean_std(diffs) if diffs else None
 
     def named(algo, setting):  # async-K means async-K-paper for the algorithms that have corrections
@@ -552,32 +591,40 @@ def cost_tables(runs, prep):
     if not algos:
         return []
     columns = [f"sync-{n}" for n in SYNC_N[1:]] + [f"async-{k}" for k in ASYNC_K]
+    late = [p["updates"] for p in runs[(algos[0], "sync-1")][0]["curve"][-LATE_EVALUATIONS:]]
     noise = ""
-    if prep:  # sampling noise alone: the binomial standard error of a difference of two final golds
+    if prep:  # sampling noise alone: the binomial standard error of a difference of two golds
         n = prep["flags"]["num_eval_problems"] * prep["flags"]["eval_samples"]
         gold = mean_std([r["gold_reward"] for a in algos for r in runs[(a, "sync-1")]])[0]
-        noise = (f" A final gold is the accuracy of {n:,} samples, so two runs differ by about "
-                 f"{math.sqrt(2 * gold * (1 - gold) / n):.3f} from sampling alone (one standard error).")
-    lines = ["", "What staleness costs: final gold minus sync-1's, per seed, then mean ± std over seeds (async-K under "
-             "the paper's loss, `--off-policy-correction paper`, for the algorithms that have a ratio)." + noise +
-             f" Rank: by the mean cost over {', '.join(RANKED)}, most robust first.", "",
-             "| algorithm | sync-1 final gold | " + " | ".join(columns) + " | mean cost | rank |",
-             "|" + "---|" * (len(columns) + 4)]
+        se = math.sqrt(2 * gold * (1 - gold) / n)
+        noise = (f" One evaluation is the accuracy of {n:,} samples, so two runs' golds differ by about {se:.3f} from "
+                 f"sampling alone (one standard error); a mean of {len(late)} evaluations lowers that, to "
+                 f"{se / math.sqrt(len(late)):.3f} if their draws were independent (they share random numbers, so "
+                 "the seeds' spread is the real measure).")
+    lines = ["", f"What staleness costs: late gold (the mean gold of the evaluations at updates "
+             f"{', '.join(map(str, late))}) minus sync-1's, per seed, then mean ± std over seeds (async-K under the "
+             "paper's loss, `--off-policy-correction paper`, for the algorithms that have a ratio)." + noise +
+             f" Rank: by the mean cost over {', '.join(RANKED)}, most robust first; the same mean on the final gold "
+             "alone is shown beside it.", "",
+             "| algorithm | sync-1 late gold | " + " | ".join(columns) + " | mean cost | on final gold | rank |",
+             "|" + "---|" * (len(columns) + 5)]
     mean_cost = {}
     for algo in algos:
         costs = {s: cost(algo, named(algo, s)) for s in columns}
         if all(costs[s] for s in RANKED):
-            mean_cost[algo] = sum(costs[s][0] for s in RANKED) / len(RANKED)
-    order = sorted(mean_cost, key=mean_cost.get, reverse=True)
+            mean_cost[algo] = [sum(cost(algo, named(algo, s), gold)[0] for s in RANKED) / len(RANKED)
+                               for gold in (late_gold, final_gold)]
+    order = sorted(mean_cost, key=lambda a: mean_cost[a][0], reverse=True)
     for algo in algos:
         costs = {s: cost(algo, named(algo, s)) for s in columns}
-        base = mean_std([r["gold_reward"] for r in runs[(algo, "sync-1")]])
+        base = mean_std([late_gold(r) for r in runs[(algo, "sync-1")]])
         lines.append(f"| {algo} | {base[0]:.3f} | " + " | ".join(fmt(costs[s]) if costs[s] else "–" for s in columns)
-                     + (f" | {mean_cost[algo]:+.3f} | {order.index(algo) + 1 if len(order) > 1 else '–'} |"
-                        if algo in mean_cost else " | – | (incomplete) |"))
+                     + (f" | {mean_cost[algo][0]:+.3f} | {mean_cost[algo][1]:+.3f} | "
+                        f"{order.index(algo) + 1 if len(order) > 1 else '–'} |"
+                        if algo in mean_cost else " | – | – | (incomplete) |"))
     corrected = [a for a in algos if ALGORITHMS[a]["corrections"]]
     if corrected:
-        lines += ["", "Which correction recovers what staleness costs: final gold minus sync-1's at the largest lags, "
+        lines += ["", "Which correction recovers what staleness costs: late gold minus sync-1's at the largest lags, "
                   "per `--off-policy-correction` (mean ± std over seeds).", "",
                   "| algorithm | K | " + " | ".join(CORRECTIONS) + " |", "|" + "---|" * (len(CORRECTIONS) + 2)]
         for algo in corrected:
@@ -690,6 +737,15 @@ if __name__ == "__main__":
                                     time.time() - invocation_start + expected > 3600 * args.time_budget_hours:
                                 print(f"== time budget reached: not starting {path.stem}")
                                 continue
-                            durations.append(run_one(args, task, algo, setting, learning_rate, seed, path))
-                            new_runs += 1
+                            claimed = claim(Path(args.work_dir), path.stem)
+                            if claimed is None:
+                                print(f"== {path.stem}: being run by another invocation, skipped", flush=True)
+                                continue
+                            try:
+                                if path.exists() and not args.force:  # finished by another one meanwhile
+                                    continue
+                                durations.append(run_one(args, task, algo, setting, learning_rate, seed, path))
+                                new_runs += 1
+                            finally:
+                                claimed.unlink(missing_ok=True)
     print("\n".join(report(results_dir)))

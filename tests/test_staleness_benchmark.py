@@ -3,6 +3,9 @@ end to end, and a rerun skips finished runs."""
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -40,6 +43,7 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
         assert r["curve"][0]["kl"] == 0.0  # the SFT policy against itself
         assert r["gold_reward"] == r["curve"][-1]["gold_reward"]
     assert len({r["episodes"] for r in runs}) == 1
+    assert not list((work / "runs").glob("*.claim"))  # every claim is released once its run is done
     # the paper's protocol: the same mini-batch and number of updates, sync-N generating N mini-batches per round, and
     # a checkpoint every 2 updates; every run trains on the verifier
     flag = lambda r, name: r["command"][r["command"].index(name) + 1]
@@ -122,10 +126,10 @@ def test_settings_and_gold_at_matched_kl():
 
 
 def test_cost_tables_pair_seeds_rank_by_the_most_stale_settings_and_compare_corrections():
-    """The cost of a setting is its final gold minus sync-1's of the same seed; the ranking uses RANKED, async under
-    the paper's loss; an algorithm missing one of them is not ranked."""
+    """The cost of a setting is its late gold (the mean of the last 3 evaluations) minus sync-1's of the same seed; the
+    ranking uses RANKED, async under the paper's loss; an algorithm missing one of them is not ranked."""
     staleness = load_script("benchmark/staleness.py")
-    gold = {  # (algorithm, setting): final gold of seeds 1 and 2
+    gold = {  # (algorithm, setting): late gold of seeds 1 and 2
         ("dpo", "sync-1"): (0.30, 0.20), ("dpo", "sync-16"): (0.29, 0.19), ("dpo", "sync-32"): (0.28, 0.18),
         ("dpo", "async-4"): (0.30, 0.20), ("dpo", "async-8"): (0.29, 0.19),
         ("rloo", "sync-1"): (0.30, 0.30), ("rloo", "sync-16"): (0.20, 0.22), ("rloo", "sync-32"): (0.10, 0.10),
@@ -133,19 +137,42 @@ def test_cost_tables_pair_seeds_rank_by_the_most_stale_settings_and_compare_corr
         ("rloo", "async-8-behaviour"): (0.25, 0.27), ("rloo", "async-8-decoupled"): (0.30, 0.32),
         ("ppo", "sync-1"): (0.30, 0.30), ("ppo", "sync-16"): (0.30, 0.30),  # incomplete: not ranked
     }
-    runs = {key: [dict(seed=seed, gold_reward=g) for seed, g in zip((1, 2), golds)] for key, golds in gold.items()}
+    # four evaluations, the last three around the late gold; the final gold equals it but for one run
+    curve = lambda g: [dict(updates=u, gold_reward=x) for u, x in zip((0, 32, 64, 96), (0.0, g - 0.02, g + 0.01,
+                                                                                       g + 0.01))]
+    runs = {key: [dict(seed=seed, gold_reward=g + 0.01, curve=curve(g)) for seed, g in zip((1, 2), golds)]
+            for key, golds in gold.items()}
+    runs[("dpo", "sync-32")][0]["gold_reward"] = 0.21  # final gold alone: -0.10 against sync-1's 0.31, not -0.02
     prep = dict(flags=dict(num_eval_problems=256, eval_samples=4))
     lines = staleness.cost_tables(runs, prep)
     row = lambda start: next(line for line in lines if line.startswith(start)).strip("|").split("|")
     dpo, rloo, ppo = row("| dpo |"), row("| rloo |"), row("| ppo |")
-    # columns: algorithm, sync-1 gold, sync-4, sync-16, sync-32, async-1, async-2, async-4, async-8, mean cost, rank
+    # columns: algorithm, sync-1 late gold, sync-4, sync-16, sync-32, async-1, async-2, async-4, async-8, mean cost,
+    # mean cost on the final gold, rank
     assert dpo[1].strip() == "0.250" and dpo[3].strip() == "-0.010 ± 0.000" and dpo[2].strip() == "–"
     assert rloo[3].strip() == "-0.090 ± 0.014"  # per-seed differences -0.10 and -0.08
     assert float(dpo[9]) == pytest.approx(-0.010, abs=1e-3) and float(rloo[9]) == pytest.approx(-0.1475, abs=1e-3)
-    assert (dpo[10].strip(), rloo[10].strip(), ppo[10].strip()) == ("1", "2", "(incomplete)")
+    assert float(dpo[10]) == pytest.approx(-0.020, abs=1e-3)  # sync-32's final-gold cost: mean(-0.10, -0.02)
+    assert (dpo[11].strip(), rloo[11].strip(), ppo[11].strip()) == ("1", "2", "(incomplete)")
+    assert any("updates 32, 64, 96" in line for line in lines)
     k8 = row("| rloo | 8 |")
     assert [c.strip() for c in k8[2:5]] == ["-0.200 ± 0.000", "-0.040 ± 0.014", "+0.010 ± 0.014"]
     assert any("1,024 samples" in line for line in lines)
+
+def test_a_claimed_run_is_left_to_its_claimant_until_that_process_is_gone(tmp_path):
+    """Two invocations sharing a sweep never run the same run: the second sees the first's claim and skips the run;
+    a claim left by a killed invocation is taken over."""
+    staleness = load_script("benchmark/staleness.py")
+    stem = "dpo__sync-1__lr0.0001__seed1"
+    mine = staleness.claim(tmp_path, stem)
+    assert mine == tmp_path / "runs" / f"{stem}.claim" and mine.read_text() == str(os.getpid())
+    assert staleness.claim(tmp_path, stem) is None  # held by a live process (this one)
+    assert staleness.claim(tmp_path, "dpo__sync-4__lr0.0001__seed1") is not None  # other runs are free
+    mine.unlink()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    mine.write_text(gone.stdout.strip())  # the claim of an invocation that was killed
+    assert staleness.claim(tmp_path, stem) == mine and mine.read_text() == str(os.getpid())
+
 
 def test_sampler_and_kl_match_the_scripts_logprobs(tmp_path):
     """The evaluation's own sampler stops at EOS, and its logprob sums equal the scripts' `token_logprobs` summed."""
