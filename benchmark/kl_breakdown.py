@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,11 +104,15 @@ def breakdown(policy, sft, tokenizer, eval_set, types, flags, seed: int, rare: f
     gap, is_rare = torch.cat(pi) - torch.cat(ref), torch.cat(ref) < torch.log(torch.tensor(rare))
     gold = staleness.grade(task, tokenizer, samples, answers, n)
     quantiles = torch.quantile(per_sample, torch.tensor([0.5, 0.9, 0.99])).tolist()
-    gold_by_type, kl_by_type = {}, {}
+    finals = [task.final_answer(tokenizer.decode(r, skip_special_tokens=True)) for r in samples]
+    gold_by_type, kl_by_type, mode_by_type = {}, {}, {}
     for kind in sorted(set(types)):
         rows = [i for i in range(len(samples)) if types[i // n] == kind]
         gold_by_type[kind] = sum(gold[i] for i in rows) / len(rows)
         kl_by_type[kind] = per_sample[rows].mean().item()
+        # a collapse onto one answer shows as a single final number taking most samples of a type
+        mode, count = Counter(finals[i] for i in rows).most_common(1)[0]
+        mode_by_type[kind] = (mode, count / len(rows))
     worst = []
     for i in per_sample.argsort(descending=True)[:top].tolist():
         t = int((pi[i] - ref[i]).argmax())
@@ -117,7 +122,8 @@ def breakdown(policy, sft, tokenizer, eval_set, types, flags, seed: int, rare: f
     return dict(kl=per_sample.mean().item(), median=quantiles[0], p90=quantiles[1], p99=quantiles[2],
                 max=per_sample.max().item(), rare_tokens=is_rare.float().mean().item(),
                 rare_share=(gap[is_rare].sum() / gap.sum()).item() if gap.sum() > 1e-9 else 0.0,
-                gold=sum(gold) / len(gold), gold_by_type=gold_by_type, kl_by_type=kl_by_type, worst=worst)
+                gold=sum(gold) / len(gold), gold_by_type=gold_by_type, kl_by_type=kl_by_type,
+                mode_by_type=mode_by_type, worst=worst)
 
 
 if __name__ == "__main__":
@@ -161,6 +167,9 @@ if __name__ == "__main__":
               f"median {row['median']:.3f}, gold {row['gold']:.3f}", flush=True)
 
     kinds = sorted(set(types))
+    final_mode = {k: rows[-1][1]["mode_by_type"][k][0] for k in kinds}
+    right = {k: sum(t == k and p["answer"].split("####")[-1].strip() == final_mode[k] for t, p in zip(types, test))
+             / types.count(k) for k in kinds}  # what always giving the final policy's commonest answer would score
     command = f"python benchmark/kl_breakdown.py {path}"
     lines = [f"# KL breakdown: {path.stem}", "",
              f"Produced by `{command}` on {time.strftime('%Y-%m-%d %H:%M')} ({rerun_note}, evaluations "
@@ -170,17 +179,21 @@ if __name__ == "__main__":
              f"**The rerun {'retraces' if max(diffs) < 1e-3 else 'does NOT retrace'} the recorded run**: largest "
              f"difference from the recorded curve's KL and gold {max(diffs):.2g}.", "",
              "| updates | KL (mean) | recorded KL | median | p90 | p99 | max | rare tokens | their share of the KL | "
-             + " | ".join(f"KL: {k}" for k in kinds) + " | gold | " + " | ".join(f"gold: {k}" for k in kinds) + " |",
-             "|" + "---|" * (10 + 2 * len(kinds))]
+             + " | ".join(f"KL: {k}" for k in kinds) + " | gold | " + " | ".join(f"gold: {k}" for k in kinds) + " | "
+             + " | ".join(f"commonest answer: {k}" for k in kinds) + " |",
+             "|" + "---|" * (10 + 3 * len(kinds))]
     for updates, r in rows:
         lines.append(f"| {updates} | {r['kl']:.3f} | {recorded[updates]['kl']:.3f} | {r['median']:.3f} | "
                      f"{r['p90']:.3f} | {r['p99']:.3f} | {r['max']:.1f} | {r['rare_tokens']:.4f} | "
                      f"{r['rare_share']:.2f} | " + " | ".join(f"{r['kl_by_type'][k]:.3f}" for k in kinds)
                      + f" | {r['gold']:.3f} | "
-                     + " | ".join(f"{r['gold_by_type'][k]:.3f}" for k in kinds) + " |")
+                     + " | ".join(f"{r['gold_by_type'][k]:.3f}" for k in kinds) + " | "
+                     + " | ".join(f"{r['mode_by_type'][k][0]} ({r['mode_by_type'][k][1]:.0%})" for k in kinds) + " |")
     lines += ["", f"Rare tokens: sampled tokens the SFT policy gives less than {args.rare_probability:g}. "
               "Problem types: the operations of make_arithmetic's worked solution "
-              f"({', '.join(f'{k}: {types.count(k)} problems' for k in kinds)}).", "",
+              f"({', '.join(f'{k}: {types.count(k)} problems' for k in kinds)}). Commonest answer: the final number "
+              "most samples of that type give, and their share; always answering the final policy's commonest one "
+              f"would score {', '.join(f'{right[k]:.3f} on {k} ({final_mode[k]})' for k in kinds)}.", "",
               f"The {args.top} samples with the largest log-ratio at the final policy, with their most unlikely token "
               "under SFT relative to the policy:", ""]
     for w in rows[-1][1]["worst"]:

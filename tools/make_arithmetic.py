@@ -57,14 +57,19 @@ def make_arithmetic_problems(num_problems: int, difficulty: int, seed: int):
 INTEGER = re.compile(r"(?:(?<![\w.])-)?(?<![\d.,])\d+(?:,\d{3})*(?:\.0+)?(?![\d.]*\d)")
 
 
-def grade(text: str, answer: str) -> float:
-    """Gold reward of a response: 1.0 when its final answer equals `answer`, else 0.0. The final answer is the number
-    after the first "####" (the format the solutions teach), else the last number in the text, as the GSM8K verifier
-    of the scripts reads it; tests check that the two agree on this task."""
+def final_answer(text: str):
+    """The whole number a response answers (commas and ".0" dropped), or None: the number after the first "####" (the
+    format the solutions teach), else the last number in the text, as the GSM8K verifier of the scripts reads it."""
     marked = re.search(r"####\s*(" + INTEGER.pattern + ")", text)
     numbers = INTEGER.findall(text)
     final = marked.group(1) if marked else (numbers[-1] if numbers else None)
-    return float(final is not None and final.replace(",", "").split(".")[0] == answer)
+    return None if final is None else final.replace(",", "").split(".")[0]
+
+
+def grade(text: str, answer: str) -> float:
+    """Gold reward of a response: 1.0 when its final answer equals `answer`, else 0.0; tests check that this agrees
+    with the scripts' verifier on this task."""
+    return float(final_answer(text) == answer)
 
 
 def make_splits(difficulty: int, num_train: int, num_test: int):
