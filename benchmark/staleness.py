@@ -421,8 +421,15 @@ def run_one(args: Args, task, algo: str, setting: str, learning_rate: float, see
         # the evaluation seed differs per run seed, not per setting or point: all are compared on the same random draws
         curve.append(dict(updates=updates, **evaluate_policy(policy, sft, tokenizer, task, encode(tokenizer, test),
                                                              args, seed=1000 + seed)))
+    # how far off-policy the data really were, over the whole run: async's engine-vs-learner logprob gap (before each
+    # step's first update: K versions of drift), and the largest importance ratio (sync-N's drift within a round)
+    over_run = lambda key, how: how([m[key] for m in metrics]) if all(key in m for m in metrics) else None
+    off_policy = dict(logprob_gap_mean=over_run("async/behaviour_learner_logprob_gap", lambda v: sum(v) / len(v)),
+                      logprob_gap_max=over_run("async/behaviour_learner_logprob_gap", max),
+                      importance_ratio_max=over_run("policy/importance_ratio_max", max),
+                      clipfrac_mean=over_run("policy/clipfrac", lambda v: sum(v) / len(v)))
     result = dict(algorithm=algo, setting=setting, learning_rate=learning_rate, seed=seed, command=cmd[1:],
-                  **{k: v for k, v in curve[-1].items() if k != "updates"}, curve=curve,
+                  **{k: v for k, v in curve[-1].items() if k != "updates"}, curve=curve, off_policy=off_policy,
                   episodes=metrics[-1]["episodes"], run_seconds=round(run_seconds, 1),
                   eval_seconds=round(time.time() - start - run_seconds, 1), date=time.strftime("%Y-%m-%d %H:%M"),
                   machine=f"{platform.machine()}, {os.cpu_count()} cores", final_metrics=metrics[-1])
@@ -539,7 +546,7 @@ def report(results_dir: Path):
                          f"{fmt(gold_matched)} | {matched:.3f} | {fmt(mean_std([r['kl'] for r in rs]))} | "
                          f"{fmt(mean_std([r['greedy_accuracy'] for r in rs]))} | {len(rs)} | {rs[0]['episodes']} | "
                          f"{mean_std([r['run_seconds'] + r['eval_seconds'] for r in rs])[0]:.0f} |")
-    lines += cost_tables(runs, prep)
+    lines += cost_tables(runs, prep) + off_policy_table(runs)
     if rate_sweep:
         lines += ["", "Learning-rate sweep on sync-1 (gold at each evaluation, from update 0; the rate each algorithm "
                   "uses is marked *):", "", "| algorithm | learning rate | gold along the run | final KL | seeds |",
@@ -632,6 +639,29 @@ def cost_tables(runs, prep):
                 costs = [cost(algo, f"async-{k}-{c}") for c in CORRECTIONS]
                 lines.append(f"| {algo} | {k} | " + " | ".join(fmt(c) if c else "–" for c in costs) + " |")
     return lines
+
+
+def off_policy_table(runs):
+    """How far off-policy each setting's data really were, from the runs' own metrics (mean over seeds; runs made
+    before the benchmark recorded this are left out)."""
+    lines = []
+    for algo in ALGORITHMS:
+        for setting in settings_of(algo):
+            have = [r["off_policy"] for r in runs.get((algo, setting), []) if r.get("off_policy")]
+            if not have:
+                continue
+            mean = lambda key, f: f.format(sum(h[key] for h in have) / len(have)) if have[0][key] is not None else "–"
+            lines.append(f"| {algo} | {setting} | {mean('logprob_gap_mean', '{:.1e}')} | "
+                         f"{mean('logprob_gap_max', '{:.1e}')} | {mean('importance_ratio_max', '{:.3f}')} | "
+                         f"{mean('clipfrac_mean', '{:.4f}')} | {len(have)} |")
+    if not lines:
+        return []
+    return ["", "How far off-policy the data were, over each run: the mean and largest per-step gap |vLLM logprob - "
+            "learner logprob| of the sampled tokens before the step's first update (`async/behaviour_learner_logprob_"
+            "gap`: K policy versions of drift in async, ~1e-6 in sync), the largest importance ratio (sync-N's drift "
+            "within a round shows here) and the mean clipped fraction.", "",
+            "| algorithm | setting | gap, mean | gap, max | importance ratio, max | clipfrac | seeds |",
+            "|---|---|---|---|---|---|---|"] + lines
 
 
 def plot(runs, prep, results_dir: Path):

@@ -44,6 +44,10 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
         assert r["gold_reward"] == r["curve"][-1]["gold_reward"]
     assert len({r["episodes"] for r in runs}) == 1
     assert not list((work / "runs").glob("*.claim"))  # every claim is released once its run is done
+    # how off-policy the data were, from each run's own metrics: async-1's engine lags one version behind the learner
+    gaps = {r["setting"]: r["off_policy"]["logprob_gap_max"] for r in runs}
+    assert gaps["sync-1"] < 1e-4 and gaps["async-1"] > gaps["sync-1"], gaps
+    assert all(r["off_policy"]["importance_ratio_max"] is None for r in runs)  # DPO has no ratio
     # the paper's protocol: the same mini-batch and number of updates, sync-N generating N mini-batches per round, and
     # a checkpoint every 2 updates; every run trains on the verifier
     flag = lambda r, name: r["command"][r["command"].index(name) + 1]
@@ -54,12 +58,14 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
 
     # the report: one table row per setting, with finite numbers, the rate-sweep table, and the two plots
     table = (results / "staleness.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith("| dpo | ") and "sync" in line.split("|")[2]]
+    main_table = table.split("What staleness costs")[0]
+    rows = [line for line in main_table.splitlines() if line.startswith("| dpo | ") and "sync" in line.split("|")[2]]
     assert [r.split("|")[2].strip() for r in rows] == ["sync-1", "async-1", "sync-2"]
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert all(math.isfinite(float(cells[i].split(" ")[0])) for i in (2, 3, 4, 5, 6)) and cells[7] == "1", row
     assert "| dpo | 0.0001 * |" in table
+    assert "| dpo | async-1 | " in table.split("How far off-policy")[1]
     for name in ("staleness.png", "staleness_updates.png"):
         assert (results / name).stat().st_size > 1000
 
