@@ -49,21 +49,6 @@ class Args:
     """rerun even if an earlier rerun's folder holds a finished model"""
 
 
-def token_logprobs(model, prompts, responses, pad_id, chunk=64):
-    """Per response, the logprob of each of its tokens at T = 0.7 (staleness.response_logprob_sums, not summed)."""
-    import torch
-
-    out = []
-    with torch.no_grad():
-        for s in range(0, len(prompts), chunk):
-            pairs = list(zip(prompts[s : s + chunk], responses[s : s + chunk]))
-            ids, mask = staleness.pad_right([p + r for p, r in pairs], pad_id)
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float() / 0.7
-            lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-            out.extend(lp[i, len(p) - 1 : len(p) - 1 + len(r)] for i, (p, r) in enumerate(pairs))
-    return out
-
-
 def problem_type(answer: str):
     return "+".join(OPERATIONS[step] for step in re.findall(r"After (giving away|getting|it)", answer))
 
@@ -99,7 +84,7 @@ def breakdown(policy, sft, tokenizer, eval_set, types, flags, seed: int, rare: f
     n, eos = flags["eval_samples"], tokenizer.eos_token_id
     samples = staleness.sample(policy, prompts, n, 0.7, flags["response_length"], eos, 1000 + seed)
     repeated = [p for p in prompts for _ in range(n)]
-    pi, ref = token_logprobs(policy, repeated, samples, eos), token_logprobs(sft, repeated, samples, eos)
+    pi, ref = (staleness.response_token_logprobs(m, repeated, samples, 0.7, eos) for m in (policy, sft))
     per_sample = torch.tensor([(a - b).sum().item() for a, b in zip(pi, ref)])
     gap, is_rare = torch.cat(pi) - torch.cat(ref), torch.cat(ref) < torch.log(torch.tensor(rare))
     gold = staleness.grade(task, tokenizer, samples, answers, n)

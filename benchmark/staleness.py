@@ -232,22 +232,24 @@ def sample(model, prompts, n, temperature, max_new, eos_id, seed, chunk=512):
     return out
 
 
-def response_logprob_sums(model, prompts, responses, temperature, pad_id, chunk=64):
-    """sum_t log softmax(logits / T)[y_t] over each response's tokens (the scripts' `token_logprobs`, summed)."""
+def response_token_logprobs(model, prompts, responses, temperature, pad_id, chunk=64):
+    """Per response, log softmax(logits / T)[y_t] of each of its tokens (the scripts' `token_logprobs`)."""
     import torch
 
-    sums = []
+    out = []
     with torch.no_grad():
         for s in range(0, len(prompts), chunk):
-            rows = [p + r for p, r in zip(prompts[s : s + chunk], responses[s : s + chunk])]
-            ids, mask = pad_right(rows, pad_id)
+            pairs = list(zip(prompts[s : s + chunk], responses[s : s + chunk]))
+            ids, mask = pad_right([p + r for p, r in pairs], pad_id)
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float() / temperature
             lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-            resp = torch.zeros_like(lp)
-            for i, (p, r) in enumerate(zip(prompts[s : s + chunk], responses[s : s + chunk])):
-                resp[i, len(p) - 1 : len(p) - 1 + len(r)] = 1  # column t scores token t+1
-            sums.extend((lp * resp).sum(1).tolist())
-    return sums
+            out.extend(lp[i, len(p) - 1 : len(p) - 1 + len(r)] for i, (p, r) in enumerate(pairs))  # t scores t+1
+    return out
+
+
+def response_logprob_sums(model, prompts, responses, temperature, pad_id, chunk=64):
+    """sum_t log softmax(logits / T)[y_t] over each response's tokens (the scripts' `token_logprobs`, summed)."""
+    return [t.sum().item() for t in response_token_logprobs(model, prompts, responses, temperature, pad_id, chunk)]
 
 
 def grade(task, tokenizer, responses, answers, n):
