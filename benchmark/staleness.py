@@ -613,22 +613,32 @@ def cost_tables(runs, prep):
     lines = ["", f"What staleness costs: late gold (the mean gold of the evaluations at updates "
              f"{', '.join(map(str, late))}) minus sync-1's, per seed, then mean ± std over seeds (async-K under the "
              "paper's loss, `--off-policy-correction paper`, for the algorithms that have a ratio)." + noise +
-             f" Rank: by the mean cost over {', '.join(RANKED)}, most robust first; the same mean on the final gold "
-             "alone is shown beside it.", "",
+             f" Rank: by the mean cost over {', '.join(RANKED)}, most robust first (± the std over seeds of each "
+             "seed's own mean cost); the same mean on the final gold alone is shown beside it.", "",
              "| algorithm | sync-1 late gold | " + " | ".join(columns) + " | mean cost | on final gold | rank |",
              "|" + "---|" * (len(columns) + 5)]
+    def seed_spread(algo):
+        """The std over seeds of each seed's own mean cost over RANKED (seeds that have every RANKED setting): how far
+        the ranking's number moves from one seed to the next."""
+        per_seed = {}
+        for setting in ("sync-1",) + RANKED:
+            for r in runs.get((algo, named(algo, setting)), []):
+                per_seed.setdefault(r["seed"], {})[setting] = late_gold(r)
+        means = [sum(g[s] - g["sync-1"] for s in RANKED) / len(RANKED) for g in per_seed.values() if len(g) == 5]
+        return mean_std(means)[1] if means else float("nan")
+
     mean_cost = {}
     for algo in algos:
         costs = {s: cost(algo, named(algo, s)) for s in columns}
         if all(costs[s] for s in RANKED):
             mean_cost[algo] = [sum(cost(algo, named(algo, s), gold)[0] for s in RANKED) / len(RANKED)
-                               for gold in (late_gold, final_gold)]
+                               for gold in (late_gold, final_gold)] + [seed_spread(algo)]
     order = sorted(mean_cost, key=lambda a: mean_cost[a][0], reverse=True)
     for algo in algos:
         costs = {s: cost(algo, named(algo, s)) for s in columns}
         base = mean_std([late_gold(r) for r in runs[(algo, "sync-1")]])
         lines.append(f"| {algo} | {base[0]:.3f} | " + " | ".join(fmt(costs[s]) if costs[s] else "–" for s in columns)
-                     + (f" | {mean_cost[algo][0]:+.3f} | {mean_cost[algo][1]:+.3f} | "
+                     + (f" | {fmt((mean_cost[algo][0], mean_cost[algo][2]))} | {mean_cost[algo][1]:+.3f} | "
                         f"{order.index(algo) + 1 if len(order) > 1 else '–'} |"
                         if algo in mean_cost else " | – | – | (incomplete) |"))
     corrected = [a for a in algos if ALGORITHMS[a]["corrections"]]
