@@ -98,7 +98,7 @@ class Args:
     settings: Optional[List[str]] = None
     """settings to run (None: all of each algorithm): sync-N (N mini-batches per round), async-K (DPO) and
     async-K-<paper|behaviour|decoupled> (K steps of lag under that --off-policy-correction)"""
-    seeds: List[int] = field(default_factory=lambda: [1, 2])
+    seeds: List[int] = field(default_factory=lambda: [1, 2, 3])
     """seeds of the RL runs (the prep is seeded separately and shared)"""
     learning_rates: Optional[List[float]] = None
     """learning rates to run (None: each algorithm's own from ALGORITHMS); result files of other rates are kept apart,
