@@ -42,7 +42,9 @@ def run_until_sigterm(script, cwd, args, after_steps: int):
             if logged and len(logged[0].read_text().splitlines()) >= after_steps:
                 proc.send_signal(signal.SIGTERM)
                 break
-            time.sleep(0.5)
+            # a short poll: a step of the tiny models takes well under 0.5 s, so a slower poll let a fast machine run
+            # the remaining steps before the signal arrived (seen: the run stopped after its last step)
+            time.sleep(0.02)
         stdout, stderr = proc.communicate(timeout=600)
     finally:
         kill_group(proc)
