@@ -90,7 +90,7 @@ def measure(args: Args):
 
     inputs = speed.Args(policy=args.policy, prompts=args.prompts, work_dir=args.work_dir)
     speed.prepare_inputs(inputs)
-    dpo = load_script("async_dpo.py")
+    dpo = load_script("multigpu/async_dpo_multigpu.py")  # the variant with the spare-copy hand-off
     import torch
     from transformers import AutoModelForCausalLM
     from vllm import SamplingParams

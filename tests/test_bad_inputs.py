@@ -88,7 +88,7 @@ BAD_INPUTS = [
      "--max-prompt-tokens 128 + --response-length 400 is more than the 512 positions of --model-name-or-path"),
     ("async_rloo.py", rm_flags, ("--track",), nothing,
      "--track: wandb did not start"),
-    ("sync_baselines/sync_rloo.py", rm_flags, ("--fsdp",), nothing,
+    ("multigpu/async_rloo_multigpu.py", rm_flags, ("--fsdp",), nothing,
      "--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more"),
 ]
 
@@ -136,7 +136,7 @@ def test_the_launcher_ends_a_command_line_as_python_does(tmp_path, cli, body):
 def test_computed_fields_are_not_flags(flag, monkeypatch, capsys):
     import tyro
 
-    for script in ("async_dpo.py", "sync_baselines/sync_grpo_gsm8k.py"):
+    for script in ("async_dpo.py", "sync_baselines/sync_grpo_gsm8k.py", "multigpu/async_ppo_multigpu.py"):
         module = load_script(script)
         monkeypatch.setitem(sys.modules, module.__name__, module)  # tyro reads the docstrings for its message
         with pytest.raises(SystemExit):

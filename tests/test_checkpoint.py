@@ -1,6 +1,7 @@
-"""Nothing lost: a run stopped by a real SIGTERM saves a checkpoint and, resumed, logs exactly what an uninterrupted
-run logs. Async PPO with K = 2 (a value model, the learner's own shuffling generator, and two batches in flight that
-were made by versions no checkpoint holds) and sync GRPO (held-out evaluations) on the tiny models, real engine."""
+"""The multigpu variants' exact resume: a run stopped by a real SIGTERM saves a checkpoint and, resumed, logs exactly
+what an uninterrupted run logs. Async PPO with K = 2 (a value model, the learner's own shuffling generator, and two
+batches in flight that were made by versions no checkpoint holds) and GRPO with --async-steps 0 (sync at scale;
+held-out evaluations) on the tiny models, real engine. The cores' SIGTERM save is tested in test_layout.py."""
 
 import json
 import signal
@@ -13,9 +14,10 @@ import pytest
 from conftest import ENV, REPO, kill_group, read_metrics, run_script
 
 STEPS = 6
-LOSSES = {"async_ppo.py": ("losses/policy_loss", "losses/value_loss", "objective/scores", "objective/kl",
+PPO, GRPO = "multigpu/async_ppo_multigpu.py", "multigpu/async_grpo_gsm8k_multigpu.py"
+LOSSES = {PPO: ("losses/policy_loss", "losses/value_loss", "objective/scores", "objective/kl",
                            "policy/approx_kl", "async/actor_version"),
-          "sync_baselines/sync_grpo_gsm8k.py": ("losses/policy_loss", "objective/accuracy", "policy/approx_kl",
+          GRPO: ("losses/policy_loss", "objective/accuracy", "policy/approx_kl",
                                                 "policy/grad_norm")}
 
 
@@ -23,12 +25,12 @@ def flags(script, tiny, arithmetic_folder):
     common = ("--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--prompts-per-step", "4",
               "--num-learner-steps", str(STEPS), "--learning-rate", "3e-3", "--seed", "5", "--kv-cache-gib", "0.25",
               "--save-every", "2")
-    if script == "async_ppo.py":
+    if script == PPO:
         return (*common, "--reward-model-path", str(tiny / "rm"), "--dataset-name", str(tiny / "prompts.jsonl"),
                 "--max-prompt-tokens", "64", "--num-samples-per-prompt", "2", "--async-steps", "2",
                 "--num-mini-batches", "2")
     return (*common, "--dataset-path", str(arithmetic_folder), "--max-prompt-tokens", "128", "--num-eval-prompts",
-            "8", "--eval-every", "2", "--temperature", "1.0")
+            "8", "--eval-every", "2", "--temperature", "1.0", "--async-steps", "0")
 
 
 def run_until_sigterm(script, cwd, args, after_steps: int):
@@ -82,7 +84,7 @@ def test_a_run_stopped_by_sigterm_and_resumed_logs_what_an_uninterrupted_run_log
     for key in LOSSES[script]:
         assert [m[key] for m in resumed] == pytest.approx([m[key] for m in whole], abs=1e-6), key
     assert any(m["losses/policy_loss"] != whole[0]["losses/policy_loss"] for m in whole), "nothing trained"
-    if script != "async_ppo.py":
+    if script != PPO:
         evaluations = [[json.loads(line) for line in (cwd / "runs").glob("*/eval.jsonl").__next__().read_text()
                         .splitlines()] for cwd in (tmp_path / "whole", tmp_path / "stopped")]
         assert [e["policy_version"] for e in evaluations[1]] == [0, 2, 4, 6]
@@ -94,12 +96,12 @@ def test_resuming_with_other_training_flags_is_refused(tiny, tmp_path):
     """A checkpoint is continued with the flags it was made with; only where it runs and how it reports may change."""
     from conftest import load_script
 
-    grpo = load_script("async_grpo_gsm8k.py")
-    run_dir = tmp_path / "runs" / "async_grpo_gsm8k__1__1"
+    grpo = load_script(GRPO)
+    run_dir = tmp_path / "runs" / "async_grpo_gsm8k_multigpu__1__1"
     (run_dir / "checkpoint_2").mkdir(parents=True)
     import torch
 
-    torch.save(dict(step=2, args=dict(vars(grpo.Args(run_name="async_grpo_gsm8k__1__1")))),
+    torch.save(dict(step=2, args=dict(vars(grpo.Args(run_name="async_grpo_gsm8k_multigpu__1__1")))),
                run_dir / "checkpoint_2" / "state.pt")
     changed = grpo.Args(resume_from=str(run_dir), learning_rate=1e-4)
     with pytest.raises(SystemExit, match=r"error: --resume-from: --learning-rate is 0.0001 here but was 3e-06 in "

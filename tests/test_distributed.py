@@ -13,18 +13,20 @@ from safetensors.torch import load_file
 from conftest import ENV, REPO, kill_group, read_metrics, run_script
 
 STEPS = 3
-# one script of each pair, async and sync alternating; FSDP2 on PPO (two sharded models under one optimizer)
+# the multigpu variants, async and sync (--async-steps 0) alternating; FSDP2 on PPO (two sharded models under one
+# optimizer)
 CASES = {
-    "async_dpo.py": ("losses/dpo_loss", "objective/kl", "policy/chosen_rejected_logratio", "policy/grad_norm"),
-    "sync_baselines/sync_rloo.py": ("losses/policy_loss", "objective/kl", "policy/approx_kl", "policy/grad_norm"),
-    "async_ppo.py": ("losses/policy_loss", "losses/value_loss", "objective/kl", "policy/grad_norm"),
-    "sync_baselines/sync_grpo_gsm8k.py": ("losses/policy_loss", "objective/accuracy", "policy/approx_kl",
+    "multigpu/async_dpo_multigpu.py": ("losses/dpo_loss", "objective/kl", "policy/chosen_rejected_logratio", "policy/grad_norm"),
+    "multigpu/async_rloo_multigpu.py --async-steps 0": ("losses/policy_loss", "objective/kl", "policy/approx_kl", "policy/grad_norm"),
+    "multigpu/async_ppo_multigpu.py": ("losses/policy_loss", "losses/value_loss", "objective/kl", "policy/grad_norm"),
+    "multigpu/async_grpo_gsm8k_multigpu.py --async-steps 0": ("losses/policy_loss", "objective/accuracy", "policy/approx_kl",
                                           "policy/grad_norm"),
 }
 
 
-def flags(script, tiny, arithmetic_folder):
-    common = ("--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--prompts-per-step", "4",
+def flags(case, tiny, arithmetic_folder):
+    script, *extra = case.split()  # "path --async-steps 0": sync at scale
+    common = (*extra, "--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--prompts-per-step", "4",
               "--num-learner-steps", str(STEPS), "--learning-rate", "3e-3", "--seed", "5", "--kv-cache-gib", "0.25",
               "--micro-batch-size", "2", "--collective-timeout", "300")
     if "grpo" in script:
@@ -53,6 +55,7 @@ def torchrun(target, cwd, *args, nproc: int = 2, timeout: float = 900):
 @pytest.mark.parametrize("script", list(CASES))
 def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path, script):
     args = [*flags(script, tiny, arithmetic_folder)]
+    script = script.split()[0]
     one_args = [a for a in args if a != "--fsdp"]  # --fsdp needs two or more processes
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
@@ -66,7 +69,7 @@ def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path,
     one, both = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")  # one run folder: rank 0 logs
     assert [m["step"] for m in both] == list(range(STEPS))
     assert [m["episodes"] for m in both] == [m["episodes"] for m in one]
-    for key in CASES[script]:
+    for key in next(keys for case, keys in CASES.items() if case.startswith(script)):
         assert [m[key] for m in both] == pytest.approx([m[key] for m in one], rel=1e-4, abs=1e-5), key
     # the engine runs in a process of its own under torchrun: its logprobs of the first batch equal the learners'
     # (the weight-sync guard also checked every hand-over, or the run would have stopped)
@@ -91,7 +94,7 @@ def test_a_crash_on_another_rank_ends_the_job_with_its_traceback(tiny, tmp_path)
         "    torch.optim.AdamW.step = step\n"
         "sys.argv = sys.argv[1:]\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    args = [str(REPO / "async_rloo.py"), *flags("async_rloo.py", tiny, None)]
+    args = [str(REPO / "multigpu/async_rloo_multigpu.py"), *flags("multigpu/async_rloo_multigpu.py", tiny, None)]
     proc, seconds = torchrun(wrapper, tmp_path, *args, timeout=600)
     assert proc.returncode != 0
     assert "RuntimeError: injected failure on rank 1" in proc.stderr
@@ -102,7 +105,8 @@ def test_a_tensor_parallel_engine_serves_the_learners_weights(tiny, tmp_path, mo
     """--engine-tensor-parallel-size 2: the engine's two workers run in processes of their own, so the weights reach
     them through shared memory; the weight-sync guard checks every version, and the first batch's logprobs match."""
     monkeypatch.setitem(ENV, "VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per worker (vLLM's CPU default wants NUMA)
-    proc, _ = run_script("async_dpo.py", tmp_path, *flags("async_dpo.py", tiny, None), "--num-learner-steps", "4",
+    dpo = "multigpu/async_dpo_multigpu.py"
+    proc, _ = run_script(dpo, tmp_path, *flags(dpo, tiny, None), "--num-learner-steps", "4",
                          "--engine-tensor-parallel-size", "2")
     assert proc.returncode == 0, proc.stderr[-5000:]
     metrics = read_metrics(tmp_path)

@@ -2,16 +2,18 @@
 
 import math
 import queue
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ENV, REPO, load_script, read_metrics, run_script
+from conftest import ENV, REPO, kill_group, load_script, read_metrics, run_script
 
-ASYNC, SYNC = "async_dpo.py", "sync_baselines/sync_dpo.py"
+ASYNC, SYNC, MULTIGPU = "async_dpo.py", "sync_baselines/sync_dpo.py", "multigpu/async_dpo_multigpu.py"
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +72,15 @@ def test_reward_scores_read_last_real_token_when_pad_is_eos(dpo, tiny):
 
 
 # ---------------------------------------------------------------- weight sync on a real engine
-def check_weight_sync(policy_dir: str):
+def check_weight_sync(policy_dir: str, script: str = ASYNC):
     """After a learner update and a sync, vLLM's logprobs equal the learner's; sampled-token logprobs are tempered;
-    a batch larger than one engine step's token budget samples (seeded) without crashing."""
+    a batch larger than one engine step's token budget samples (seeded) without crashing. The multigpu variant's
+    hand-off writes each version into a copy the engine has already loaded: vLLM must hold weights of its own."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dpo = load_script(ASYNC)
-    args = dpo.Args(model_name_or_path=policy_dir, engine_device="cpu", gpu_memory_utilization=0.1,
+    dpo = load_script(script)
+    args = dpo.Args(model_name_or_path=policy_dir, engine_device="cpu", learner_device="cpu",
+                    gpu_memory_utilization=0.1,
                     kv_cache_gib=0.25, max_prompt_tokens=96, response_length=16, temperature=0.7,
                     num_samples_per_prompt=1, prompts_per_step=1, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
@@ -114,20 +118,29 @@ def check_weight_sync(policy_dir: str):
 
     learner_step()
     spare_weights = queue.Queue()
-    handed = dpo.copy_for_engine(model.state_dict(), spare_weights, args)  # no spare yet: a fresh copy
+    if script == MULTIGPU:
+        handed = dpo.copy_for_engine(model.state_dict(), spare_weights, args)  # no spare yet: a fresh copy
+    else:  # the core's hand-off, as in its learner loop
+        handed = {name: t.detach().to(args.engine_device, copy=True) for name, t in model.state_dict().items()}
     dpo.push_weights_to_engine(llm, handed)
     after = engine_sequence_logprobs()
     assert (after - learner_logprobs(fixed, everything, 1.0)).abs().max() < 1e-4
     assert (after - before).abs().max() > 1e-2, "the engine did not pick up the new weights"
+    # the guard: the engine passes the check of the weights it holds, and fails that of the next version
+    check = dpo.weight_check(model, fixed, args)
+    dpo.check_weight_sync(llm, check, args, version=1)
 
-    # the next version is written into that copy once the engine has loaded it: vLLM must hold weights of its own,
-    # or overwriting the copy would change what it serves before the next sync
-    spare_weights.put(handed)
-    learner_step()
-    assert dpo.copy_for_engine(model.state_dict(), spare_weights, args) is handed
-    assert all(torch.equal(handed[name], t) for name, t in model.state_dict().items())
-    assert (engine_sequence_logprobs() - after).abs().max() < 1e-6, "overwriting a loaded copy changed the engine"
-    dpo.push_weights_to_engine(llm, handed)
+    if script == MULTIGPU:  # the next version is written into that copy once the engine has loaded it
+        spare_weights.put(handed)
+        learner_step()
+        assert dpo.copy_for_engine(model.state_dict(), spare_weights, args) is handed
+        assert all(torch.equal(handed[name], t) for name, t in model.state_dict().items())
+        assert (engine_sequence_logprobs() - after).abs().max() < 1e-6, "overwriting a loaded copy changed the engine"
+    else:
+        learner_step()
+    with pytest.raises(RuntimeError, match="weight sync failed: the engine does not serve policy version 2"):
+        dpo.check_weight_sync(llm, dpo.weight_check(model, fixed, args), args, version=2)
+    dpo.push_weights_to_engine(llm, handed if script == MULTIGPU else model.state_dict())
     after_second = engine_sequence_logprobs()
     assert (after_second - learner_logprobs(fixed, everything, 1.0)).abs().max() < 1e-4
     assert (after_second - after).abs().max() > 1e-2
@@ -148,8 +161,9 @@ def check_weight_sync(policy_dir: str):
     assert len(responses) == 128 and len(prompt) * 128 > 4096
 
 
-def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(tiny):
-    check_weight_sync(str(tiny / "policy"))
+@pytest.mark.parametrize("script", [ASYNC, MULTIGPU])
+def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(tiny, script):
+    check_weight_sync(str(tiny / "policy"), script)
 
 
 def test_weight_sync_on_gpt_neox_in_a_process_of_its_own(tiny):
@@ -216,6 +230,13 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_p
                                                         "--output-dir", str(tmp_path / "model")))
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = read_metrics(tmp_path)
+    # the async script with K = 0 is the sync twin with a thread in between: the same losses, bit for bit
+    (tmp_path / "k0").mkdir()
+    proc, _ = run_script(ASYNC, tmp_path / "k0", *common_flags(tiny, "--num-learner-steps", "4", "--num-mini-batches",
+                                                                 "2", "--async-steps", "0"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for key in ("losses/dpo_loss", "objective/scores", "objective/kl", "policy/grad_norm"):
+        assert [m[key] for m in read_metrics(tmp_path / "k0")] == [m[key] for m in metrics], key
     assert [m["async/actor_version"] for m in metrics] == [0, 1, 2, 3]
     assert all(m["async/staleness"] == 0 for m in metrics)
     # the engine really runs the learner's current weights at every step (the weights do change: lr 3e-3)
@@ -225,6 +246,30 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_p
 
 
 # ---------------------------------------------------------------- failures
+def test_sigterm_saves_the_policy_before_the_run_exits(tiny, tmp_path):
+    """Nothing the user trained is lost: a real SIGTERM mid-run saves the policy after the current step."""
+    proc = subprocess.Popen([sys.executable, str(REPO / ASYNC), *common_flags(tiny, "--num-learner-steps", "200")],
+                            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 900
+        while time.time() < deadline and proc.poll() is None:
+            logged = list((tmp_path / "runs").glob("*/metrics.jsonl"))
+            if logged and len(logged[0].read_text().splitlines()) >= 2:
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.05)
+        _, stderr = proc.communicate(timeout=600)
+    finally:
+        kill_group(proc)
+    steps = len(read_metrics(tmp_path))
+    assert proc.returncode != 0 and 2 <= steps < 200
+    (saved,) = (tmp_path / "runs").glob("*/checkpoint_*")
+    assert saved.name == f"checkpoint_{steps}"
+    assert f"SIGTERM: stopped after learner step {steps - 1}; the policy is saved in runs/" in stderr
+    assert (saved / "policy" / "model.safetensors").exists()
+
+
 def test_exception_in_generation_thread_stops_the_run_with_its_traceback(tiny, tmp_path):
     # fault injection, not a mock: the real engine runs, and its second generate call raises inside the thread
     (tmp_path / "inject.py").write_text(f"""

