@@ -31,6 +31,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -199,6 +200,8 @@ def check_args(args: Args):
         (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
         (args.output_dir is not None and os.path.isfile(args.output_dir),
          f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
+        (args.output_dir is not None and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
+         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
     ]
     if args.reward == "verifier":
         problems.append(("{question}" not in args.prompt_template, "--prompt-template must contain {question}"))
@@ -212,6 +215,12 @@ def check_args(args: Args):
     for bad, message in problems:
         if bad:
             sys.exit(f"error: {message}")
+    if args.output_dir is not None:  # probed now: a save that fails after training would lose the run
+        try:
+            os.makedirs(args.output_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=args.output_dir).close()
+        except OSError as e:
+            sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
     models = [("--model-name-or-path", args.model_name_or_path)]
     if args.reward == "model":  # the verifier loads no reward model
         models.append(("--reward-model-path", args.reward_model_path))
@@ -462,9 +471,14 @@ def load_tokenizer(args: Args):
     return tokenizer
 
 
-def read_records(path: str):
-    """The records (JSON objects) of a local JSON Lines file, or of a JSON array; a bad line is named by its number."""
-    with open(path) as f:
+def read_records(args: Args, source: str, split: str):
+    """The records (JSON objects) of a local JSON Lines file or JSON array, a bad line named by its number; or those
+    of a hub dataset's split."""
+    if not source.endswith((".json", ".jsonl")):
+        import datasets  # imported here: it is slow to import and only needed once
+
+        return list(datasets.load_dataset(source, args.dataset_config, split=split))
+    with open(source) as f:
         text = f.read()
     records = []
     for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
@@ -472,24 +486,19 @@ def read_records(path: str):
             try:
                 value = json.loads(chunk)
             except json.JSONDecodeError as e:
-                sys.exit(f"error: {path} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+                sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
             records.extend(value if isinstance(value, list) else [value])
     if not records or not all(isinstance(record, dict) for record in records):
-        sys.exit(f"error: {path} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
+        sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
     return records
 
 
 def load_prompts(args: Args, tokenizer):
     """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
-    if args.dataset_name.endswith((".json", ".jsonl")):
-        records = read_records(args.dataset_name)
-    else:
-        import datasets  # imported here: it is slow to import and only needed once
-
-        records = list(datasets.load_dataset(args.dataset_name, split=args.dataset_split))
-    bad = next((i for i, record in enumerate(records) if args.prompt_field not in record), None)
+    records = read_records(args, args.dataset_name, args.dataset_split)
+    bad = next((i for i, record in enumerate(records) if not isinstance(record.get(args.prompt_field), str)), None)
     if bad is not None:
-        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a field of record {bad + 1} of "
+        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a text field of record {bad + 1} of "
                  f"{args.dataset_name} ({sorted(records[bad])})")
     token_ids = tokenizer([record[args.prompt_field] for record in records])["input_ids"]
     kept = [ids for ids in token_ids if 0 < len(ids) <= args.max_prompt_tokens]
@@ -501,18 +510,13 @@ def load_prompts(args: Args, tokenizer):
 
 def load_problems(args: Args, split: str):
     """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
-    if args.dataset_path is not None:
-        source = os.path.join(args.dataset_path, f"{split}.jsonl")
-        problems = read_records(source)
-    else:
-        import datasets  # imported here: it is slow to import and only needed once
-
-        problems = list(datasets.load_dataset(args.dataset_name, args.dataset_config, split=split))
-        source = args.dataset_name
-    bad = next((i for i, problem in enumerate(problems) if not {"question", "answer"} <= set(problem)), None)
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, f"{split}.jsonl")
+    problems = read_records(args, source, split)
+    fields = ("question", "answer")
+    bad = next((i for i, p in enumerate(problems) if not all(isinstance(p.get(f), str) for f in fields)), None)
     if bad is not None:
-        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer): record {bad + 1} has "
-                 f"{sorted(problems[bad])}")
+        sys.exit(f"error: {source} is not in GSM8K format (text fields question, answer): record {bad + 1} has "
+                 f"{ {k: type(v).__name__ for k, v in problems[bad].items()} }")
     return problems
 
 
@@ -572,18 +576,11 @@ def build_engine(args: Args):
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     k = args.num_samples_per_prompt
-    params = [
-        SamplingParams(
-            n=k,
-            temperature=args.temperature,
-            max_tokens=args.response_length,
-            logprobs=0,  # 0 = only the sampled token's logprob
-            # vLLM seeds sample c of a request with seed + c: requests k apart, so no two samples share a stream
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
-            detokenize=False,
-        )
-        for j in range(len(prompts))
-    ]
+    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request with seed + c: requests k apart, so no
+    # two samples share a stream
+    params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
+                             seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+                             detokenize=False) for j in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     responses, logprobs = [], []
     for output in outputs:
@@ -622,7 +619,7 @@ def weight_check(model, probe, args: Args):
 
 def check_weight_sync(llm: LLM, check, args: Args, version: int):
     """The guard against the silent "weights never synced" failure: the engine's logprobs of the probe must be the
-    learner's, up to the rounding of `--engine-dtype` (docs/async.md#the-weight-sync-guard)."""
+    learner's, up to the rounding of `--engine-dtype` (docs/async.md#weight-sync)."""
     probe, learner_logprobs = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
@@ -644,7 +641,7 @@ def sync_engine(llm, policy, probe, args: Args, version: int):
 def keep_models_eager(*models):
     """vLLM 0.32 serves GPT-NeoX (Pythia) through its Transformers backend, which makes Hugging Face's decoder class
     compilable in place when the engine is built; ours keep the eager `forward` that vLLM gives its own instances
-    (docs/async.md#gpt-neox)."""
+    (docs/async.md#design-decisions)."""
     for model in filter(None, models):
         for module in model.modules():
             patched = any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__)
@@ -765,7 +762,7 @@ def learner_autocast(args: Args):
 
 def enable_gradient_checkpointing(model):
     """Recompute each layer's activations in the backward pass. Hugging Face recomputes only in training mode, so the
-    model goes to training mode with every dropout probability set to 0: it then computes exactly what eval mode does."""
+    model goes to training mode with every dropout probability 0: it then computes exactly what eval mode does."""
     for module in model.modules():
         for name, value in list(vars(module).items()):  # attention dropout is a float attribute, not a module
             if "dropout" in name and isinstance(value, float):
@@ -904,10 +901,14 @@ if __name__ == "__main__":
     # data (before any model, so that bad data fails in seconds)
     tokenizer = load_tokenizer(args)
     # the reward model reads the policy's token ids as its own: with another vocabulary it would score other text
-    reward_vocab = AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab() if args.reward == "model" else None
-    if reward_vocab not in (None, tokenizer.get_vocab()):
-        sys.exit(f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
-                 f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's")
+    if args.reward == "model":  # the reward model reads the policy's token ids: another vocabulary scores other text
+        try:
+            same = AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab() == tokenizer.get_vocab()
+        except (OSError, ValueError):  # no tokenizer there
+            same = False
+        if not same:
+            sys.exit(f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
+                     f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's")
     eval_set = ([], [])  # held-out (prompts, answers): only the verifier can grade them
     if args.reward == "verifier":
         train_prompts, train_answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
@@ -1113,7 +1114,12 @@ if __name__ == "__main__":
     if eval_set[0]:
         sync_engine(llm, policy, probe, args, args.num_learner_steps)
         log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
-    policy.save_pretrained(args.output_dir)
+    try:
+        policy.save_pretrained(args.output_dir)
+    except OSError as e:  # probed at the start, and yet: the run folder keeps what was trained
+        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in runs/{args.run_name}")
+        args.output_dir = f"runs/{args.run_name}/model"
+        policy.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)
     value_model.save_pretrained(os.path.join(args.output_dir, "value_model"))  # output_dir itself stays the policy
     print(f"saved the policy to {args.output_dir} and the value model to {args.output_dir}/value_model")

@@ -389,9 +389,14 @@ def load_tokenizer(args: Args):
     return tokenizer
 
 
-def read_records(path: str):
-    """The records (JSON objects) of a local JSON Lines file, or of a JSON array; a bad line is named by its number."""
-    with open(path) as f:
+def read_records(args: Args, source: str, split: str):
+    """The records (JSON objects) of a local JSON Lines file or JSON array, a bad line named by its number; or those
+    of a hub dataset's split."""
+    if not source.endswith((".json", ".jsonl")):
+        import datasets  # imported here: it is slow to import and only needed once
+
+        return list(datasets.load_dataset(source, args.dataset_config, split=split))
+    with open(source) as f:
         text = f.read()
     records = []
     for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
@@ -399,24 +404,19 @@ def read_records(path: str):
             try:
                 value = json.loads(chunk)
             except json.JSONDecodeError as e:
-                sys.exit(f"error: {path} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+                sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
             records.extend(value if isinstance(value, list) else [value])
     if not records or not all(isinstance(record, dict) for record in records):
-        sys.exit(f"error: {path} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
+        sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
     return records
 
 
 def load_prompts(args: Args, tokenizer):
     """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
-    if args.dataset_name.endswith((".json", ".jsonl")):
-        records = read_records(args.dataset_name)
-    else:
-        import datasets  # imported here: it is slow to import and only needed once
-
-        records = list(datasets.load_dataset(args.dataset_name, split=args.dataset_split))
-    bad = next((i for i, record in enumerate(records) if args.prompt_field not in record), None)
+    records = read_records(args, args.dataset_name, args.dataset_split)
+    bad = next((i for i, record in enumerate(records) if not isinstance(record.get(args.prompt_field), str)), None)
     if bad is not None:
-        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a field of record {bad + 1} of "
+        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a text field of record {bad + 1} of "
                  f"{args.dataset_name} ({sorted(records[bad])})")
     token_ids = tokenizer([record[args.prompt_field] for record in records])["input_ids"]
     kept = [ids for ids in token_ids if 0 < len(ids) <= args.max_prompt_tokens]
@@ -428,18 +428,13 @@ def load_prompts(args: Args, tokenizer):
 
 def load_problems(args: Args, split: str):
     """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
-    if args.dataset_path is not None:
-        source = os.path.join(args.dataset_path, f"{split}.jsonl")
-        problems = read_records(source)
-    else:
-        import datasets  # imported here: it is slow to import and only needed once
-
-        problems = list(datasets.load_dataset(args.dataset_name, args.dataset_config, split=split))
-        source = args.dataset_name
-    bad = next((i for i, problem in enumerate(problems) if not {"question", "answer"} <= set(problem)), None)
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, f"{split}.jsonl")
+    problems = read_records(args, source, split)
+    fields = ("question", "answer")
+    bad = next((i for i, p in enumerate(problems) if not all(isinstance(p.get(f), str) for f in fields)), None)
     if bad is not None:
-        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer): record {bad + 1} has "
-                 f"{sorted(problems[bad])}")
+        sys.exit(f"error: {source} is not in GSM8K format (text fields question, answer): record {bad + 1} has "
+                 f"{ {k: type(v).__name__ for k, v in problems[bad].items()} }")
     return problems
 
 
@@ -503,18 +498,11 @@ def build_engine(args: Args):
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     k = args.num_samples_per_prompt
-    params = [
-        SamplingParams(
-            n=k,
-            temperature=args.temperature,
-            max_tokens=args.response_length,
-            logprobs=0,  # 0 = only the sampled token's logprob
-            # vLLM seeds sample c of a request with seed + c: requests k apart, so no two samples share a stream
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
-            detokenize=False,
-        )
-        for j in range(len(prompts))
-    ]
+    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request with seed + c: requests k apart, so no
+    # two samples share a stream
+    params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
+                             seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+                             detokenize=False) for j in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     responses, logprobs = [], []
     for output in outputs:
@@ -571,7 +559,7 @@ def weight_check(model, probe, args: Args):
 
 def check_weight_sync(llm: LLM, check, args: Args, version: int):
     """The guard against the silent "weights never synced" failure: the engine's logprobs of the probe must be the
-    learner's, up to the rounding of `--engine-dtype` (docs/async.md#the-weight-sync-guard)."""
+    learner's, up to the rounding of `--engine-dtype` (docs/async.md#weight-sync)."""
     probe, learner_logprobs = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
@@ -596,7 +584,7 @@ def sync_engine(llm, policy, probe, args: Args, version: int):
 def keep_models_eager(*models):
     """vLLM 0.32 serves GPT-NeoX (Pythia) through its Transformers backend, which makes Hugging Face's decoder class
     compilable in place when the engine is built; ours keep the eager `forward` that vLLM gives its own instances
-    (docs/async.md#gpt-neox)."""
+    (docs/async.md#design-decisions)."""
     for model in filter(None, models):
         for module in model.modules():
             patched = any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__)
@@ -744,7 +732,7 @@ def learner_autocast(args: Args):
 
 def enable_gradient_checkpointing(model):
     """Recompute each layer's activations in the backward pass. Hugging Face recomputes only in training mode, so the
-    model goes to training mode with every dropout probability set to 0: it then computes exactly what eval mode does."""
+    model goes to training mode with every dropout probability 0: it then computes exactly what eval mode does."""
     for module in model.modules():
         for name, value in list(vars(module).items()):  # attention dropout is a float attribute, not a module
             if "dropout" in name and isinstance(value, float):

@@ -1,23 +1,16 @@
-# docs: docs/ppo.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), PPO
-"""Asynchronous PPO: a generation thread samples with policy version i-K while the learner trains step i.
+# docs: docs/multigpu.md#ppo -- async_ppo.py plus torchrun learners, a tensor-parallel engine and exact resume
+"""async_ppo.py (PPO) scaled out: everything the core does, plus what a multi-GPU run needs.
 
-The generation thread drives an in-process vLLM engine and scores each response with a reward model; the learner takes
-the batch from a bounded queue and does PPO with a value model, as in "The N+ Implementation Details of RLHF with PPO"
-(Huang et al., 2024; github.com/vwxyzjn/summarize_from_feedback_details). `diff async_ppo.py sync_baselines/sync_ppo.py`
-shows everything that asynchrony changes.
+Added to the core (`diff async_ppo.py multigpu/async_ppo_multigpu.py` is the lesson on scaling out):
+torchrun learner processes (DDP, or FSDP2 with --fsdp) that split every mini-batch, rank 0 owning the engine and the
+logs; --engine-tensor-parallel-size (vLLM's workers in processes of their own, weights through shared memory); exact
+checkpoint/resume (--save-every, --resume-from: optimizer, scheduler, random states, batches in flight); a hand-off
+that reuses the copies the engine has loaded. Sync at scale is this file with --async-steps 0.
 
-What goes stale when generation runs K steps ahead: the responses, their scores, and vLLM's logprobs of the sampled
-tokens (PPO's "old" logprobs, and the policy in the KL penalty) all come from policy version i-K. Values, value targets
-and advantages are computed by the learner at step i with the current value model, so they are fresh.
-`--off-policy-correction` chooses what PPO's ratio is taken against, hence how the staleness is handled.
-
-Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
-    python async_ppo.py
-Offline on a CPU with the embedded SmolLM2-135M-Instruct (docs/ppo.md builds a local reward model):
-    python async_ppo.py --model-name-or-path models/SmolLM2-135M-Instruct --reward-model-path models/SmolLM2-rm \
-        --dataset-name prompts.jsonl --prompt-field query --prompts-per-step 8 --num-learner-steps 20
-Staleness sweep (the paper's off-policyness knobs):
-    python async_ppo.py --async-steps 2 --num-mini-batches 4
+    python multigpu/async_ppo_multigpu.py                                 # one process, as the core
+    torchrun --nproc-per-node 3 multigpu/async_ppo_multigpu.py            # the paper's 1 engine + 3 learners on 4 GPUs
+    torchrun --nproc-per-node 2 multigpu/async_ppo_multigpu.py --fsdp     # learners sharded with FSDP2
+    python multigpu/async_ppo_multigpu.py --save-every 50                 # then --resume-from runs/<run>
 """
 
 import os
@@ -293,12 +286,8 @@ def per_token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
 
 
 def compute_gae(rewards, values, mask, gamma, lam):
-    """Generalised advantage estimation (Schulman et al., 2016), as the reference code's loop; returns = A + V.
-
-    `rewards` and `values` are 0 off the response, so the value after the last response token is 0 (the episode ends
-    there) and padding adds nothing. Prompt columns get junk that the final mask removes (they come before the response
-    and the loop runs backwards, so it never reaches a response column).
-    """
+    """Generalised advantage estimation (Schulman et al., 2016), as the reference code's loop; returns = A + V. Values
+    are 0 off the response, so the episode ends after its last token; the prompt columns' junk is masked out."""
     advantages = torch.zeros_like(rewards)
     last_gae = 0.0
     for t in reversed(range(rewards.shape[1])):
@@ -357,8 +346,8 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
 
 
 def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip):
-    """PPO's clipped loss per token: ratio = pi / pi_anchor, each token's term times its importance weight (both from
-    `off_policy_anchor`), masked mean over the mini-batch's response tokens."""
+    """PPO's clipped loss per token, ratio pi / pi_anchor, times each token's importance weight (both from
+    `off_policy_anchor`): masked mean over the mini-batch's response tokens."""
     log_ratio = new_logprobs - anchor_logprobs
     ratio = torch.exp(log_ratio)
     pg_losses, no_gradient = clipped_surrogate(ratio, advantages, cliprange, dual_clip)
@@ -376,11 +365,8 @@ def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advan
 
 
 def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
-    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), masked mean; and the fraction where the clipped term wins.
-
-    V_old are the values computed at the start of this learner step (by the current value model), so the clip bounds
-    how far the N mini-batch updates of one step may move the value model, as in synchronous PPO.
-    """
+    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), masked mean, and the fraction where the clipped term wins.
+    V_old are the values at the start of the step: the clip bounds how far the step's N updates move the critic."""
     clipped = old_values + (new_values - old_values).clamp(-cliprange_value, cliprange_value)
     losses_unclipped = (new_values - returns) ** 2
     losses_clipped = (clipped - returns) ** 2
@@ -417,8 +403,8 @@ def response_logits(model, input_ids, attention_mask, response_mask, temperature
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
     """Logprob of each response token under `model` at the sampling temperature, laid out (batch, length - 1): column
-    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T), so no log-softmax copy of the
-    vocabulary-sized logits is made."""
+    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T): no log-softmax copy of the
+    vocabulary-sized logits."""
     logits, start = response_logits(model, input_ids, attention_mask, response_mask, temperature)
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return torch.nn.functional.pad(logprobs, (start, 0)) * response_mask[:, 1:]
@@ -454,11 +440,8 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
 @torch.no_grad()
 def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`), one
-    micro-batch at a time.
-
-    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
-    SmolLM2) it would read the score before the EOS token.
-    """
+    micro-batch at a time. Not the classifier's own pooling: it looks for the first pad token, and when pad == EOS
+    (Pythia, SmolLM2) it would read the score before the EOS token."""
     backbone = getattr(reward_model, reward_model.base_model_prefix)
     scores = []
     for rows in chunks(torch.arange(len(input_ids)), micro_batch_size):
@@ -552,9 +535,14 @@ def load_tokenizer(args: Args):
     return tokenizer
 
 
-def read_records(path: str):
-    """The records (JSON objects) of a local JSON Lines file, or of a JSON array; a bad line is named by its number."""
-    with open(path) as f:
+def read_records(args: Args, source: str, split: str):
+    """The records (JSON objects) of a local JSON Lines file or JSON array, a bad line named by its number; or those
+    of a hub dataset's split."""
+    if not source.endswith((".json", ".jsonl")):
+        import datasets  # imported here: it is slow to import and only needed once
+
+        return list(datasets.load_dataset(source, args.dataset_config, split=split))
+    with open(source) as f:
         text = f.read()
     records = []
     for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
@@ -562,24 +550,19 @@ def read_records(path: str):
             try:
                 value = json.loads(chunk)
             except json.JSONDecodeError as e:
-                sys.exit(f"error: {path} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+                sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
             records.extend(value if isinstance(value, list) else [value])
     if not records or not all(isinstance(record, dict) for record in records):
-        sys.exit(f"error: {path} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
+        sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
     return records
 
 
 def load_prompts(args: Args, tokenizer):
     """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
-    if args.dataset_name.endswith((".json", ".jsonl")):
-        records = read_records(args.dataset_name)
-    else:
-        import datasets  # imported here: it is slow to import and only needed once
-
-        records = list(datasets.load_dataset(args.dataset_name, split=args.dataset_split))
-    bad = next((i for i, record in enumerate(records) if args.prompt_field not in record), None)
+    records = read_records(args, args.dataset_name, args.dataset_split)
+    bad = next((i for i, record in enumerate(records) if not isinstance(record.get(args.prompt_field), str)), None)
     if bad is not None:
-        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a field of record {bad + 1} of "
+        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a text field of record {bad + 1} of "
                  f"{args.dataset_name} ({sorted(records[bad])})")
     token_ids = tokenizer([record[args.prompt_field] for record in records])["input_ids"]
     kept = [ids for ids in token_ids if 0 < len(ids) <= args.max_prompt_tokens]
@@ -591,18 +574,13 @@ def load_prompts(args: Args, tokenizer):
 
 def load_problems(args: Args, split: str):
     """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
-    if args.dataset_path is not None:
-        source = os.path.join(args.dataset_path, f"{split}.jsonl")
-        problems = read_records(source)
-    else:
-        import datasets  # imported here: it is slow to import and only needed once
-
-        problems = list(datasets.load_dataset(args.dataset_name, args.dataset_config, split=split))
-        source = args.dataset_name
-    bad = next((i for i, problem in enumerate(problems) if not {"question", "answer"} <= set(problem)), None)
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, f"{split}.jsonl")
+    problems = read_records(args, source, split)
+    fields = ("question", "answer")
+    bad = next((i for i, p in enumerate(problems) if not all(isinstance(p.get(f), str) for f in fields)), None)
     if bad is not None:
-        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer): record {bad + 1} has "
-                 f"{sorted(problems[bad])}")
+        sys.exit(f"error: {source} is not in GSM8K format (text fields question, answer): record {bad + 1} has "
+                 f"{ {k: type(v).__name__ for k, v in problems[bad].items()} }")
     return problems
 
 
@@ -666,18 +644,11 @@ def build_engine(args: Args):
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     k = args.num_samples_per_prompt
-    params = [
-        SamplingParams(
-            n=k,
-            temperature=args.temperature,
-            max_tokens=args.response_length,
-            logprobs=0,  # 0 = only the sampled token's logprob
-            # vLLM seeds sample c of a request with seed + c: requests k apart, so no two samples share a stream
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
-            detokenize=False,
-        )
-        for j in range(len(prompts))
-    ]
+    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request with seed + c: requests k apart, so no
+    # two samples share a stream
+    params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
+                             seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+                             detokenize=False) for j in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     responses, logprobs = [], []
     for output in outputs:
@@ -726,16 +697,15 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args):
-    """What the engine must answer once it holds `model`'s weights: the probe token ids, and the learner's float32
-    logprob of each token after the first at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
+    """What the engine must answer once it holds `model`'s weights: the learner's float32 logprobs of the probe's
+    tokens at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
     ids = torch.tensor([probe], device=args.learner_device)
     return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
 
 
 def check_weight_sync(llm: LLM, check, args: Args, version: int):
-    """Stop the run if the engine does not serve the weights it was just sent (the silent "weights never synced"
-    failure): its logprobs of the probe must be the learner's, up to the rounding of `--engine-dtype` (a float32
-    engine matches SmolLM2's to 1e-5; bfloat16 weights move them by 0.07 on average, measured)."""
+    """The guard against the silent "weights never synced" failure: the engine's logprobs of the probe must be the
+    learner's, up to the rounding of `--engine-dtype` (docs/async.md#weight-sync)."""
     probe, learner_logprobs = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
@@ -758,10 +728,9 @@ def sync_engine(llm, policy, probe, args: Args, version: int):
 
 
 def keep_models_eager(*models):
-    """vLLM 0.32 serves architectures it has no code of its own for (GPT-NeoX, i.e. Pythia) through its Transformers
-    backend, which makes Hugging Face's own decoder class compilable, in place, when the engine is built: the class's
-    new `__call__` reads `do_not_compile`, set only on instances built by vLLM (those built after the engine fail, so
-    every model is loaded before it). Ours get the value vLLM gives its eager instances: a plain `forward` call."""
+    """vLLM 0.32 serves GPT-NeoX (Pythia) through its Transformers backend, which makes Hugging Face's decoder class
+    compilable in place when the engine is built; ours keep the eager `forward` that vLLM gives its own instances
+    (docs/async.md#design-decisions)."""
     for model in filter(None, models):
         for module in model.modules():
             patched = any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__)
@@ -784,7 +753,6 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
         input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id,
                                                      args.engine_device)
         scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
-        # a response cut at --response-length is not a summary; the reference code penalises it the same way
         scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
     return dict(
         prompts=repeated_prompts,
@@ -906,9 +874,8 @@ def learner_autocast(args: Args):
 
 
 def enable_gradient_checkpointing(model):
-    """Recompute each layer's activations in the backward pass instead of storing them. Hugging Face recomputes only in
-    training mode, so the model goes to training mode with every dropout probability set to 0: it then computes
-    exactly what eval mode does, and the logprobs in the loss stay those of the sampled policy."""
+    """Recompute each layer's activations in the backward pass. Hugging Face recomputes only in training mode, so the
+    model goes to training mode with every dropout probability 0: it then computes exactly what eval mode does."""
     for module in model.modules():
         for name, value in list(vars(module).items()):  # attention dropout is a float attribute, not a module
             if "dropout" in name and isinstance(value, float):

@@ -1,20 +1,16 @@
-# docs: docs/rloo.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), RLOO
-"""Asynchronous RLOO: a generation thread samples with policy version i-K while the learner trains step i.
+# docs: docs/multigpu.md#rloo -- async_rloo.py plus torchrun learners, a tensor-parallel engine and exact resume
+"""async_rloo.py (RLOO) scaled out: everything the core does, plus what a multi-GPU run needs.
 
-The generation thread drives an in-process vLLM engine and scores each prompt's k samples with a reward model; the
-learner takes them from a bounded queue, subtracts a KL penalty to a frozen reference, baselines each reward by the
-mean of the other k-1 (REINFORCE leave-one-out, Ahmadian et al., 2024), and takes a clipped policy-gradient step on
-the whole sequence; `--off-policy-correction` chooses how the staleness of the samples is handled.
-`diff async_rloo.py sync_baselines/sync_rloo.py` shows everything that asynchrony changes.
+Added to the core (`diff async_rloo.py multigpu/async_rloo_multigpu.py` is the lesson on scaling out):
+torchrun learner processes (DDP, or FSDP2 with --fsdp) that split every mini-batch, rank 0 owning the engine and the
+logs; --engine-tensor-parallel-size (vLLM's workers in processes of their own, weights through shared memory); exact
+checkpoint/resume (--save-every, --resume-from: optimizer, scheduler, random states, batches in flight); a hand-off
+that reuses the copies the engine has loaded. Sync at scale is this file with --async-steps 0.
 
-Paper setup (TL;DR, Pythia-410m; needs a GPU and hub access):
-    python async_rloo.py
-Offline on a CPU with the embedded SmolLM2-135M-Instruct (docs/rloo.md builds a local reward model):
-    python async_rloo.py --model-name-or-path models/SmolLM2-135M-Instruct --reward-model-path models/SmolLM2-rm \
-        --dataset-name prompts.jsonl --prompt-field query --prompts-per-step 8 --num-learner-steps 20
-Staleness sweep (the paper's off-policyness knobs), and the same with AReaL's truncated importance weight:
-    python async_rloo.py --async-steps 2 --num-mini-batches 4
-    python async_rloo.py --async-steps 2 --num-mini-batches 4 --off-policy-correction decoupled
+    python multigpu/async_rloo_multigpu.py                                 # one process, as the core
+    torchrun --nproc-per-node 3 multigpu/async_rloo_multigpu.py            # the paper's 1 engine + 3 learners on 4 GPUs
+    torchrun --nproc-per-node 2 multigpu/async_rloo_multigpu.py --fsdp     # learners sharded with FSDP2
+    python multigpu/async_rloo_multigpu.py --save-every 50                 # then --resume-from runs/<run>
 """
 
 import os
@@ -271,11 +267,8 @@ def check_args(args: Args):
 # ALGO LOGIC: RLOO (Ahmadian et al., 2024). Each of a prompt's k samples is baselined by the mean reward of the other
 # k-1; a clipped, importance-weighted sequence-level policy gradient. Pure functions, unit-tested.
 def rloo_advantages(rewards: torch.Tensor, k: int):
-    """REINFORCE leave-one-out (Kool et al., 2019; Ahmadian et al., 2024): A_i = r_i - mean_{j != i} r_j.
-
-    `rewards` is the flat prompt-major list (the k samples of a prompt are adjacent). Each sample's baseline leaves
-    it out, so it does not depend on the sample and the gradient estimate stays unbiased.
-    """
+    """REINFORCE leave-one-out (Kool et al., 2019): A_i = r_i - mean_{j != i} r_j, over the flat prompt-major rewards.
+    The baseline leaves the sample out, so it does not depend on it and the gradient estimate stays unbiased."""
     grouped = rewards.view(-1, k)
     baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)
     return (grouped - baseline).flatten()
@@ -318,27 +311,19 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
 
 def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, cliprange: float,
                         dual_clip: Optional[float]):
-    """PPO-clip on whole sequences: ratio = pi(y) / pi_anchor(y), each sequence's term times its importance weight.
-
-    Arguments are per-sequence sums over response tokens; the anchor and the weights come from `off_policy_anchor`.
-    Returns the loss and its diagnostics.
-    """
-    # A sequence log-ratio sums ~50 token log-ratios: past ~88 exp overflows float32 and the backward pass through the
-    # clamps below would give 0 * inf = NaN. At 20 the ratio is far beyond any clip, so nothing else changes.
+    """PPO-clip on whole sequences (per-sequence logprob sums): ratio = pi(y) / pi_anchor(y), each term times its
+    importance weight (both from `off_policy_anchor`). Returns the loss and its diagnostics."""
+    # clamped: a sum of ~50 token log-ratios can pass 88, where exp overflows float32 (docs/rloo.md)
     log_ratio = (new_logprobs - anchor_logprobs).clamp(max=20.0)
     ratio = torch.exp(log_ratio)
     losses, no_gradient = clipped_surrogate(ratio, advantages, cliprange, dual_clip)
     loss = (importance_weights * losses).mean()
     with torch.no_grad():
-        stats = dict(
-            importance_ratio_mean=ratio.mean().item(),
-            importance_ratio_max=ratio.max().item(),
-            clipfrac=((ratio - 1.0).abs() > cliprange).float().mean().item(),
-            zero_gradient_frac=no_gradient.float().mean().item(),
-            importance_weight_mean=importance_weights.mean().item(),
-            approx_kl=((ratio - 1.0) - log_ratio).mean().item(),  # k3 estimator of KL(anchor || pi), always >= 0
-        )
-    return loss, stats
+        return loss, dict(importance_ratio_mean=ratio.mean().item(), importance_ratio_max=ratio.max().item(),
+                          clipfrac=((ratio - 1.0).abs() > cliprange).float().mean().item(),
+                          zero_gradient_frac=no_gradient.float().mean().item(),
+                          importance_weight_mean=importance_weights.mean().item(),
+                          approx_kl=((ratio - 1.0) - log_ratio).mean().item())  # k3 estimate of KL(anchor || pi)
 
 
 def response_logits(model, input_ids, attention_mask, response_mask, temperature):
@@ -352,8 +337,8 @@ def response_logits(model, input_ids, attention_mask, response_mask, temperature
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
     """Logprob of each response token under `model` at the sampling temperature, laid out (batch, length - 1): column
-    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T), so no log-softmax copy of the
-    vocabulary-sized logits is made."""
+    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T): no log-softmax copy of the
+    vocabulary-sized logits."""
     logits, start = response_logits(model, input_ids, attention_mask, response_mask, temperature)
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return torch.nn.functional.pad(logprobs, (start, 0)) * response_mask[:, 1:]
@@ -371,11 +356,8 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
 @torch.no_grad()
 def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`), one
-    micro-batch at a time.
-
-    We do not call the classifier's own pooling: it looks for the first pad token, and when pad == EOS (Pythia,
-    SmolLM2) it would read the score before the EOS token.
-    """
+    micro-batch at a time. Not the classifier's own pooling: it looks for the first pad token, and when pad == EOS
+    (Pythia, SmolLM2) it would read the score before the EOS token."""
     backbone = getattr(reward_model, reward_model.base_model_prefix)
     scores = []
     for rows in chunks(torch.arange(len(input_ids)), micro_batch_size):
@@ -469,9 +451,14 @@ def load_tokenizer(args: Args):
     return tokenizer
 
 
-def read_records(path: str):
-    """The records (JSON objects) of a local JSON Lines file, or of a JSON array; a bad line is named by its number."""
-    with open(path) as f:
+def read_records(args: Args, source: str, split: str):
+    """The records (JSON objects) of a local JSON Lines file or JSON array, a bad line named by its number; or those
+    of a hub dataset's split."""
+    if not source.endswith((".json", ".jsonl")):
+        import datasets  # imported here: it is slow to import and only needed once
+
+        return list(datasets.load_dataset(source, args.dataset_config, split=split))
+    with open(source) as f:
         text = f.read()
     records = []
     for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
@@ -479,24 +466,19 @@ def read_records(path: str):
             try:
                 value = json.loads(chunk)
             except json.JSONDecodeError as e:
-                sys.exit(f"error: {path} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+                sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
             records.extend(value if isinstance(value, list) else [value])
     if not records or not all(isinstance(record, dict) for record in records):
-        sys.exit(f"error: {path} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
+        sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
     return records
 
 
 def load_prompts(args: Args, tokenizer):
     """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
-    if args.dataset_name.endswith((".json", ".jsonl")):
-        records = read_records(args.dataset_name)
-    else:
-        import datasets  # imported here: it is slow to import and only needed once
-
-        records = list(datasets.load_dataset(args.dataset_name, split=args.dataset_split))
-    bad = next((i for i, record in enumerate(records) if args.prompt_field not in record), None)
+    records = read_records(args, args.dataset_name, args.dataset_split)
+    bad = next((i for i, record in enumerate(records) if not isinstance(record.get(args.prompt_field), str)), None)
     if bad is not None:
-        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a field of record {bad + 1} of "
+        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a text field of record {bad + 1} of "
                  f"{args.dataset_name} ({sorted(records[bad])})")
     token_ids = tokenizer([record[args.prompt_field] for record in records])["input_ids"]
     kept = [ids for ids in token_ids if 0 < len(ids) <= args.max_prompt_tokens]
@@ -508,18 +490,13 @@ def load_prompts(args: Args, tokenizer):
 
 def load_problems(args: Args, split: str):
     """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
-    if args.dataset_path is not None:
-        source = os.path.join(args.dataset_path, f"{split}.jsonl")
-        problems = read_records(source)
-    else:
-        import datasets  # imported here: it is slow to import and only needed once
-
-        problems = list(datasets.load_dataset(args.dataset_name, args.dataset_config, split=split))
-        source = args.dataset_name
-    bad = next((i for i, problem in enumerate(problems) if not {"question", "answer"} <= set(problem)), None)
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, f"{split}.jsonl")
+    problems = read_records(args, source, split)
+    fields = ("question", "answer")
+    bad = next((i for i, p in enumerate(problems) if not all(isinstance(p.get(f), str) for f in fields)), None)
     if bad is not None:
-        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer): record {bad + 1} has "
-                 f"{sorted(problems[bad])}")
+        sys.exit(f"error: {source} is not in GSM8K format (text fields question, answer): record {bad + 1} has "
+                 f"{ {k: type(v).__name__ for k, v in problems[bad].items()} }")
     return problems
 
 
@@ -583,18 +560,11 @@ def build_engine(args: Args):
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     k = args.num_samples_per_prompt
-    params = [
-        SamplingParams(
-            n=k,
-            temperature=args.temperature,
-            max_tokens=args.response_length,
-            logprobs=0,  # 0 = only the sampled token's logprob
-            # vLLM seeds sample c of a request with seed + c: requests k apart, so no two samples share a stream
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
-            detokenize=False,
-        )
-        for j in range(len(prompts))
-    ]
+    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request with seed + c: requests k apart, so no
+    # two samples share a stream
+    params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
+                             seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+                             detokenize=False) for j in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     responses, logprobs = [], []
     for output in outputs:
@@ -643,16 +613,15 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args):
-    """What the engine must answer once it holds `model`'s weights: the probe token ids, and the learner's float32
-    logprob of each token after the first at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
+    """What the engine must answer once it holds `model`'s weights: the learner's float32 logprobs of the probe's
+    tokens at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
     ids = torch.tensor([probe], device=args.learner_device)
     return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
 
 
 def check_weight_sync(llm: LLM, check, args: Args, version: int):
-    """Stop the run if the engine does not serve the weights it was just sent (the silent "weights never synced"
-    failure): its logprobs of the probe must be the learner's, up to the rounding of `--engine-dtype` (a float32
-    engine matches SmolLM2's to 1e-5; bfloat16 weights move them by 0.07 on average, measured)."""
+    """The guard against the silent "weights never synced" failure: the engine's logprobs of the probe must be the
+    learner's, up to the rounding of `--engine-dtype` (docs/async.md#weight-sync)."""
     probe, learner_logprobs = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
@@ -675,10 +644,9 @@ def sync_engine(llm, policy, probe, args: Args, version: int):
 
 
 def keep_models_eager(*models):
-    """vLLM 0.32 serves architectures it has no code of its own for (GPT-NeoX, i.e. Pythia) through its Transformers
-    backend, which makes Hugging Face's own decoder class compilable, in place, when the engine is built: the class's
-    new `__call__` reads `do_not_compile`, set only on instances built by vLLM (those built after the engine fail, so
-    every model is loaded before it). Ours get the value vLLM gives its eager instances: a plain `forward` call."""
+    """vLLM 0.32 serves GPT-NeoX (Pythia) through its Transformers backend, which makes Hugging Face's decoder class
+    compilable in place when the engine is built; ours keep the eager `forward` that vLLM gives its own instances
+    (docs/async.md#design-decisions)."""
     for model in filter(None, models):
         for module in model.modules():
             patched = any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__)
@@ -688,16 +656,17 @@ def keep_models_eager(*models):
 
 # GENERATION: one batch, the same code in the async and the sync script
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, step: int):
-    """Generate k samples per prompt and score each with the reward model (the KL part of the reward needs the
-    reference policy, which lives with the learner)."""
+    """Generate k samples per prompt and score each (the KL part of the reward needs the reference policy, which lives
+    with the learner)."""
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
-    repeated_prompts = [p for p in prompts for _ in range(args.num_samples_per_prompt)]
+    k = args.num_samples_per_prompt
+    repeated_prompts = [p for p in prompts for _ in range(k)]
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     format_rate = None  # the fraction of responses that state a number (verifier only)
     if args.reward == "verifier":  # graded as written, with or without EOS, as in the paper's GSM8K runs
-        scores, format_rate = grade(tokenizer, responses, answers, args.num_samples_per_prompt)
+        scores, format_rate = grade(tokenizer, responses, answers, k)
     else:
         input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id,
                                                      args.engine_device)
@@ -823,9 +792,8 @@ def learner_autocast(args: Args):
 
 
 def enable_gradient_checkpointing(model):
-    """Recompute each layer's activations in the backward pass instead of storing them. Hugging Face recomputes only in
-    training mode, so the model goes to training mode with every dropout probability set to 0: it then computes
-    exactly what eval mode does, and the logprobs in the loss stay those of the sampled policy."""
+    """Recompute each layer's activations in the backward pass. Hugging Face recomputes only in training mode, so the
+    model goes to training mode with every dropout probability 0: it then computes exactly what eval mode does."""
     for module in model.modules():
         for name, value in list(vars(module).items()):  # attention dropout is a float attribute, not a module
             if "dropout" in name and isinstance(value, float):

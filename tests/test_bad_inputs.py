@@ -50,6 +50,11 @@ def rm_with_another_tokenizer(tmp, tiny, arithmetic):
     tokenizer.save_pretrained(tmp / "rm2")
 
 
+def null_prompt(tmp, tiny, arithmetic):
+    lines = (tiny / "prompts.jsonl").read_text().splitlines()
+    (tmp / "null.jsonl").write_text("\n".join(lines[:2] + ['{"query": null}'] + lines[2:]) + "\n")
+
+
 def empty_file(tmp, tiny, arithmetic):
     (tmp / "empty.jsonl").write_text("")
 
@@ -78,6 +83,12 @@ BAD_INPUTS = [
      "--model-name-or-path 'models/SmolLM2-typo' is neither a folder in {tmp} nor a model on the hub"),
     ("sync_baselines/sync_dpo.py", rm_flags, ("--dataset-name", "{tmp}/empty.jsonl"), empty_file,
      "{tmp}/empty.jsonl holds no JSON objects (one per line)"),
+    ("async_ppo.py", rm_flags, ("--output-dir", "{tmp}/out/model"), output_file,
+     "--output-dir '{tmp}/out/model' is not a folder this run can write to (Not a directory)"),
+    ("async_dpo.py", rm_flags, ("--output-dir", "{tiny}/policy"), nothing,
+     "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
+    ("async_dpo.py", rm_flags, ("--dataset-name", "{tmp}/null.jsonl"), null_prompt,
+     "--prompt-field 'query' is not a text field of record 3 of {tmp}/null.jsonl"),
     ("async_dpo.py", rm_flags, ("--dataset-name", "{tmp}/bad.jsonl"), corrupt_jsonl,
      "{tmp}/bad.jsonl line 3: not valid JSON (Unterminated string"),
     ("async_grpo_gsm8k.py", grpo_flags, ("--dataset-path", "{tmp}/problems"), corrupt_problems,
@@ -105,7 +116,7 @@ def test_bad_input_fails_with_one_line_before_any_model_loads(tiny, arithmetic_f
         monkeypatch.setitem(ENV, "HOME", str(tmp_path))
         for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR"):
             monkeypatch.delitem(ENV, name, raising=False)
-    extra = [flag.replace("{tmp}", str(tmp_path)) for flag in extra]
+    extra = [flag.replace("{tmp}", str(tmp_path)).replace("{tiny}", str(tiny)) for flag in extra]
     proc = cli(script, tmp_path, *build(tiny, *([arithmetic_folder] if build is grpo_flags else [])), *extra)
     assert proc.returncode != 0
     assert f"error: {message.replace('{tmp}', str(tmp_path))}" in proc.stderr, proc.stderr[-3000:]

@@ -16,17 +16,20 @@ STEPS = 3
 # the multigpu variants, async and sync (--async-steps 0) alternating; FSDP2 on PPO (two sharded models under one
 # optimizer)
 CASES = {
-    "multigpu/async_dpo_multigpu.py": ("losses/dpo_loss", "objective/kl", "policy/chosen_rejected_logratio", "policy/grad_norm"),
-    "multigpu/async_rloo_multigpu.py --async-steps 0": ("losses/policy_loss", "objective/kl", "policy/approx_kl", "policy/grad_norm"),
+    "multigpu/async_dpo_multigpu.py": ("losses/dpo_loss", "objective/kl", "policy/chosen_rejected_logratio",
+                                       "policy/grad_norm"),
+    "multigpu/async_rloo_multigpu.py --async-steps 0": ("losses/policy_loss", "objective/kl", "policy/approx_kl",
+                                                        "policy/grad_norm"),
     "multigpu/async_ppo_multigpu.py": ("losses/policy_loss", "losses/value_loss", "objective/kl", "policy/grad_norm"),
-    "multigpu/async_grpo_gsm8k_multigpu.py --async-steps 0": ("losses/policy_loss", "objective/accuracy", "policy/approx_kl",
-                                          "policy/grad_norm"),
+    "multigpu/async_grpo_gsm8k_multigpu.py --async-steps 0": ("losses/policy_loss", "objective/accuracy",
+                                                              "policy/approx_kl", "policy/grad_norm"),
 }
 
 
 def flags(case, tiny, arithmetic_folder):
     script, *extra = case.split()  # "path --async-steps 0": sync at scale
-    common = (*extra, "--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--prompts-per-step", "4",
+    common = (*extra, "--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--prompts-per-step",
+              "4",
               "--num-learner-steps", str(STEPS), "--learning-rate", "3e-3", "--seed", "5", "--kv-cache-gib", "0.25",
               "--micro-batch-size", "2", "--collective-timeout", "300")
     if "grpo" in script:

@@ -49,8 +49,8 @@ COMMON = [
 ] + [  # the multigpu variants share their scale-out plumbing
     (name, list(MULTIGPU.values())) for name in ("init_distributed", "wrap_model", "unwrap", "full_state_dict",
                                                  "rank_rows", "gather_rows", "from_rank_0", "mean_over_ranks",
-                                                 "any_rank", "gradient_sync", "copy_for_engine", "push_weights_to_engine",
-                                                 "sync_engine", "token_logprobs_no_grad")
+                                                 "any_rank", "gradient_sync", "copy_for_engine",
+                                                 "push_weights_to_engine", "sync_engine", "token_logprobs_no_grad")
 ]
 
 
