@@ -20,8 +20,10 @@ Staleness sweep (the paper's off-policyness knobs):
 
 import os
 
-# the engine lives in this process, so weights are handed over as tensors (docs/async.md); set before vllm is imported
+# set before vllm is imported: the engine lives in this process, so weights are handed over as tensors; float32
+# Triton kernels in IEEE float32, not TF32, so a float32 engine's logprobs are the learner's (docs/async.md)
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 
 import glob
 import json
@@ -132,6 +134,8 @@ class Args:
     """passes over each batch (1 in the paper, so that N alone sets the number of updates per batch)"""
     learning_rate: float = 3e-6
     """AdamW learning rate of the policy and the value model (one optimizer), decayed linearly to 0"""
+    weight_decay: float = 0.0
+    """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
     kl_coef: float = 0.05
     """per-token reward -kl_coef * (log pi - log pi_ref): the KL penalty against the initial policy"""
     gamma: float = 1.0
@@ -188,8 +192,8 @@ def check_args(args: Args):
         (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
         (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
          f"samples), got {args.importance_weight_cap}"),
-        (args.dual_clip is not None and args.dual_clip <= 1,
-         f"--dual-clip must be > 1 (or None), got {args.dual_clip}"),
+        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
+         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
         (args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0,
          "--kl-coef must be >= 0, --cliprange and --cliprange-value > 0"),
         (args.eval_every < 1 or args.num_eval_prompts < 0, "--eval-every must be >= 1 and --num-eval-prompts >= 0"),
@@ -268,23 +272,17 @@ def masked_whiten(x, mask):
 
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
-    """The logprobs the PPO ratio is taken against, and each term's importance weight (no gradient), for each
-    `--off-policy-correction`; docs/async.md compares them. Logprobs are summed per sequence (RLOO) or per token (PPO,
-    GRPO). `behaviour_logprobs` (mu) are vLLM's, of policy version i-K; `old_logprobs` (pi_old) are the learner's own,
-    recomputed before the step's first update (None in behaviour mode, which skips that forward pass).
-
-    paper      ratio pi / pi_old, weight 1: the paper's code. The clip bounds how far the step's N updates move the
-               policy; the staleness of the samples is not corrected (on-policy, K = 0, it is the same as behaviour).
-    behaviour  ratio pi / mu, weight 1: the clip also bounds the distance to the policy that sampled, up to K versions
-               back (verl's bypass mode, TRL's async GRPO, PipelineRL).
-    decoupled  ratio pi / pi_old, weight min(pi_old / mu, cap): the clip bounds this step's updates and a truncated
-               importance weight corrects the staleness (decoupled PPO, Hilton et al., 2022; AReaL, Fu et al., 2025).
-    """
+    """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
+    (docs/async.md#the-off-policy-correction-three-modes); summed per sequence (RLOO) or per token (PPO, GRPO).
+    paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
+    (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
+    Neither output carries gradient, whatever the caller passes."""
     if correction == "behaviour":
-        return behaviour_logprobs, torch.ones_like(behaviour_logprobs)
+        return behaviour_logprobs.detach(), torch.ones_like(behaviour_logprobs)
+    old_logprobs = old_logprobs.detach()
     if correction == "paper":
         return old_logprobs, torch.ones_like(old_logprobs)
-    return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs).clamp(max=importance_weight_cap)
+    return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs.detach()).clamp(max=importance_weight_cap)
 
 
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
@@ -962,7 +960,8 @@ if __name__ == "__main__":
         enable_gradient_checkpointing(policy)
         enable_gradient_checkpointing(value_model)
     # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
-    optimizer = torch.optim.AdamW([*policy.parameters(), *value_model.parameters()], lr=args.learning_rate, eps=1e-5)
+    optimizer = torch.optim.AdamW([*policy.parameters(), *value_model.parameters()], lr=args.learning_rate, eps=1e-5,
+                                  weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     if args.gpu_memory_utilization is None:  # vLLM takes a fraction of the whole card: of what the models left free

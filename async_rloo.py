@@ -18,8 +18,10 @@ Staleness sweep (the paper's off-policyness knobs), here with AReaL's truncated 
 
 import os
 
-# the engine lives in this process, so weights are handed over as tensors (docs/async.md); set before vllm is imported
+# set before vllm is imported: the engine lives in this process, so weights are handed over as tensors; float32
+# Triton kernels in IEEE float32, not TF32, so a float32 engine's logprobs are the learner's (docs/async.md)
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 
 import glob
 import json
@@ -128,6 +130,8 @@ class Args:
     """N: sequential optimizer steps per generation round (the paper's off-policyness knob, Sec. 3)"""
     learning_rate: float = 3e-6
     """AdamW learning rate, decayed linearly to 0"""
+    weight_decay: float = 0.0
+    """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
     kl_coef: float = 0.05
     """weight of the sequence KL in the reward: r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
@@ -179,8 +183,8 @@ def check_args(args: Args):
         (args.cliprange < 0, f"--cliprange must be >= 0, got {args.cliprange}"),
         (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
          f"samples), got {args.importance_weight_cap}"),
-        (args.dual_clip is not None and args.dual_clip <= 1,
-         f"--dual-clip must be > 1 (or None), got {args.dual_clip}"),
+        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
+         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
         (args.eval_every < 1 or args.num_eval_prompts < 0, "--eval-every must be >= 1 and --num-eval-prompts >= 0"),
         (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
              args.micro_batch_size) < 1, "--num-learner-steps, --prompts-per-step, --response-length, "
@@ -230,23 +234,17 @@ def rloo_advantages(rewards: torch.Tensor, k: int):
 
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
-    """The logprobs the PPO ratio is taken against, and each term's importance weight (no gradient), for each
-    `--off-policy-correction`; docs/async.md compares them. Logprobs are summed per sequence (RLOO) or per token (PPO,
-    GRPO). `behaviour_logprobs` (mu) are vLLM's, of policy version i-K; `old_logprobs` (pi_old) are the learner's own,
-    recomputed before the step's first update (None in behaviour mode, which skips that forward pass).
-
-    paper      ratio pi / pi_old, weight 1: the paper's code. The clip bounds how far the step's N updates move the
-               policy; the staleness of the samples is not corrected (on-policy, K = 0, it is the same as behaviour).
-    behaviour  ratio pi / mu, weight 1: the clip also bounds the distance to the policy that sampled, up to K versions
-               back (verl's bypass mode, TRL's async GRPO, PipelineRL).
-    decoupled  ratio pi / pi_old, weight min(pi_old / mu, cap): the clip bounds this step's updates and a truncated
-               importance weight corrects the staleness (decoupled PPO, Hilton et al., 2022; AReaL, Fu et al., 2025).
-    """
+    """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
+    (docs/async.md#the-off-policy-correction-three-modes); summed per sequence (RLOO) or per token (PPO, GRPO).
+    paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
+    (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
+    Neither output carries gradient, whatever the caller passes."""
     if correction == "behaviour":
-        return behaviour_logprobs, torch.ones_like(behaviour_logprobs)
+        return behaviour_logprobs.detach(), torch.ones_like(behaviour_logprobs)
+    old_logprobs = old_logprobs.detach()
     if correction == "paper":
         return old_logprobs, torch.ones_like(old_logprobs)
-    return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs).clamp(max=importance_weight_cap)
+    return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs.detach()).clamp(max=importance_weight_cap)
 
 
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
@@ -878,7 +876,8 @@ if __name__ == "__main__":
         reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
                                                                           dtype=torch.float32)
         reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5,
+                                  weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     if args.gpu_memory_utilization is None:  # vLLM takes a fraction of the whole card: of what the models left free

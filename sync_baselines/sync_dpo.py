@@ -16,8 +16,10 @@ Off-policyness sweep (the paper's Sec. 3: N mini-batches per generation round):
 
 import os
 
-# the engine lives in this process, so weights are handed over as tensors (docs/async.md); set before vllm is imported
+# set before vllm is imported: the engine lives in this process, so weights are handed over as tensors; float32
+# Triton kernels in IEEE float32, not TF32, so a float32 engine's logprobs are the learner's (docs/async.md)
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 
 import glob
 import json
@@ -123,6 +125,8 @@ class Args:
     """N: sequential optimizer steps per generation round (the paper's off-policyness knob, Sec. 3)"""
     learning_rate: float = 3e-6
     """AdamW learning rate, decayed linearly to 0"""
+    weight_decay: float = 0.0
+    """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
     beta: float = 0.1
     """DPO inverse temperature (strength of the implicit KL penalty)"""
     missing_eos_penalty: float = -1.0
@@ -762,7 +766,8 @@ if __name__ == "__main__":
         reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
                                                                           dtype=torch.float32)
         reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5,
+                                  weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     if args.gpu_memory_utilization is None:  # vLLM takes a fraction of the whole card: of what the models left free

@@ -99,6 +99,14 @@ def test_on_policy_the_three_modes_give_the_same_loss_and_gradient(script):
     assert results[0][0] == pytest.approx(-advantages.mean().item(), abs=1e-6)  # ratio 1: plain policy gradient
 
 
+@pytest.mark.parametrize("mode", EXPECTED)
+def test_the_anchor_and_the_weights_never_carry_gradient(script, mode):
+    """A caller that forgets to detach (the anchor from a forward pass with gradient) must not train through it."""
+    old, behaviour = (-torch.rand(4)).requires_grad_(True), (-torch.rand(4)).requires_grad_(True)
+    anchor, weights = script.off_policy_anchor(mode, None if mode == "behaviour" else old, behaviour, 2.0)
+    assert not anchor.requires_grad and not weights.requires_grad
+
+
 def test_a_huge_log_ratio_gives_a_finite_loss_and_gradient():
     # RLOO sums ~50 token log-ratios, which can pass 88 where exp overflows float32
     rloo = load_script("async_rloo.py")
@@ -118,7 +126,8 @@ def test_a_huge_log_ratio_gives_a_finite_loss_and_gradient():
     (["--off-policy-correction", "tis"], None),
     (["--importance-weight-cap", "0.5"], "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
                                          "samples), got 0.5"),
-    (["--dual-clip", "1.0"], "--dual-clip must be > 1 (or None), got 1.0"),
+    (["--dual-clip", "1.0"], "--dual-clip must be > 1 + --cliprange = 1.2 (or None), got 1.0"),
+    (["--dual-clip", "1.1"], "--dual-clip must be > 1 + --cliprange = 1.2 (or None), got 1.1"),  # inside the clip
 ])
 def test_bad_correction_flags_are_rejected(script, flags, message):
     import tyro
