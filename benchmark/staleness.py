@@ -68,7 +68,8 @@ ALGORITHMS = {
 }
 # flags every run gets (prompt/response sizes fit the generated problems; no sample tables: they cost time)
 COMMON_FLAGS = ["--model-name-or-path", "{sft}", "--max-prompt-tokens", "96", "--temperature", "0.7",
-                "--torch-threads", "1", "--sample-every", "1000000", "--keep-checkpoints", "0"]
+                "--torch-threads", "1", "--sample-every", "1000000", "--keep-checkpoints", "0",
+                "--weight-decay", "0.01"]  # the AdamW default every committed run of this sweep was made with
 # the paper's off-policyness knobs: sync with N mini-batches per round (N=1 is fully on-policy), async with K steps of
 # lag under each correction
 SYNC_N = (1, 4, 16, 32)
