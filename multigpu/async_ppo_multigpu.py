@@ -18,9 +18,11 @@ import os
 # The engine lives in this process, so that weights can be handed over as tensors (to an engine process of its own,
 # `collective_rpc` sends tensors as lists). Not under torchrun: vLLM takes the torch.distributed world it finds for its
 # own, and that world is the learners'; there the engine gets a process of its own and the weights go through shared
-# memory (see push_weights_to_engine). Must be set before vllm is imported.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if os.environ.get("WORLD_SIZE", "1") == "1" else "1")
+# memory (see push_weights_to_engine). Forced (an inherited 0 would break torchrun), before vllm is imported.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if os.environ.get("WORLD_SIZE", "1") == "1" else "1"
+os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # else vLLM's float32 Triton attention uses TF32 on a GPU
 
+import atexit
 import collections
 import contextlib
 import datetime
@@ -129,6 +131,8 @@ class Args:
     gpu_memory_utilization: Optional[float] = None
     """fraction of the engine GPU for vLLM; None: 30% (GPU shared with the learner) or 90% (its own GPU) of the memory
     still free once the models are loaded"""
+    weights_dir: Optional[str] = None
+    """folder the weights reach an engine in processes of its own through (torchrun, tensor-parallel); None: /dev/shm"""
     kv_cache_gib: Optional[float] = None
     """KV cache size in GiB; None lets vLLM size it from `gpu_memory_utilization` on GPU, and means 1 GiB on CPU"""
 
@@ -149,6 +153,8 @@ class Args:
     """passes over each batch (1 in the paper, so that N alone sets the number of updates per batch)"""
     learning_rate: float = 3e-6
     """AdamW learning rate of the policy and the value model (one optimizer), decayed linearly to 0"""
+    weight_decay: float = 0.0
+    """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
     kl_coef: float = 0.05
     """per-token reward -kl_coef * (log pi - log pi_ref): the KL penalty against the initial policy"""
     gamma: float = 1.0
@@ -241,8 +247,8 @@ def check_args(args: Args):
     if args.importance_weight_cap < 1:
         fail(f"--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy samples), "
              f"got {args.importance_weight_cap}")
-    if args.dual_clip is not None and args.dual_clip <= 1:
-        fail(f"--dual-clip must be > 1 (or None), got {args.dual_clip}")
+    if args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange:  # else it bites inside the clip range
+        fail(f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}")
     if args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0:
         fail("--kl-coef must be >= 0, --cliprange and --cliprange-value > 0")
     if args.eval_every < 1 or args.num_eval_prompts < 0:
@@ -266,6 +272,16 @@ def check_args(args: Args):
         fail(f"--save-every and --keep-checkpoints must be >= 0, got {args.save_every} and {args.keep_checkpoints}")
     if args.output_dir is not None and os.path.isfile(args.output_dir):
         fail(f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder")
+    if args.output_dir is not None and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path):
+        fail("--output-dir is --model-name-or-path: the trained policy would overwrite the initial one")
+    if args.weights_dir is not None and not os.path.isdir(args.weights_dir):
+        fail(f"--weights-dir {args.weights_dir!r}: no such folder")
+    try:  # probed now: a save that fails after training would lose the run
+        if args.output_dir is not None:
+            os.makedirs(args.output_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=args.output_dir).close()
+    except OSError as e:
+        fail(f"--output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
     for flag, path in models:  # last: a hub id may take a while to resolve
         positions = getattr(model_config(flag, path), "max_position_embeddings", None)
         if positions is not None and args.max_prompt_tokens + args.response_length > positions:
@@ -311,23 +327,17 @@ def masked_whiten(x, mask):
 
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
-    """The logprobs the PPO ratio is taken against, and each term's importance weight (no gradient), for each
-    `--off-policy-correction`; docs/async.md compares them. Logprobs are summed per sequence (RLOO) or per token (PPO,
-    GRPO). `behaviour_logprobs` (mu) are vLLM's, of policy version i-K; `old_logprobs` (pi_old) are the learner's own,
-    recomputed before the step's first update (None in behaviour mode, which skips that forward pass).
-
-    paper      ratio pi / pi_old, weight 1: the paper's code. The clip bounds how far the step's N updates move the
-               policy; the staleness of the samples is not corrected (on-policy, K = 0, it is the same as behaviour).
-    behaviour  ratio pi / mu, weight 1: the clip also bounds the distance to the policy that sampled, up to K versions
-               back (verl's bypass mode, TRL's async GRPO, PipelineRL).
-    decoupled  ratio pi / pi_old, weight min(pi_old / mu, cap): the clip bounds this step's updates and a truncated
-               importance weight corrects the staleness (decoupled PPO, Hilton et al., 2022; AReaL, Fu et al., 2025).
-    """
+    """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
+    (docs/async.md#the-off-policy-correction-three-modes); summed per sequence (RLOO) or per token (PPO, GRPO).
+    paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
+    (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
+    Neither output carries gradient, whatever the caller passes."""
     if correction == "behaviour":
-        return behaviour_logprobs, torch.ones_like(behaviour_logprobs)
+        return behaviour_logprobs.detach(), torch.ones_like(behaviour_logprobs)
+    old_logprobs = old_logprobs.detach()
     if correction == "paper":
         return old_logprobs, torch.ones_like(old_logprobs)
-    return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs).clamp(max=importance_weight_cap)
+    return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs.detach()).clamp(max=importance_weight_cap)
 
 
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
@@ -669,28 +679,30 @@ def evaluate(llm: LLM, eval_set, args: Args, version: int):
             "eval/format_rate": float(np.mean([found for _, found in graded])), "time/eval": time.time() - start}
 
 
-def push_weights_to_engine(llm: LLM, state_dict: dict):
+def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str] = None):
     """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights).
     An engine in this process takes the tensors themselves; one whose workers run in processes of their own (under
-    torchrun, or tensor-parallel) reads them from a safetensors file in shared memory, the form in which
-    `reload_weights` takes weights across processes."""
+    torchrun, or tensor-parallel) reads them from a safetensors file in `weights_dir` (--weights-dir; None: /dev/shm,
+    shared memory), the form in which `reload_weights` takes weights across processes."""
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
         llm.collective_rpc("reload_weights",
                            kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
     else:
-        folder = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir(),
+        folder = os.path.join(weights_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()),
                               f"clean-async-rlhf-{os.getpid()}")
-        os.makedirs(folder, exist_ok=True)
-        # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
-        # memory, and vLLM's reload, given only one of the two names, unties them: measured)
-        tensors, seen = {}, set()
-        for name, tensor in state_dict.items():
-            tensor = tensor.detach().cpu().contiguous()
-            tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor
-            seen.add(tensor.data_ptr())
-        safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
-        llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
-        shutil.rmtree(folder)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
+            # memory, and vLLM's reload, given only one of the two names, unties them: measured)
+            tensors, seen = {}, set()
+            for name, tensor in state_dict.items():
+                tensor = tensor.detach().cpu().contiguous()
+                tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor
+                seen.add(tensor.data_ptr())
+            safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
+            llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
+        finally:  # a full copy of the weights, never left behind
+            shutil.rmtree(folder, ignore_errors=True)
     # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
     llm.reset_prefix_cache()
 
@@ -723,7 +735,7 @@ def sync_engine(llm, policy, probe, args: Args, version: int):
     (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
     weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
     if args.rank == 0:
-        push_weights_to_engine(llm, weights)
+        push_weights_to_engine(llm, weights, args.weights_dir)
         check_weight_sync(llm, check, args, version)
 
 
@@ -796,7 +808,7 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
                                                   f"policy version {version + 1}")
                 waiting_time += time.time() - start
                 start = time.time()
-                push_weights_to_engine(llm, weights)
+                push_weights_to_engine(llm, weights, args.weights_dir)
                 check_weight_sync(llm, check, args, version)
                 weight_sync_time += time.time() - start
                 spare_weights.put(weights)  # the engine holds its own copy now: the learner may reuse this
@@ -830,11 +842,31 @@ def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
     copies what it loads into its own parameters (measured: overwriting it leaves the engine's logprobs unchanged)."""
     try:
         spare = spare_weights.get_nowait()
-    except queue.Empty:
-        return {name: t.detach().to(args.engine_device, copy=True) for name, t in weights.items()}
+    except queue.Empty:  # an engine that reads a file (torchrun, tensor-parallel) needs no copy on its GPU
+        device = "cpu" if args.world_size > 1 or args.engine_tensor_parallel_size > 1 else args.engine_device
+        return {name: t.detach().to(device, copy=True) for name, t in weights.items()}
     for name, t in weights.items():
         spare[name].copy_(t.detach())
     return spare
+
+
+def check_hand_off_room(policy, args: Args):
+    """Rank 0, vLLM started: room for the hand-off's float32 weights, else one line: a copy in --weights-dir (torchrun,
+    tensor-parallel), or on the engine's GPU at most K+1 copies (the versions that may wait in weights_queue)."""
+    size = sum(t.numel() * t.element_size() for t in unwrap(policy).state_dict().values())
+    if args.rank == 0 and (args.world_size > 1 or args.engine_tensor_parallel_size > 1):
+        free = shutil.disk_usage(args.weights_dir).free
+        if size > free:
+            sys.exit(f"error: the weights ({size / 2**30:.2f} GiB) reach the engine through {args.weights_dir}, which "
+                     f"has {free / 2**30:.2f} GiB free: run the container with --ipc=host or a larger --shm-size, or "
+                     f"give --weights-dir a folder with room")
+    elif args.rank == 0 and args.engine_device.startswith("cuda"):
+        need, free = size * (args.async_steps + 1), torch.cuda.mem_get_info(args.engine_device)[0]
+        print(f"hand-off: at most {need / 2**30:.2f} GiB of weight copies on {args.engine_device}, "
+              f"{free / 2**30:.2f} GiB free there with vLLM started")
+        if need > free:
+            sys.exit(f"error: no room on {args.engine_device} for the hand-off's {need / 2**30:.2f} GiB: lower "
+                     f"--gpu-memory-utilization (now {args.gpu_memory_utilization:.2f})")
 
 
 # LEARNER PLUMBING: micro-batches, autocast, gradient checkpointing
@@ -891,13 +923,30 @@ def enable_gradient_checkpointing(model):
 # 0 alone owns the engine, the generation thread, the logs and the checkpoints, and hands every rank the same batch.
 # Plain `python` is one rank, and every helper below then returns at once.
 def init_distributed(args: Args):
-    """Join torchrun's process group (NCCL on GPUs, gloo on CPU); sets args.rank, args.world_size, args.local_rank.
-    A collective waits at most --collective-timeout seconds."""
+    """Place this process (sets args.rank, world_size, local_rank, learner_device, engine_device) and join torchrun's
+    process group (NCCL on GPUs, gloo on CPU); a collective waits at most --collective-timeout seconds."""
     args.rank, args.world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     args.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    # Placement: rank 0's engine on GPUs 0 .. T-1 (T = --engine-tensor-parallel-size); learner rank r on GPU T+r if the
+    # node has T GPUs to spare for the engine (the paper's 1 + 3), else on GPU r, rank 0 sharing GPU 0 with the engine
+    # (which then takes a memory fraction)
+    num_gpus, tp = torch.cuda.device_count(), args.engine_tensor_parallel_size
+    args.engine_device = "cuda:0" if num_gpus else "cpu"
+    spare = tp if num_gpus >= tp + int(os.environ.get("LOCAL_WORLD_SIZE", 1)) else 0
+    args.learner_device = f"cuda:{args.local_rank + spare}" if num_gpus else "cpu"
+    if num_gpus == 0:  # on CPU the KV cache is sized in GiB (see build_engine); the fraction is unused
+        args.kv_cache_gib = 1.0 if args.kv_cache_gib is None else args.kv_cache_gib
+        args.gpu_memory_utilization = args.gpu_memory_utilization or 0.1
     if args.world_size > 1:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
-                                timeout=datetime.timedelta(seconds=args.collective_timeout))
+        if num_gpus:  # before the group: NCCL's communicators and FSDP2's default mesh use the current device
+            torch.cuda.set_device(args.learner_device)
+        dist.init_process_group("nccl" if num_gpus else "gloo", device_id=torch.device(args.learner_device) if
+                                num_gpus else None, timeout=datetime.timedelta(seconds=args.collective_timeout))
+    # the weights' file (push_weights_to_engine) is a full copy in shared memory: gone at exit, a plain SIGTERM too
+    args.weights_dir = args.weights_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+    atexit.register(shutil.rmtree, os.path.join(args.weights_dir, f"clean-async-rlhf-{os.getpid()}"), True)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # --save-every's handler replaces this one
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("SIGTERM: stopped"))
 
 
 def wrap_model(model, args: Args, trained: bool = True):
@@ -987,15 +1036,16 @@ def gradient_sync(model, last: bool):
 # flags a resumed run may change: where it runs and how it reports, never what it trains
 RESUMABLE = {"resume_from", "save_every", "keep_checkpoints", "queue_timeout", "collective_timeout", "track",
              "wandb_project_name", "wandb_entity", "sample_every", "torch_threads", "kv_cache_gib",
-             "gpu_memory_utilization", "output_dir", "run_name", "mini_batch_size", "learner_device", "engine_device",
-             "eos_token_ids", "start_step", "rank", "world_size", "local_rank"}
+             "gpu_memory_utilization", "weights_dir", "output_dir", "run_name", "mini_batch_size", "learner_device",
+             "engine_device", "eos_token_ids", "start_step", "rank", "world_size", "local_rank"}
 
 
-def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, pending, generators: dict):
+def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, pending, generators: dict,
+                    elapsed: float):
     """runs/{run_name}/checkpoint_{step}, after `step` learner steps: the models (Hugging Face folders), optimizer,
     scheduler, every random state, the batches already generated for the next steps (async: by versions no checkpoint
-    holds), and how much of the logs came before it. Written to a .tmp folder and renamed once complete, so a kill
-    mid-save leaves the previous checkpoint whole; the older ones are deleted after."""
+    holds), how much of the logs came before it and their last time/elapsed. Written to a .tmp folder and renamed once
+    complete, so a kill mid-save leaves the previous checkpoint whole; the older ones are deleted after."""
     run_dir = os.path.join("runs", args.run_name)
     path = os.path.join(run_dir, f"checkpoint_{step}")
     if args.rank > 0:  # under DDP rank 0 holds every weight and optimizer state
@@ -1007,12 +1057,12 @@ def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, p
                     scheduler=scheduler.state_dict(), python=random.getstate(), numpy=np.random.get_state(),
                     torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available()
                     else None, generators={name: g.bit_generator.state for name, g in generators.items()},
-                    logs={name: os.path.getsize(os.path.join(run_dir, name)) for name in ("metrics.jsonl",
-                                                                                         "eval.jsonl")}),
+                    elapsed=elapsed, logs={name: os.path.getsize(os.path.join(run_dir, name))
+                                           for name in ("metrics.jsonl", "eval.jsonl")}),
                os.path.join(path + ".tmp", "state.pt"))
+    shutil.rmtree(path, ignore_errors=True)  # a checkpoint the resumed run replaces
     os.rename(path + ".tmp", path)
-    # keep the newest --keep-checkpoints up to this one (0: all); a stale .tmp, or a later checkpoint left behind by
-    # resuming from an earlier one, goes
+    # keep the newest --keep-checkpoints up to this one (0: all); a stale .tmp goes
     others = [p for p in glob.glob(os.path.join(run_dir, "checkpoint_*")) if p != path]
     earlier = sorted((p for p in others if p[-1].isdigit() and int(p.rsplit("_", 1)[1]) < step),
                      key=lambda p: int(p.rsplit("_", 1)[1]), reverse=True)
@@ -1031,7 +1081,15 @@ def load_checkpoint(args: Args):
         if not saved:
             sys.exit(f"error: --resume-from {path!r} holds no checkpoint (checkpoint_<step> folders: see --save-every)")
         path = max(saved, key=lambda p: int(p.rsplit("_", 1)[1]))
-    state = torch.load(os.path.join(path, "state.pt"), weights_only=False)  # our own file; batches are Python objects
+    file = os.path.join(path, "state.pt")
+    try:  # our own file; batches are Python objects
+        state = torch.load(file, weights_only=False)
+        made_by, unknown = state["args"]["exp_name"], set(state["args"]) - set(vars(args))
+    except Exception as e:  # cut short (a full disk, a copy that stopped half-way), or not a checkpoint
+        sys.exit(f"error: --resume-from: {file} cannot be read ({type(e).__name__}); resume from another checkpoint")
+    if unknown or made_by != args.exp_name:  # another script's: its flags are not this one's
+        sys.exit(f"error: --resume-from {path!r} is a checkpoint of {made_by}, not of {args.exp_name}: resume it with "
+                 f"the script (and --exp-name) it was made by")
     changed = [name for name, value in state["args"].items() if name not in RESUMABLE and getattr(args, name) != value]
     if changed:
         name = changed[0]
@@ -1154,16 +1212,6 @@ if __name__ == "__main__":
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
     args.mini_batch_size = args.prompts_per_step // args.num_mini_batches
-    # Placement: rank 0's engine on GPUs 0 .. T-1 (T = --engine-tensor-parallel-size); learner rank r on GPU T+r if the
-    # node has T GPUs to spare for the engine (the paper's 1 + 3), else on GPU r, rank 0 sharing GPU 0 with the engine
-    # (which then takes a memory fraction)
-    num_gpus, tp = torch.cuda.device_count(), args.engine_tensor_parallel_size
-    args.engine_device = "cuda:0" if num_gpus else "cpu"
-    spare = tp if num_gpus >= tp + int(os.environ.get("LOCAL_WORLD_SIZE", 1)) else 0
-    args.learner_device = f"cuda:{args.local_rank + spare}" if num_gpus else "cpu"
-    if num_gpus == 0:  # on CPU the KV cache is sized in GiB (see build_engine); the fraction is unused
-        args.kv_cache_gib = 1.0 if args.kv_cache_gib is None else args.kv_cache_gib
-        args.gpu_memory_utilization = args.gpu_memory_utilization or 0.1
     SET_TORCH_THREADS(args.torch_threads)
 
     # TRY NOT TO MODIFY: seeding
@@ -1208,6 +1256,12 @@ if __name__ == "__main__":
             args.run_name = resumed["args"]["run_name"]
             for name, size in resumed["logs"].items():
                 os.truncate(os.path.join("runs", args.run_name, name), size)
+            later = sorted((os.path.basename(p) for p in glob.glob(f"runs/{args.run_name}/checkpoint_*[0-9]")
+                            if int(p.rsplit("_", 1)[1]) > args.start_step), key=lambda name: (len(name), name))
+            print(f"resuming from {resumed['path']}" + (f"; the run's later {', '.join(later)} (whose logs were just "
+                  "cut) are deleted, and saved anew as this run reaches them" if later else ""))
+            for name in later:
+                shutil.rmtree(os.path.join("runs", args.run_name, name))
         else:
             args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
             create_run_folder(args)
@@ -1249,7 +1303,8 @@ if __name__ == "__main__":
     # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
     policy, ref_policy = wrap_model(policy, args), wrap_model(ref_policy, args, trained=False)
     value_model = wrap_model(value_model, args)
-    optimizer = torch.optim.AdamW([*policy.parameters(), *value_model.parameters()], lr=args.learning_rate, eps=1e-5)
+    optimizer = torch.optim.AdamW([*policy.parameters(), *value_model.parameters()], lr=args.learning_rate, eps=1e-5,
+                                  weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     if resumed:
@@ -1261,6 +1316,7 @@ if __name__ == "__main__":
         free, total = torch.cuda.mem_get_info(args.engine_device)
         args.gpu_memory_utilization = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
     llm = build_engine(args) if args.rank == 0 else None  # rank 0's
+    check_hand_off_room(policy, args)  # exits with one line if the weights' copies cannot fit
     keep_models_eager(policy, ref_policy, reward_model, value_model)
     if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
         sync_engine(llm, policy, probe, args, args.start_step)
@@ -1280,7 +1336,7 @@ if __name__ == "__main__":
     if args.rank == 0:
         thread.start()
 
-    start_time = time.time()
+    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed goes on from the checkpoint
     reward_key = "objective/scores"  # shown by the progress bar and the summary
     progress = tqdm(range(args.start_step, args.num_learner_steps), desc="learner steps", initial=args.start_step,
                     total=args.num_learner_steps, disable=args.rank > 0)
@@ -1433,7 +1489,7 @@ if __name__ == "__main__":
                 pending.append(receive(data_queue, args.queue_timeout,
                                        f"the batch of learner step {step + 1 + len(pending)}"))
             path = save_checkpoint(args, step + 1, {"policy": policy, "value_model": value_model}, optimizer,
-                                   scheduler, pending, generators)
+                                   scheduler, pending, generators, metrics["time/elapsed"])
             if stop:
                 why = requests[0] if requests else "a signal to another rank"
                 sys.exit(f"{why}: stopped after learner step {step}; continue with --resume-from {path}")
@@ -1451,7 +1507,12 @@ if __name__ == "__main__":
         dist.destroy_process_group()
     if args.rank > 0:  # rank 0 saves and reports
         sys.exit()
-    unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
+    try:
+        unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
+    except OSError as e:  # probed at the start, and yet: the run folder keeps what was trained
+        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in runs/{args.run_name}")
+        args.output_dir = f"runs/{args.run_name}/model"
+        unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
     tokenizer.save_pretrained(args.output_dir)
     # the critic too, so that a run can be continued; a subfolder keeps from_pretrained(output_dir) the policy
     unwrap(value_model).save_pretrained(os.path.join(args.output_dir, "value_model"),

@@ -4,6 +4,7 @@ batches in flight that were made by versions no checkpoint holds) and GRPO with 
 held-out evaluations) on the tiny models, real engine. The cores' SIGTERM save is tested in test_layout.py."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -90,6 +91,26 @@ def test_a_run_stopped_by_sigterm_and_resumed_logs_what_an_uninterrupted_run_log
         assert [e["policy_version"] for e in evaluations[1]] == [0, 2, 4, 6]
         assert [e["eval/accuracy"] for e in evaluations[1]] == [e["eval/accuracy"] for e in evaluations[0]]
     assert (tmp_path / "stopped" / run_dir.relative_to(tmp_path / "stopped") / "model" / "config.json").exists()
+    # the resumed run names its checkpoint; time/elapsed goes on from the stopped run's, so the idle shares of the
+    # summary are of the whole run's time (they read 435% when it restarted at 0)
+    assert f"resuming from {checkpoint}" in proc.stdout
+    elapsed = [m["time/elapsed"] for m in resumed]
+    assert elapsed == sorted(elapsed) and elapsed[saved] > elapsed[saved - 1]
+    idle = re.search(r"idle: learner (\d+)%, generation (\d+)%", proc.stdout)
+    assert idle and max(map(int, idle.groups())) <= 100, proc.stdout[-2000:]
+
+    if script == GRPO:  # resumed from its earlier checkpoint, the finished run replaces its later one (it crashed)
+        (whole_dir,) = (tmp_path / "whole" / "runs").iterdir()
+        proc, _ = run_script(script, tmp_path / "whole", *args, "--keep-checkpoints", "0", "--resume-from",
+                             str(whole_dir / "checkpoint_2"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "the run's later checkpoint_4 (whose logs were just cut) are deleted" in proc.stdout
+        assert sorted(p.name for p in whole_dir.glob("checkpoint_*")) == ["checkpoint_2", "checkpoint_4"]
+        assert (whole_dir / "checkpoint_4" / "state.pt").exists() and (whole_dir / "model" / "config.json").exists()
+        again = read_metrics(tmp_path / "whole")
+        assert [m["step"] for m in again] == list(range(STEPS))
+        for key in LOSSES[script]:
+            assert [m[key] for m in again] == pytest.approx([m[key] for m in whole], abs=1e-6), key
 
 
 def test_resuming_with_other_training_flags_is_refused(tiny, tmp_path):
@@ -109,3 +130,21 @@ def test_resuming_with_other_training_flags_is_refused(tiny, tmp_path):
         grpo.load_checkpoint(changed)
     with pytest.raises(SystemExit, match="holds no checkpoint"):
         grpo.load_checkpoint(grpo.Args(resume_from=str(tmp_path)))
+
+
+def test_another_scripts_or_a_damaged_checkpoint_is_refused_in_one_line(tmp_path):
+    """A DPO checkpoint given to RLOO names the script that made it; a cut-short state.pt is named."""
+    from conftest import load_script
+    import torch
+
+    dpo, rloo = load_script("multigpu/async_dpo_multigpu.py"), load_script("multigpu/async_rloo_multigpu.py")
+    run_dir = tmp_path / "runs" / "async_dpo_multigpu__1__1"
+    (run_dir / "checkpoint_2").mkdir(parents=True)
+    state = run_dir / "checkpoint_2" / "state.pt"
+    torch.save(dict(step=2, args=dict(vars(dpo.Args(run_name=run_dir.name)))), state)
+    with pytest.raises(SystemExit, match=r"error: --resume-from .* is a checkpoint of async_dpo_multigpu, not of "
+                                         r"async_rloo_multigpu: resume it with the script"):
+        rloo.load_checkpoint(rloo.Args(resume_from=str(run_dir)))
+    state.write_bytes(state.read_bytes()[:200])
+    with pytest.raises(SystemExit, match=f"error: --resume-from: {re.escape(str(state))} cannot be read"):
+        dpo.load_checkpoint(dpo.Args(resume_from=str(run_dir)))

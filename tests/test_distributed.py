@@ -109,9 +109,11 @@ def test_a_tensor_parallel_engine_serves_the_learners_weights(tiny, tmp_path, mo
     them through shared memory; the weight-sync guard checks every version, and the first batch's logprobs match."""
     monkeypatch.setitem(ENV, "VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per worker (vLLM's CPU default wants NUMA)
     dpo = "multigpu/async_dpo_multigpu.py"
+    (tmp_path / "shm").mkdir()  # --weights-dir: the file of each version is deleted once the engine has loaded it
     proc, _ = run_script(dpo, tmp_path, *flags(dpo, tiny, None), "--num-learner-steps", "4",
-                         "--engine-tensor-parallel-size", "2")
+                         "--engine-tensor-parallel-size", "2", "--weights-dir", str(tmp_path / "shm"))
     assert proc.returncode == 0, proc.stderr[-5000:]
+    assert not list((tmp_path / "shm").iterdir())
     metrics = read_metrics(tmp_path)
     assert [m["async/actor_version"] for m in metrics] == [0, 0, 1, 2]  # versions 1 and 2 went through the file
     assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4
