@@ -369,6 +369,8 @@ def model_config(flag: str, path: str):
             sys.exit(f"error: {flag} {path!r}: no such folder (relative paths start at {os.getcwd()})")
         if not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
             sys.exit(f"error: {flag} {path!r} is not a model folder (no config.json there)")
+    if not os.path.isdir(os.path.expanduser(path)) and not os.environ.get("HF_HUB_OFFLINE"):
+        print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
     try:
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:  # not a folder here, and neither the hub nor its local cache has it

@@ -32,9 +32,10 @@ def flags(case, tiny, arithmetic_folder):
               "4",
               "--num-learner-steps", str(STEPS), "--learning-rate", "3e-3", "--seed", "5", "--kv-cache-gib", "0.25",
               "--micro-batch-size", "2", "--collective-timeout", "300")
-    if "grpo" in script:
+    if "grpo" in script:  # the tiny policy solves no problem: no reward, no gradient; the decay moves its weights, so
+        # that two equal saved policies are not merely the initial one
         return (*common, "--dataset-path", str(arithmetic_folder), "--max-prompt-tokens", "128",
-                "--num-eval-prompts", "8", "--eval-every", "2", "--temperature", "1.0")
+                "--num-eval-prompts", "8", "--eval-every", "2", "--temperature", "1.0", "--weight-decay", "0.01")
     common += ("--reward-model-path", str(tiny / "rm"), "--dataset-name", str(tiny / "prompts.jsonl"),
                "--max-prompt-tokens", "64")
     if "ppo" in script:  # two mini-batches of two prompts (one per rank), two samples each; FSDP2
