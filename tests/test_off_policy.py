@@ -147,3 +147,34 @@ def test_defaults_are_the_papers_loss_without_dual_clip(script):
     args = tyro.cli(script.Args, args=[])
     assert (args.off_policy_correction, args.importance_weight_cap, args.dual_clip) == ("paper", 2.0, None)
     assert tyro.cli(script.Args, args=["--dual-clip", "3"]).dual_clip == 3.0
+
+
+@pytest.mark.parametrize("learner_dtype", ["float32", "bfloat16"])
+def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_grad_pass_bit_for_bit(tiny,
+                                                                                                   learner_dtype):
+    """GRPO takes the anchor of its first mini-batch (no update yet) from that mini-batch's own training forward,
+    detached, instead of a separate no-grad pass: the update is the same only if the two are equal bit for bit, in
+    the loop's micro-batches, under either --learner-dtype."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    grpo = load_script("async_grpo_gsm8k.py")
+    tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
+    model = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
+    prompts = [tokenizer(f"Natalia sold {n} clips").input_ids for n in range(6)]
+    responses = [tokenizer(" to her friends" * (1 + n % 3)).input_ids for n in range(6)]
+    ids, attn, resp = grpo.pad_sequences(prompts, responses, tokenizer.pad_token_id, "cpu")
+    args = grpo.Args(learner_device="cpu", learner_dtype=learner_dtype, micro_batch_size=4, temperature=0.7)
+    mini_batches = grpo.chunks(torch.arange(6), 6)
+    no_grad = grpo.token_logprobs_no_grad(model, ids, attn, resp, args, mini_batches)
+    assert not grpo.token_logprobs_no_grad(model, ids, attn, resp, args, mini_batches[1:]).any()  # none: no pass
+    for rows in grpo.chunks(mini_batches[0], args.micro_batch_size):  # the loop's micro-batches, with gradient
+        with grpo.learner_autocast(args):
+            trained = grpo.token_logprobs(model, ids[rows], attn[rows], resp[rows], args.temperature)
+        assert trained.requires_grad and torch.equal(trained.detach(), no_grad[rows])
+
+
+def test_effective_sample_size_is_kish_s_fraction(script):
+    ess = script.effective_sample_size
+    assert ess(torch.ones(8)) == pytest.approx(1.0)
+    assert ess(torch.tensor([1.0, 0.0, 0.0, 0.0])) == pytest.approx(0.25)  # one term carries the batch: 1/n
+    assert ess(torch.tensor([2.0, 1.0, 1.0, 0.0])) == pytest.approx(16 / (4 * 6))

@@ -28,19 +28,19 @@ ASYNC_ONLY = {"generation_thread", "receive"}
 MULTIGPU_CHANGES = {"Args", "check_args", "build_engine", "push_weights_to_engine", "sync_engine", "generation_thread",
                     "token_logprobs_no_grad", "start_wandb", "stop_requests", "get_values"}
 BUDGETS = {"dpo": 600, "rloo": 650, "grpo_gsm8k": 650, "ppo": 780}  # lines of a core (../STYLE.md, habit 11)
+# what the cores measure after their compaction (docs/async.md#which-file-to-copy), plus ~2%: until the budgets above
+# hold, a core may not grow back; a feature that needs more room goes to the multigpu variant, a tool or the docs
+CEILINGS = {"dpo": 800, "rloo": 870, "grpo_gsm8k": 925, "ppo": 985}
 
 COMMON = [
-    (name, ASYNC_SCRIPTS) for name in ("build_engine", "generate", "evaluate", "push_weights_to_engine", "weight_check",
-                                       "check_weight_sync", "sync_engine", "keep_models_eager", "pad_sequences",
-                                       "response_logits", "token_logprobs", "logprob_gap", "prompt_order", "receive",
-                                       "chunks", "token_logprobs_no_grad", "combine_stats", "learner_autocast",
-                                       "enable_gradient_checkpointing", "log_samples", "log_evaluation",
-                                       "print_summary", "normalize_number", "extract_answer", "verify", "grade",
-                                       "load_problems", "build_prompts", "model_config", "load_tokenizer",
-                                       "read_records", "create_run_folder", "start_wandb", "save_policy",
-                                       "stop_requests")
+    (name, ASYNC_SCRIPTS) for name in ("build_engine", "generate", "push_weights_to_engine", "weight_check",
+                                       "check_weight_sync", "keep_models_eager", "pad_sequences", "token_logprobs",
+                                       "logprob_gap", "prompt_order", "receive", "chunks", "token_logprobs_no_grad",
+                                       "combine_stats", "learner_autocast", "enable_gradient_checkpointing",
+                                       "extract_answer", "verify", "model_config", "load_tokenizer", "read_records",
+                                       "create_run_folder", "save_policy", "stop_requests")
 ] + [
-    (name, REWARD_MODEL_SCRIPTS) for name in ("load_prompts", "get_scores", "generation_thread")
+    (name, REWARD_MODEL_SCRIPTS) for name in ("load_prompts", "get_scores", "generation_thread", "print_summary")
 ] + [
     ("behaviour_logprobs_tensor", ["async_ppo.py", "async_grpo_gsm8k.py"]),  # the token-level losses
 ] + [
@@ -93,15 +93,6 @@ def test_common_helpers_are_identical_across_algorithms(name, scripts):
     assert len(set(sources.values())) == 1, f"{name} differs between {scripts}"
 
 
-def test_grpo_thread_is_the_common_thread_without_a_reward_model():
-    """GRPO's generation thread is the common one, but it has no reward model to pass on."""
-    common = functions("async_dpo.py")["generation_thread"].splitlines()
-    grpo = functions("async_grpo_gsm8k.py")["generation_thread"].splitlines()
-    differing = [(a, b) for a, b in zip(common, grpo) if a != b]
-    assert len(common) == len(grpo) and len(differing) == 2
-    assert all(a.replace("reward_model, ", "") == b for a, b in differing)
-
-
 def test_the_learner_side_of_the_hand_off_is_the_same_in_every_async_script():
     def hand_off(path):  # the learner's queue, thread and weight hand-off lines (thread arguments differ by script)
         code = [line.split("  # ")[0] for line in main_lines(path) if not line.startswith(("args=(", "#"))]
@@ -131,6 +122,11 @@ def test_the_sync_twin_and_the_multigpu_variant_stay_within_their_budgets(algo):
     core, sync = PAIRS[algo]
     assert lines[sync] <= lines[core]
     assert lines[MULTIGPU[algo]] <= lines[core] + 400
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_each_core_stays_under_its_ceiling(algo):
+    assert len((REPO / PAIRS[algo][0]).read_text().splitlines()) <= CEILINGS[algo]
 
 
 @pytest.mark.xfail(strict=True, reason="issue 26: the cores are not yet within their budgets (see docs/async.md)")

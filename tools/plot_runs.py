@@ -5,8 +5,9 @@
 Each argument is a run folder (runs/{run_name}, as printed at the end of a run); each run is one line per panel, so an
 async run and its sync twin compare directly. Panels: the step's reward (`objective/rlhf_reward` where there is a KL
 penalty, else `objective/scores` or GRPO's `objective/accuracy`), the KL to the reference when the run logs one, and
-the greedy held-out accuracy of each evaluated policy version when the run evaluated (GRPO, or `--reward verifier`).
-No tensorboard needed: the picture is a PNG (default: plot.png in the first run's folder).
+the greedy held-out accuracy of each evaluated policy version when the run evaluated (GRPO runs; tools/evaluate.py
+evaluates the others' saved policies). No tensorboard needed: the picture is a PNG (default: plot.png in the first
+run's folder).
 """
 
 import argparse
