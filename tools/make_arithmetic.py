@@ -6,7 +6,8 @@
 Each problem starts from an amount and applies `difficulty` operations to it; the answer is exact and the worked
 solution ends in "#### <n>", so the GSM8K verifier grades it unchanged. The test split is drawn with another seed and
 drops every question the train split holds. Same flags, same files: the generator is fully seeded.
-`grade` is the task's own gold grader, for benchmarks that need a gold reward apart from the scripts' verifier.
+`grade` is the task's own gold grader, for benchmarks that need a gold reward apart from the scripts' verifier;
+`gold_score` is its continuous form, for benchmarks where a proxy reward model is optimised against it.
 """
 
 import argparse
@@ -70,6 +71,17 @@ def grade(text: str, answer: str) -> float:
     """Gold reward of a response: 1.0 when its final answer equals `answer`, else 0.0; tests check that this agrees
     with the scripts' verifier on this task."""
     return float(final_answer(text) == answer)
+
+
+def gold_score(text: str, answer: str) -> float:
+    """Continuous gold reward of a response, in [0, 1]: 0.8 / (1 + |final - answer|) for how close its final number is
+    (0.8 exact, 0.4 one off, 0.27 two off, 0 without a number), plus 0.2 if it ends as the solutions teach, with
+    "#### <number>" on its last line. Partial credit makes every pair of samples informative and lets a proxy reward
+    model be wrong by degrees, as a learned gold model is in the paper's TL;DR task."""
+    final = final_answer(text)
+    closeness = 0.0 if final is None else 1.0 / (1.0 + abs(int(final) - int(answer)))
+    formatted = re.search(r"####\s*-?\d[\d,]*(?:\.0+)?\s*$", text) is not None
+    return 0.8 * closeness + 0.2 * formatted
 
 
 def make_splits(difficulty: int, num_train: int, num_test: int):
