@@ -1,6 +1,6 @@
-"""Learner memory: what a run holds, measured on this CPU, and what the paper's configurations need on a GPU.
+"""Learner memory: what a run holds, measured on this CPU, and how close the default micro-batch's estimate is.
 
-    python benchmark/memory.py                  # the measured runs (~25 min on 2 cores), then memory.md and memory.png
+    python benchmark/memory.py                  # the measured runs (~30 min on 2 cores), then memory.md and memory.png
     python benchmark/memory.py --report-only    # rebuild memory.md / memory.png from the result files
     python benchmark/memory.py --quick --policy P --results-dir D --work-dir W   # the test suite's smoke run
 
@@ -8,17 +8,16 @@ Measured: async GRPO (`async_grpo_gsm8k.py`, no reward model, so the learner and
 embedded SmolLM2-135M-Instruct and the generated arithmetic problems, for several prompts per step and micro-batch
 sizes, each a real run of the script in a subprocess. The peak is the process's maximum resident set (`ru_maxrss`);
 RSS is also sampled every 0.1 s and read at the moments the run reaches (models loaded, engine built), which splits
-the peak into libraries, learner, engine and training. On a GPU the same split reads `torch.cuda.max_memory_allocated`;
-this machine has none.
-
-Computed (not measured): for the paper's configurations, the learner's bytes on a GPU (weights, gradients, AdamW,
-reference/reward/value models, one micro-batch's activations and logits) and the largest micro-batch that fits a 24,
-40 or 80 GB card, alone or beside a vLLM engine that takes 30% of it.
+the peak into libraries, learner, engine and training. Each run also records the line in which the script states its
+micro-batch and the estimate of that micro-batch's activations and logits (`choose_micro_batch_size`); the report
+sets the peak against the sum of the parts and the estimate against the measured cost of one more sequence. What the
+paper's configurations need on a GPU is computed in docs/benchmarks.md#gpu-memory-per-layout-computed.
 """
 
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,16 +32,20 @@ import tyro
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
 
-# (name, prompts per step, micro-batch size, extra flags); 4 samples per prompt, so 8 prompts = 32 sequences
+# (name, prompts per step, micro-batch size or None for the scripts' default, extra flags); 4 samples per prompt, so
+# 8 prompts = 32 sequences. p4 is the peer setting of issue 31: 4 prompts x 4 samples x <= 32 tokens
 SETTINGS = {
     "p2_m4": (2, 4, []), "p4_m4": (4, 4, []), "p8_m4": (8, 4, []),
     "p2_m32": (2, 32, []), "p4_m32": (4, 32, []), "p8_m32": (8, 32, []),
-    "p4_m8": (4, 8, []),
+    "p4_m8": (4, 8, []),  # the micro-batch default before issue 31
+    "p4_default": (4, None, []), "p8_default": (8, None, []),
     "p4_m8_checkpointing": (4, 8, ["--gradient-checkpointing"]),
     "p4_m8_bf16": (4, 8, ["--learner-dtype", "bfloat16"]),
     "p4_m8_mmap": (4, 8, []),  # run with MALLOC_MMAP_THRESHOLD_=65536 (see ENV_OF)
 }
 ENV_OF = {"p4_m8_mmap": {"MALLOC_MMAP_THRESHOLD_": "65536"}}
+BREAKDOWN = ("p4_m8", "p4_default")  # the peer setting before and after the micro-batch default
+CHOICE = re.compile(r"micro-batch (\d+) of (\d+) sequences \(est\. ([\d.]+) GiB")  # choose_micro_batch_size's line
 
 
 @dataclass
@@ -85,8 +88,9 @@ def run_one(args: Args, name: str, result_path: Path):
     cmd = [sys.executable, str(REPO / "async_grpo_gsm8k.py"), "--model-name-or-path", args.policy,
            "--dataset-path", args.dataset_path, "--prompt-template", "{question}",
            "--response-length", str(args.response_length), "--max-prompt-tokens", "128",
-           "--prompts-per-step", str(prompts), "--num-samples-per-prompt", "4", "--micro-batch-size",
-           str(micro_batch_size), "--num-learner-steps", str(args.num_learner_steps), "--num-eval-prompts", "0",
+           "--prompts-per-step", str(prompts), "--num-samples-per-prompt", "4",
+           *(["--micro-batch-size", str(micro_batch_size)] if micro_batch_size else []),
+           "--num-learner-steps", str(args.num_learner_steps), "--num-eval-prompts", "0",
            "--kv-cache-gib", str(args.kv_cache_gib), "--learning-rate", "1e-6", "--seed", "1",
            "--output-dir", str(cwd / "model"), *extra]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false", **ENV_OF.get(name, {})}
@@ -105,6 +109,10 @@ def run_one(args: Args, name: str, result_path: Path):
                 marks["models_loaded"] = now
             if "init engine" in line:
                 marks["engine_built"] = now
+            # tqdm's first bar ends with "\r", not "\n": the pipe hands it over with the next write, the bar after
+            # learner step 0
+            if "learner steps" in line and "step_0" not in marks:
+                marks["step_0"] = now
 
     reader = threading.Thread(target=read_output, daemon=True)
     reader.start()
@@ -127,10 +135,13 @@ def run_one(args: Args, name: str, result_path: Path):
         return max((rss for t, rss in samples if t <= marks[moment]), default=0.0) if moment in marks else None
 
     metrics = [json.loads(line) for line in next((cwd / "runs").glob("*/metrics.jsonl")).read_text().splitlines()]
+    choice = next(m for m in map(CHOICE.search, lines) if m)  # the micro-batch the script ran, and its estimate
     command = [part.replace(str(REPO) + "/", "") for part in cmd]  # paths relative to the checkout
     result = dict(name=name, command=command, env=ENV_OF.get(name, {}), peak_rss_gib=peak,
+                  micro_batch_size=int(choice.group(1)), sequences_per_mini_batch=int(choice.group(2)),
+                  estimate_gib=float(choice.group(3)),
                   rss_data_loaded_gib=rss_at("data_loaded"), rss_models_loaded_gib=rss_at("models_loaded"),
-                  rss_engine_built_gib=rss_at("engine_built"),
+                  rss_engine_built_gib=rss_at("engine_built"), rss_step_0_gib=rss_at("step_0"),
                   training_s_per_step=sum(m["time/training"] for m in metrics) / len(metrics),
                   parameters=count_parameters(args.policy), seconds=time.time() - start)
     result_path.write_text(json.dumps(result, indent=1))
@@ -147,61 +158,23 @@ def count_parameters(model_dir: str) -> int:
     return total
 
 
-# GPU CALCULATION: bytes of the learner for the paper's configurations (a calculation, not a measurement)
-# name -> (parameters, layers, hidden, vocabulary, attention heads)
-MODELS = {
-    "Pythia-410m": (405e6, 24, 1024, 50304, 16),
-    "Pythia-1b": (1.01e9, 16, 2048, 50304, 8),
-    "Pythia-2.8b": (2.78e9, 32, 2560, 50304, 32),
-    "Rho-1B": (1.10e9, 22, 2048, 32000, 32),
-}
-# name -> (script, policy, reward/value model, sequence length, response length)
-CONFIGS = [
-    ("dpo / rloo, TL;DR", "Pythia-410m", "Pythia-410m", 565, 53),
-    ("ppo, TL;DR", "Pythia-410m", "Pythia-410m", 565, 53),
-    ("dpo / rloo, TL;DR", "Pythia-1b", "Pythia-1b", 565, 53),
-    ("ppo, TL;DR", "Pythia-1b", "Pythia-1b", 565, 53),
-    ("dpo / rloo, TL;DR", "Pythia-2.8b", "Pythia-2.8b", 565, 53),
-    ("grpo, GSM8K", "Rho-1B", None, 1024, 512),
-]
+def breakdown(r: dict):
+    """The parts of run `r` that must exist at its peak: (label, GiB, how it is known)."""
+    copy = 4 * r["parameters"] / GIB  # one float32 copy of the policy
+    kv = float(r["command"][r["command"].index("--kv-cache-gib") + 1])
+    return [
+        ("libraries, data (torch, transformers, vLLM)", r["rss_data_loaded_gib"] or 0.0, "RSS before the first model"),
+        ("learner: weights, gradients, AdamW (16 B/param)", 4 * copy, "computed"),
+        ("frozen reference", 0.0, "not loaded: GRPO's default `--kl-coef 0`"),
+        ("engine weights (float32)", copy, "computed"),
+        ("KV cache", kv, "`--kv-cache-gib`"),
+        ("one weight copy in flight to the engine", copy, "computed"),
+        ("one micro-batch's activations and logits", r["estimate_gib"], "the script's estimate, as it printed it"),
+    ]
 
 
-def learner_bytes(config, micro_batch_size: int, checkpointing: bool):
-    """Learner bytes on its GPU: float32 weights, gradients and AdamW (16 B per trained parameter), the frozen
-    reference (4 B), PPO's value model (trained, 16 B), one micro-batch's activations (Korthikanti et al., 2022:
-    34 * s * b * h bytes per layer in 16-bit with fused attention, doubled for float32; with checkpointing the layer
-    inputs plus one layer) and its logits over the response positions (float32, twice: logits / T and logsumexp)."""
-    algo, policy, critic, seq, response = config
-    p, layers, hidden, vocab, _ = MODELS[policy]
-    state = 16 * p + (4 * p if not algo.startswith("grpo") else 0)
-    if algo.startswith("ppo"):
-        state += 16 * MODELS[critic][0]
-    per_layer = 68 * seq * micro_batch_size * hidden
-    activations = (4 * seq * micro_batch_size * hidden * layers + per_layer) if checkpointing else per_layer * layers
-    logits = 2 * 4 * micro_batch_size * response * vocab
-    if algo.startswith("ppo"):  # the value model's forward keeps its activations too
-        activations *= 2
-    return state, activations + logits
-
-
-def gpu_table():
-    rows = []
-    for config in CONFIGS:
-        algo, policy, critic, seq, response = config
-        cells = []
-        for checkpointing in (False, True):
-            for card in (24, 40, 80):
-                for share in (1.0, 0.7):  # alone, or beside an engine holding 30% of the card
-                    fits = [m for m in (1, 2, 4, 8, 16, 32, 64)
-                            if sum(learner_bytes(config, m, checkpointing)) <= 0.9 * share * card * 1e9]
-                    cells.append(str(max(fits)) if fits else "-")
-        state, _ = learner_bytes(config, 1, False)
-        rows.append(f"| {algo} | {policy} | {seq} / {response} | {state / 1e9:.1f} | " + " | ".join(cells) + " |")
-    header = ("| script, task | policy | tokens (all / response) | weights + grads + AdamW + frozen models (GB) | " +
-              " | ".join(f"{'ckpt ' if c else ''}{card} GB{' shared' if share < 1 else ''}"
-                         for c in (False, True) for card in (24, 40, 80) for share in (1.0, 0.7)) + " |\n|" +
-              "---|" * 16)
-    return header + "\n" + "\n".join(rows)
+def cells(values):
+    return " | ".join("-" if v is None else f"{v:.2f}" for v in values)
 
 
 def report(results_dir: Path):
@@ -210,42 +183,73 @@ def report(results_dir: Path):
         path = results_dir / "memory" / f"{name}.json"
         if path.exists():
             results[name] = json.loads(path.read_text())
-    lines = ["Measured on this CPU by `python benchmark/memory.py`: async GRPO on SmolLM2-135M-Instruct, 4 samples "
-             "per prompt,", "responses of at most 32 tokens, KV cache 1 GiB, 2 learner steps per run. Peak = "
-             "maximum resident set of the process.", "",
-             "| setting | prompts/step | sequences/step | micro-batch | peak RSS (GiB) | training s/step |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "Measured on this CPU by `python benchmark/memory.py`: async GRPO (`async_grpo_gsm8k.py`) on "
+        "SmolLM2-135M-Instruct, 4 samples per",
+        "prompt, responses of at most 32 tokens, KV cache 1 GiB, 2 learner steps per run, one torch thread. Peak = "
+        "maximum resident set",
+        "of the process. Micro-batch and estimate as the script printed them; `default`: no `--micro-batch-size`, so "
+        "the budget",
+        "`--micro-batch-memory-gib 4` decides.", "",
+        "| setting | prompts/step | sequences/step | micro-batch | peak RSS (GiB) | est. one micro-batch (GiB) "
+        "| training s/step |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, r in results.items():
         prompts, micro, _ = SETTINGS[name]
-        lines.append(f"| {name} | {prompts} | {4 * prompts} | {micro} | {r['peak_rss_gib']:.2f} | "
-                     f"{r['training_s_per_step']:.1f} |")
-    base = results.get("p4_m8") or (next(iter(results.values())) if results else None)
-    if base:
-        gib_per_copy = 4 * base["parameters"] / GIB
-        kv = float(base["command"][base["command"].index("--kv-cache-gib") + 1])
-        libraries = base["rss_data_loaded_gib"] or 0.0
-        must = dict(libraries=libraries, learner=4 * gib_per_copy, engine_weights=gib_per_copy, kv_cache=kv,
-                    weight_copy=gib_per_copy)
-        lines += ["", f"Breakdown of `{base['name']}` ({base['parameters'] / 1e6:.1f}M parameters, "
-                  f"{gib_per_copy:.2f} GiB per float32 copy):", "",
-                  "| part | GiB | how it is known |", "|---|---|---|",
-                  f"| libraries, data (torch, transformers, vLLM) | {libraries:.2f} | RSS before the first model |",
-                  f"| learner: weights, gradients, AdamW (16 B/param) | {must['learner']:.2f} | computed |",
-                  f"| engine weights (float32) | {gib_per_copy:.2f} | computed |",
-                  f"| KV cache | {kv:.2f} | `--kv-cache-gib` |",
-                  f"| one weight copy in flight to the engine | {gib_per_copy:.2f} | computed |",
-                  f"| **sum of the parts that must exist** | **{sum(must.values()):.2f}** | |",
-                  f"| measured: after the models load | {base['rss_models_loaded_gib']:.2f} | RSS |",
-                  f"| measured: after the engine is built | {base['rss_engine_built_gib']:.2f} | RSS |",
-                  f"| **measured peak** | **{base['peak_rss_gib']:.2f}** | `ru_maxrss` |",
-                  f"| everything else (activations, logits, allocator, engine buffers) | "
-                  f"{base['peak_rss_gib'] - sum(must.values()):.2f} | peak - sum |",
-                  f"| peak / sum (target <= 1.3) | {base['peak_rss_gib'] / sum(must.values()):.2f} | |"]
-    lines += ["", "Computed, not measured: the largest micro-batch (`--micro-batch-size`, sequences) whose learner "
-              "fits in 90% of a GPU, alone or", "beside a vLLM engine that takes 30% of the card (one shared GPU); "
-              "'ckpt' with `--gradient-checkpointing`. See `learner_bytes`.", "", gpu_table()]
+        chosen = r.get("micro_batch_size", micro)
+        lines.append(f"| {name} | {prompts} | {4 * prompts} | {chosen}{'' if micro else ' (default)'} | "
+                     f"{r['peak_rss_gib']:.2f} | {cells([r.get('estimate_gib')])} | {r['training_s_per_step']:.1f} |")
+    bases = [results[n] for n in BREAKDOWN if n in results] or list(results.values())[:1]
+    bases = [b for b in bases if "estimate_gib" in b]  # result files from before the estimate have no breakdown
+    if bases:
+        first, names = bases[0], " and ".join("`" + b["name"] + "`" for b in bases)
+        parts = [breakdown(b) for b in bases]
+        sums = [sum(gib for _, gib, _ in part) for part in parts]
+        learner = [sum(part[i][1] for i in (1, 2, 6)) for part in parts]  # the learner's own parts
+        shares = [b["peak_rss_gib"] - (s - p) for b, s, p in zip(bases, sums, learner)]
+        lines += ["", f"The parts of {names} ({first['parameters'] / 1e6:.1f}M parameters, "
+                  f"{4 * first['parameters'] / GIB:.2f} GiB per float32 copy) against the measured peak:", "",
+                  "| part | " + " | ".join(b["name"] + " (GiB)" for b in bases) + " | how it is known |",
+                  "|---|" + "---|" * len(bases) + "---|"]
+        for i, (label, _, how) in enumerate(parts[0]):
+            lines.append(f"| {label} | {cells(part[i][1] for part in parts)} | {how} |")
+        lines += [
+            f"| **sum of the parts** | {cells(sums)} | |",
+            f"| measured: after the models load | {cells(b['rss_models_loaded_gib'] for b in bases)} | RSS |",
+            f"| measured: after the engine is built | {cells(b['rss_engine_built_gib'] for b in bases)} | RSS |",
+            f"| measured: after learner step 0 | {cells(b.get('rss_step_0_gib') for b in bases)} | RSS |",
+            f"| **measured peak** | {cells(b['peak_rss_gib'] for b in bases)} | `ru_maxrss` |",
+            f"| peak / sum (goal <= 1.2) | {cells(b['peak_rss_gib'] / s for b, s in zip(bases, sums))} | |",
+            f"| the learner's parts: weights, gradients, AdamW, reference, estimate | {cells(learner)} "
+            "| rows 2, 3, 7 |",
+            f"| the learner's share of the peak | {cells(shares)} | peak - rows 1, 4, 5, 6 |",
+            f"| learner share / learner parts (goal <= 1.2) | {cells(s / p for s, p in zip(shares, learner))} | |",
+            "", f"Command of `{first['name']}` (the other settings change `--prompts-per-step` and "
+            "`--micro-batch-size`):", "", "    " + " ".join(["python", *first["command"][1:]]),
+        ]
+    # the estimate against the measured cost of one more sequence: runs whose one micro-batch is the whole mini-batch
+    whole = {}  # sequences -> the first such run without extra flags
+    for name, r in results.items():
+        if (re.fullmatch(r"p\d+_(m\d+|default)", name) and "estimate_gib" in r
+                and r["micro_batch_size"] >= r["sequences_per_mini_batch"]):
+            whole.setdefault(r["sequences_per_mini_batch"], r)
+    whole = [whole[n] for n in sorted(whole)]
+    if len(whole) >= 2:
+        lines += ["", "The estimate per sequence against the measured cost of one more sequence (runs whose one "
+                  "micro-batch holds the whole mini-batch):", "",
+                  "| runs | sequences | measured GiB per extra sequence | estimated GiB per sequence | "
+                  "estimate / measured |", "|---|---|---|---|---|"]
+        for a, b in zip(whole, whole[1:]):
+            na, nb = a["sequences_per_mini_batch"], b["sequences_per_mini_batch"]
+            measured, estimated = (b["peak_rss_gib"] - a["peak_rss_gib"]) / (nb - na), b["estimate_gib"] / nb
+            lines.append(f"| {a['name']} -> {b['name']} | {na} -> {nb} | {measured:.3f} | {estimated:.3f} | "
+                         f"{estimated / measured:.2f} |")
+    lines += ["", "What the paper's configurations need on a GPU is computed, not measured, in docs/benchmarks.md "
+              "(GPU memory per layout)."]
     (results_dir / "memory.md").write_text("\n".join(lines) + "\n")
-    grid = [(SETTINGS[n][0] * 4, SETTINGS[n][1], r["peak_rss_gib"]) for n, r in results.items() if n[-1].isdigit()]
+    grid = [(SETTINGS[n][0] * 4, r.get("micro_batch_size", SETTINGS[n][1]) if SETTINGS[n][1] else "default",
+             r["peak_rss_gib"]) for n, r in results.items() if re.fullmatch(r"p\d+_(m\d+|default)", n)]
     if grid:
         import matplotlib
 
@@ -253,9 +257,10 @@ def report(results_dir: Path):
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(5, 3.4))
-        for micro in sorted({m for _, m, _ in grid}):
+        for micro in sorted({m for _, m, _ in grid}, key=lambda m: (m == "default", 0 if m == "default" else m)):
             points = sorted((s, p) for s, m, p in grid if m == micro)
-            ax.plot([s for s, _ in points], [p for _, p in points], "o-", label=f"micro-batch {micro}")
+            label = "default micro-batch" if micro == "default" else f"micro-batch {micro}"
+            ax.plot([s for s, _ in points], [p for _, p in points], "o-", label=label)
         ax.set_xlabel("sequences per learner step")
         ax.set_ylabel("peak RSS (GiB)")
         ax.set_title("async GRPO, SmolLM2-135M, CPU")

@@ -72,6 +72,10 @@ class Args:
     """how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)"""
     resume_from: Optional[str] = None
     """go on with a stopped run: its run folder (its latest checkpoint) or a checkpoint_{step} in it; same flags"""
+    record_samples: bool = False
+    """write every batch the learner trains on to runs/{run_name}/samples/, for --replay-from"""
+    replay_from: Optional[str] = None
+    """a --record-samples run folder: train on its recorded batches, generating none (no engine, no reward model)"""
     torch_threads: int = 1
     """CPU threads for each role (learner, engine)"""
     sample_every: int = 10
@@ -158,8 +162,11 @@ class Args:
     """score of a response that ends without EOS, replacing the reward model's (the verifier grades as written)"""
     max_grad_norm: float = 1.0
     """gradient clipping threshold (policy and value model together)"""
-    micro_batch_size: int = 8
-    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update)"""
+    micro_batch_size: Optional[int] = None
+    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
+    CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
+    micro_batch_memory_gib: float = 4.0
+    """CPU memory one micro-batch's activations and logits may take when --micro-batch-size is None, in GiB"""
     gradient_checkpointing: bool = False
     """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -205,9 +212,10 @@ def check_args(args: Args):
         (args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0,
          "--kl-coef must be >= 0, --cliprange and --cliprange-value > 0"),
         (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
-             args.num_samples_per_prompt, args.num_ppo_epochs, args.micro_batch_size) < 1,
-         "--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens, --num-samples-per-prompt, "
-         "--num-ppo-epochs and --micro-batch-size must be >= 1"),
+             args.num_samples_per_prompt, args.num_ppo_epochs) < 1, "--num-learner-steps, --prompts-per-step, "
+         "--response-length, --max-prompt-tokens, --num-samples-per-prompt and --num-ppo-epochs must be >= 1"),
+        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
+         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
         (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
         (args.reward == "verifier" and "{question}" not in args.prompt_template,
          "--prompt-template must contain {question}"),
@@ -273,7 +281,7 @@ def masked_whiten(x, mask):
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
     """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
-    (docs/async.md#the-off-policy-correction-three-modes); summed per sequence (RLOO) or per token (PPO, GRPO).
+    (docs/async.md#the-off-policy-correction-three-modes); per token (RLOO's loss sums the log-ratio per sequence).
     paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
     (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
     Neither output carries gradient, whatever the caller passes."""
@@ -754,6 +762,18 @@ def chunks(rows: torch.Tensor, size: int):
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
+def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
+    """Resolve --micro-batch-size None for mini-batches of `sequences` (this process's share) of at most `length`
+    tokens, and print the choice; the estimate is explained in docs/benchmarks.md#the-micro-batch-default."""
+    config = model_config("--model-name-or-path", args.model_name_or_path)
+    layer = 48 * config.hidden_size + 16 * getattr(config, "intermediate_size", 4 * config.hidden_size)
+    gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
+    fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
+    size = args.micro_batch_size = args.micro_batch_size or (fits if args.learner_device == "cpu" else 8)
+    print(f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
+          f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})")
+
+
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
     """`token_logprobs` of every row without gradient, one micro-batch at a time, each rank its share of each
@@ -975,6 +995,8 @@ def load_checkpoint(args: Args):
     if unknown or made_by != args.exp_name:  # another script's: its flags are not this one's
         sys.exit(f"error: --resume-from {path!r} is a checkpoint of {made_by}, not of {args.exp_name}: resume it with "
                  f"the script (and --exp-name) it was made by")
+    if args.micro_batch_size is None:  # the default: the run's own choice (choose_micro_batch_size), not a new one
+        args.micro_batch_size = state["args"]["micro_batch_size"]
     changed = [name for name, value in state["args"].items() if name not in RESUMABLE and getattr(args, name) != value]
     if changed:
         name = changed[0]
@@ -995,6 +1017,57 @@ def restore_random_states(state: dict, generators: dict):
         torch.cuda.set_rng_state_all(state["cuda"])
     for name, generator in generators.items():
         generator.bit_generator.state = state["generators"][name]
+
+
+# RECORD AND REPLAY (docs/multigpu.md#record-and-replay): the batches a run trained on, to train on them again
+def sample_flags(args: Args):
+    """What a replay shares with the recorded run (meta.json): the script, and the flags that shaped the samples."""
+    return {"script": os.path.basename(__file__), **{name: getattr(args, name) for name in (
+        "model_name_or_path", "prompts_per_step", "num_samples_per_prompt", "temperature", "async_steps")}}
+
+
+def record_batch(args: Args, step: int, batch: dict):
+    """--record-samples: learner step `step`'s batch as the learner received it to samples/step_{step:06d}.pt in the
+    run folder, and sample_flags to meta.json; each written as .tmp, renamed once whole: a replay reads no half file."""
+    folder = os.path.join("runs", args.run_name, "samples")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "meta.tmp"), "w") as f:
+        json.dump(sample_flags(args), f)
+    torch.save(batch, os.path.join(folder, "step.tmp"))
+    os.replace(os.path.join(folder, "meta.tmp"), os.path.join(folder, "meta.json"))
+    os.replace(os.path.join(folder, "step.tmp"), os.path.join(folder, f"step_{step:06d}.pt"))
+
+
+def check_replay(args: Args):
+    """--replay-from: exit with one line, before any model loads, unless it holds a batch for every step of this run,
+    recorded by this script with this run's sample_flags."""
+    folder, here = os.path.join(args.replay_from, "samples"), sample_flags(args)
+    try:
+        with open(os.path.join(folder, "meta.json")) as f:
+            recorded = json.load(f)
+    except (OSError, ValueError):
+        sys.exit(f"error: --replay-from {args.replay_from!r} holds no recorded samples (a run folder made with "
+                 f"--record-samples has samples/meta.json)")
+    steps = next((i for i in range(args.num_learner_steps)
+                  if not os.path.isfile(os.path.join(folder, f"step_{i:06d}.pt"))), args.num_learner_steps)
+    name = next((name for name in here if recorded.get(name) != here[name]), "")
+    flag = "the script" if name == "script" else "--" + name.replace("_", "-")
+    for bad, message in [
+        (args.resume_from or args.save_every, "--replay-from does not go with --resume-from or --save-every yet"),
+        (name, f"--replay-from: {flag} is {here.get(name)!r} here but was {recorded.get(name)!r} in the recorded run"),
+        (steps < args.num_learner_steps, f"--replay-from {args.replay_from!r} holds {steps} recorded learner steps, "
+                                         f"fewer than --num-learner-steps {args.num_learner_steps}"),
+    ]:
+        if bad:
+            sys.exit(f"error: {message}")
+
+
+def recorded_batch(args: Args, step: int):
+    """--replay-from: learner step `step`'s batch in the recorded run (actor_version as recorded); nothing was generated
+    (time_*) or evaluated (GRPO's held-out evaluation) in this one."""
+    batch = torch.load(os.path.join(args.replay_from, "samples", f"step_{step:06d}.pt"), weights_only=True)
+    return {key: None if key == "evaluation" else 0.0 if key.startswith("time_") else value
+            for key, value in batch.items()}
 
 
 def stop_requests(args: Args):
@@ -1032,6 +1105,8 @@ def print_summary(args: Args, reward_key: str):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
+    if args.replay_from:  # exits with one line unless its samples fit this run
+        check_replay(args)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
     init_distributed(args)  # placement: torchrun's learner processes, rank 0's engine; plain python: rank 0 of 1
@@ -1061,6 +1136,8 @@ if __name__ == "__main__":
                        [answers[j] for j in order[i : i + args.prompts_per_step]])
                       for i in range(0, len(order), args.prompts_per_step)]
     probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    choose_micro_batch_size(args, args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches
+                            // args.world_size, max(map(len, prompts)) + args.response_length, trained_models=2)
 
     # TRY NOT TO MODIFY: tracking, by rank 0, in a run folder made only now that the inputs are known to be good
     args.start_step = resumed["step"] if resumed else 0
@@ -1103,7 +1180,7 @@ if __name__ == "__main__":
     ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
     ref_policy = ref_policy.to(args.learner_device).eval().requires_grad_(False)
     reward_model = None  # the verifier needs no model
-    if args.reward == "model" and args.rank == 0:  # labels in rank 0's generation thread, beside the engine
+    if args.reward == "model" and args.rank == 0 and not args.replay_from:  # in the generation thread, by the engine
         reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
                                                                           dtype=torch.float32)
         reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
@@ -1131,7 +1208,7 @@ if __name__ == "__main__":
     if args.gpu_memory_utilization is None:  # vLLM takes a fraction of the whole card: of what the models left free
         free, total = torch.cuda.mem_get_info(args.engine_device)
         args.gpu_memory_utilization = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
-    llm = build_engine(args) if args.rank == 0 else None
+    llm = build_engine(args) if args.rank == 0 and not args.replay_from else None
     check_hand_off_room(policy, args)  # exits with one line if the weights' copies cannot fit
     keep_models_eager(policy, ref_policy, reward_model, value_model)
     if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
@@ -1139,7 +1216,7 @@ if __name__ == "__main__":
         restore_random_states(resumed, generators)
     else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
         check = weight_check(policy, probe, args)
-        last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 else None
+        last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 and not args.replay_from else None
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
     weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait
@@ -1151,7 +1228,7 @@ if __name__ == "__main__":
         args=(llm, reward_model, tokenizer, args, prompt_batches, last_sync, weights_queue, spare_weights, data_queue),
         daemon=True,  # never keeps a crashed run alive
     )
-    if args.rank == 0:
+    if args.rank == 0 and not args.replay_from:
         thread.start()
 
     start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed goes on from the checkpoint
@@ -1163,8 +1240,10 @@ if __name__ == "__main__":
         wait_start = time.time()
         batch = None
         if args.rank == 0:
-            batch = pending.popleft() if pending else receive(data_queue, args.queue_timeout,
-                                                              f"the batch of learner step {step}")
+            batch = recorded_batch(args, step) if args.replay_from else pending.popleft() if pending else receive(
+                data_queue, args.queue_timeout, f"the batch of learner step {step}")
+            if args.record_samples:
+                record_batch(args, step, batch)
         batch = from_rank_0(batch, args)  # every rank trains on its share of it
         learner_waiting = time.time() - wait_start
 
@@ -1234,7 +1313,7 @@ if __name__ == "__main__":
 
         # ASYNC: hand version step+1 to the generator (a copy: the learner goes on updating its own tensors), only if
         # some future batch will be generated with it; the value model never leaves the learner
-        if step + 1 + args.async_steps < args.num_learner_steps:
+        if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
             # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
             weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
             if args.rank == 0:
@@ -1303,7 +1382,7 @@ if __name__ == "__main__":
             if stop:
                 why = requests[0] if requests else "a signal to another rank"
                 sys.exit(f"{why}: stopped after learner step {step}; continue with --resume-from {path}")
-    if args.rank == 0:
+    if args.rank == 0 and not args.replay_from:
         thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
     weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards

@@ -137,8 +137,11 @@ class Args:
     """score of a response that ends without EOS, replacing the reward model's (the verifier grades as written)"""
     max_grad_norm: float = 1.0
     """gradient clipping threshold (policy and value model together)"""
-    micro_batch_size: int = 8
-    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update)"""
+    micro_batch_size: Optional[int] = None
+    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
+    CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
+    micro_batch_memory_gib: float = 4.0
+    """CPU memory one micro-batch's activations and logits may take when --micro-batch-size is None, in GiB"""
     gradient_checkpointing: bool = False
     """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -165,9 +168,10 @@ def check_args(args: Args):
         (args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0,
          "--kl-coef must be >= 0, --cliprange and --cliprange-value > 0"),
         (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
-             args.num_samples_per_prompt, args.num_ppo_epochs, args.micro_batch_size) < 1,
-         "--num-learner-steps, --prompts-per-step, --response-length, --max-prompt-tokens, --num-samples-per-prompt, "
-         "--num-ppo-epochs and --micro-batch-size must be >= 1"),
+             args.num_samples_per_prompt, args.num_ppo_epochs) < 1, "--num-learner-steps, --prompts-per-step, "
+         "--response-length, --max-prompt-tokens, --num-samples-per-prompt and --num-ppo-epochs must be >= 1"),
+        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
+         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
         (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
         (args.reward == "verifier" and "{question}" not in args.prompt_template,
          "--prompt-template must contain {question}"),
@@ -231,7 +235,7 @@ def masked_whiten(x, mask):
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
     """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
-    (docs/async.md#the-off-policy-correction-three-modes); summed per sequence (RLOO) or per token (PPO, GRPO).
+    (docs/async.md#the-off-policy-correction-three-modes); per token (RLOO's loss sums the log-ratio per sequence).
     paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
     (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
     Neither output carries gradient, whatever the caller passes."""
@@ -590,6 +594,18 @@ def chunks(rows: torch.Tensor, size: int):
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
+def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
+    """Resolve --micro-batch-size None for mini-batches of `sequences` (this process's share) of at most `length`
+    tokens, and print the choice; the estimate is explained in docs/benchmarks.md#the-micro-batch-default."""
+    config = model_config("--model-name-or-path", args.model_name_or_path)
+    layer = 48 * config.hidden_size + 16 * getattr(config, "intermediate_size", 4 * config.hidden_size)
+    gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
+    fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
+    size = args.micro_batch_size = args.micro_batch_size or (fits if args.learner_device == "cpu" else 8)
+    print(f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
+          f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})")
+
+
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
     """`token_logprobs` of every row without gradient. Given the loop's `mini_batches`, in its very micro-batches: same
@@ -718,6 +734,8 @@ if __name__ == "__main__":
                        [answers[j] for j in order[i : i + args.prompts_per_step]])
                       for i in range(0, len(order), args.prompts_per_step)]
     probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    choose_micro_batch_size(args, args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches,
+                            max(map(len, prompts)) + args.response_length, trained_models=2)  # before tracking
 
     # TRY NOT TO MODIFY: tracking, in a run folder made only now that the inputs are known to be good
     args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"

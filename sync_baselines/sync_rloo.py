@@ -118,15 +118,18 @@ class Args:
     cliprange: float = 0.2
     """PPO clip range of the sequence-level ratio pi / pi_anchor"""
     importance_weight_cap: float = 2.0
-    """decoupled only: the importance weight pi_old / pi_behaviour is truncated (min) at this value"""
+    """decoupled only: each token's importance weight pi_old / pi_behaviour is truncated (min) at this value"""
     dual_clip: Optional[float] = None
     """dual-clip PPO (Ye et al., 2020): a term with A < 0 loses at most -A * dual_clip; None: off"""
     missing_eos_penalty: float = -1.0
     """score of a response that ends without EOS, replacing the reward model's (the verifier grades as written)"""
     max_grad_norm: float = 1.0
     """gradient clipping threshold"""
-    micro_batch_size: int = 8
-    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update)"""
+    micro_batch_size: Optional[int] = None
+    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
+    CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
+    micro_batch_memory_gib: float = 4.0
+    """CPU memory one micro-batch's activations and logits may take when --micro-batch-size is None, in GiB"""
     gradient_checkpointing: bool = False
     """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -148,9 +151,10 @@ def check_args(args: Args):
         (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
          f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
         (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
-        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
-             args.micro_batch_size) < 1, "--num-learner-steps, --prompts-per-step, --response-length, "
-         "--max-prompt-tokens and --micro-batch-size must be >= 1"),
+        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens) < 1,
+         "--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1"),
+        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
+         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
         (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
         (args.cliprange < 0, f"--cliprange must be >= 0, got {args.cliprange}"),
         (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
@@ -193,7 +197,7 @@ def rloo_advantages(rewards: torch.Tensor, k: int):
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
     """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
-    (docs/async.md#the-off-policy-correction-three-modes); summed per sequence (RLOO) or per token (PPO, GRPO).
+    (docs/async.md#the-off-policy-correction-three-modes); per token (RLOO's loss sums the log-ratio per sequence).
     paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
     (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
     Neither output carries gradient, whatever the caller passes."""
@@ -226,22 +230,24 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
     return losses, no_gradient
 
 
-def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, cliprange: float,
+def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange: float,
                         dual_clip: Optional[float]):
-    """PPO-clip on whole sequences (per-sequence logprob sums): ratio = pi(y) / pi_anchor(y), each term times its
-    importance weight (both from `off_policy_anchor`). Returns the loss and its diagnostics."""
+    """PPO-clip on whole sequences: ratio = pi(y) / pi_anchor(y), token log-ratios summed over the response (`mask`).
+    The importance weights scale each token's gradient, not the value; they are per token because a sequence weight,
+    a product of ~50 token ratios, loses the gradient at large K (benchmark/corrections_toy.py, docs/rloo.md)."""
+    new_logprobs = new_logprobs.detach() + importance_weights * (new_logprobs - new_logprobs.detach())
     # clamped: a sum of ~50 token log-ratios can pass 88, where exp overflows float32 (docs/rloo.md)
-    log_ratio = (new_logprobs - anchor_logprobs).clamp(max=20.0)
+    log_ratio = (new_logprobs - anchor_logprobs).sum(1).clamp(max=20.0)
     ratio = torch.exp(log_ratio)
     losses, no_gradient = clipped_surrogate(ratio, advantages, cliprange, dual_clip)
-    loss = (importance_weights * losses).mean()
+    loss, weights = losses.mean(), importance_weights[mask.bool()]
     with torch.no_grad():
-        return loss, dict(importance_ratio_mean=ratio.mean().item(), importance_ratio_max=ratio.max().item(),
-                          clipfrac=((ratio - 1.0).abs() > cliprange).float().mean().item(),
-                          zero_gradient_frac=no_gradient.float().mean().item(),
-                          importance_weight_mean=importance_weights.mean().item(),
-                          importance_weight_ess=effective_sample_size(importance_weights),
-                          approx_kl=((ratio - 1.0) - log_ratio).mean().item())  # k3 estimate of KL(anchor || pi)
+        return loss, dict(
+            importance_ratio_mean=ratio.mean().item(), importance_ratio_max=ratio.max().item(),
+            clipfrac=((ratio - 1.0).abs() > cliprange).float().mean().item(),
+            zero_gradient_frac=no_gradient.float().mean().item(), importance_weight_mean=weights.mean().item(),
+            importance_weight_ess=effective_sample_size(weights),
+            approx_kl=((ratio - 1.0) - log_ratio).mean().item())  # k3 estimate of KL(anchor || pi)
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
@@ -254,6 +260,14 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
     logits = logits.float() / temperature
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return F.pad(logprobs, (start, 0)) * response_mask[:, 1:]
+
+
+def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
+    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (column t = token t+1, 0 elsewhere)."""
+    mask = response_mask[:, 1:].bool()
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return out
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
@@ -509,6 +523,18 @@ def chunks(rows: torch.Tensor, size: int):
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
+def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
+    """Resolve --micro-batch-size None for mini-batches of `sequences` (this process's share) of at most `length`
+    tokens, and print the choice; the estimate is explained in docs/benchmarks.md#the-micro-batch-default."""
+    config = model_config("--model-name-or-path", args.model_name_or_path)
+    layer = 48 * config.hidden_size + 16 * getattr(config, "intermediate_size", 4 * config.hidden_size)
+    gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
+    fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
+    size = args.micro_batch_size = args.micro_batch_size or (fits if args.learner_device == "cpu" else 8)
+    print(f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
+          f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})")
+
+
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
     """`token_logprobs` of every row without gradient. Given the loop's `mini_batches`, in its very micro-batches: same
@@ -636,6 +662,8 @@ if __name__ == "__main__":
                        [answers[j] for j in order[i : i + args.prompts_per_step]])
                       for i in range(0, len(order), args.prompts_per_step)]
     probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    choose_micro_batch_size(args, args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches,
+                            max(map(len, prompts)) + args.response_length)  # before tracking
 
     # TRY NOT TO MODIFY: tracking, in a run folder made only now that the inputs are known to be good
     args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -702,16 +730,16 @@ if __name__ == "__main__":
             batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device)
         # a prompt's k samples stay in one mini-batch
         mini_batches = chunks(torch.arange(len(batch["responses"])), len(batch["responses"]) // args.num_mini_batches)
-        behaviour_logprobs = torch.tensor([sum(row) for row in batch["behaviour_logprobs"]], device=args.learner_device)
-        # the learner's own logprobs before this step's updates (paper and decoupled modes)
+        behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
+        # the learner's own logprobs before this step's updates (paper and decoupled modes); all three per token
         old_logprobs = None if args.off_policy_correction == "behaviour" else token_logprobs_no_grad(
-            policy, input_ids, attention_mask, response_mask, args, mini_batches).sum(1)
+            policy, input_ids, attention_mask, response_mask, args, mini_batches)
         anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
                                                                 behaviour_logprobs, args.importance_weight_cap)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
         # the KL's log pi is the anchor's: vLLM's in behaviour mode (unbiased for the sampler, no extra forward pass),
         # the learner's recomputation in paper mode, as in the paper's code (docs/async.md)
-        kl = anchor_logprobs - ref_logprobs
+        kl = anchor_logprobs.sum(1) - ref_logprobs
         rlhf_reward = batch["scores"].to(args.learner_device) - args.kl_coef * kl
         advantages = rloo_advantages(rlhf_reward, k)
         stats = {key: [] for key in ("loss", "grad_norm", "importance_ratio_mean", "importance_ratio_max", "clipfrac",
@@ -727,8 +755,8 @@ if __name__ == "__main__":
                 if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
                     stats["gap"] = logprob_gap(per_token, response_mask[rows],
                                                [batch["behaviour_logprobs"][i] for i in rows.tolist()])
-                loss, policy_stats = clipped_policy_loss(per_token.sum(1), anchor_logprobs[rows],
-                                                         importance_weights[rows], advantages[rows], args.cliprange,
+                loss, policy_stats = clipped_policy_loss(per_token, anchor_logprobs[rows], importance_weights[rows],
+                                                         advantages[rows], response_mask[rows, 1:], args.cliprange,
                                                          args.dual_clip)
                 share = len(rows) / len(mini_batch)  # gradients of share-weighted means add up to the mini-batch's
                 (loss * share).backward()

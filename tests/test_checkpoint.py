@@ -132,6 +132,25 @@ def test_resuming_with_other_training_flags_is_refused(tiny, tmp_path):
         grpo.load_checkpoint(grpo.Args(resume_from=str(tmp_path)))
 
 
+def test_resuming_keeps_the_micro_batch_the_default_chose(tmp_path, monkeypatch):
+    """A run started without --micro-batch-size saved the size its default chose; resumed without the flag it keeps
+    that size (a new choice could differ), and an explicit other size is refused like any other training flag."""
+    import torch
+
+    from conftest import load_script
+
+    grpo = load_script(GRPO)
+    run_dir = tmp_path / "runs" / "async_grpo_gsm8k_multigpu__1__1"
+    (run_dir / "checkpoint_2").mkdir(parents=True)
+    saved = vars(grpo.Args(run_name=run_dir.name, micro_batch_size=16))
+    torch.save(dict(step=2, args=dict(saved)), run_dir / "checkpoint_2" / "state.pt")
+    monkeypatch.chdir(tmp_path)  # a run is resumed in the folder that holds its runs/
+    default = grpo.Args(resume_from=str(run_dir))
+    assert grpo.load_checkpoint(default)["step"] == 2 and default.micro_batch_size == 16
+    with pytest.raises(SystemExit, match="--micro-batch-size is 8 here but was 16 in the run"):
+        grpo.load_checkpoint(grpo.Args(resume_from=str(run_dir), micro_batch_size=8))
+
+
 def test_another_scripts_or_a_damaged_checkpoint_is_refused_in_one_line(tmp_path):
     """A DPO checkpoint given to RLOO names the script that made it; a cut-short state.pt is named."""
     from conftest import load_script

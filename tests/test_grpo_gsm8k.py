@@ -176,6 +176,8 @@ def test_async_run_logs_metrics_evaluates_and_learns(async_runs, tiny):
     assert all(0 <= e["eval/accuracy"] <= 1 for e in evals)
     assert "eval accuracy of policy version 0:" in proc.stdout and "eval accuracy of policy version 5:" in proc.stdout
     assert "7473 training problems" in proc.stdout
+    # the default micro-batch: all 64 sequences of the mini-batch fit the default budget, in one pass
+    assert "micro-batch 64 of 64 sequences (est. " in proc.stdout
     trained = AutoModelForCausalLM.from_pretrained(cwd / "model")
     initial = AutoModelForCausalLM.from_pretrained(tiny / "policy")
     assert not torch.equal(trained.model.embed_tokens.weight, initial.model.embed_tokens.weight)

@@ -87,6 +87,26 @@ def test_bfloat16_autocast_runs_the_learner_in_bfloat16_with_float32_weights(dpo
     assert 0 < (low - full).abs().max() < 0.2  # bfloat16 matmuls: close, but not float32-equal
 
 
+def test_the_default_micro_batch_is_the_whole_mini_batch_when_it_fits_the_memory_budget(dpo, tiny, capsys):
+    """--micro-batch-size None: the whole mini-batch under a large budget, the most sequences that fit under a small
+    one (at least 1), 8 on a GPU; an explicit size always wins. One printed line gives the choice and the estimate."""
+    def choose(sequences=16, length=100, **flags):
+        args = dpo.Args(model_name_or_path=str(tiny / "policy"), learner_device=flags.pop("device", "cpu"), **flags)
+        dpo.choose_micro_batch_size(args, sequences, length)
+        return args.micro_batch_size, capsys.readouterr().out.strip()
+
+    # the tiny Llama (L 2, h 128, I 256, V 512): per token 2 layers x 1.27 (48 h + 16 I) bytes, plus 4 x 4 V bytes
+    per_sequence = 100 * (2 * 1.27 * (48 * 128 + 16 * 256) + 16 * 512) / 2**30
+    assert choose() == (16, "micro-batch 16 of 16 sequences (est. 0.05 GiB of --micro-batch-memory-gib 4)")
+    assert choose(micro_batch_memory_gib=5.5 * per_sequence)[0] == 5
+    assert choose(micro_batch_memory_gib=per_sequence / 10)[0] == 1
+    assert choose(length=20, micro_batch_memory_gib=5.5 * per_sequence)[0] == 16  # shorter sequences: all fit again
+    assert choose(micro_batch_size=3, micro_batch_memory_gib=0.001) == (
+        3, "micro-batch 3 of 16 sequences (est. 0.01 GiB of --micro-batch-memory-gib 0.001)")
+    assert choose(device="cuda:1")[0] == 8
+    assert choose(micro_batch_size=32, device="cuda:1")[0] == 32
+
+
 def test_chunks_and_combined_statistics(dpo):
     assert [c.tolist() for c in dpo.chunks(torch.arange(5), 2)] == [[0, 1], [2, 3], [4]]
     stats = dpo.combine_stats([(0.75, dict(loss=2.0, ratio_max=1.5)), (0.25, dict(loss=6.0, ratio_max=3.0))])

@@ -18,11 +18,13 @@ def script(request):
 
 
 def policy_loss(module, new, anchor, weights, advantages, dual_clip=None):
-    """Each script's loss on four terms: RLOO's are sequences, PPO's and GRPO's four one-token responses."""
-    if hasattr(module, "rloo_advantages"):
-        return module.clipped_policy_loss(new, anchor, weights, advantages, 0.2, dual_clip)
+    """Each script's loss on four terms, four one-token responses: RLOO's terms are its sequences, PPO's and GRPO's
+    their tokens."""
     column = (lambda x: x[:, None])
     mask = torch.ones(4, 1)
+    if hasattr(module, "rloo_advantages"):
+        return module.clipped_policy_loss(column(new), column(anchor), column(weights), advantages, mask, 0.2,
+                                          dual_clip)
     if hasattr(module, "compute_gae"):  # PPO: per-token advantages
         return module.clipped_policy_loss(column(new), column(anchor), column(weights), column(advantages), mask, 0.2,
                                           dual_clip)
@@ -49,7 +51,8 @@ def stale_example():
 # behaviour: r = 1.5, 4.4, 0.65, 0.7: max(-1.5, -1.2), max(4.4, 1.2), max(-1.3, -1.6), max(0.35, 0.4)
 #   = -1.2 (clipped), 4.4, -1.3, 0.4 (clipped): loss 2.3 / 4; gradient 4.4 / 4, -1.3 / 4
 # decoupled: paper's terms times min(pi_old/mu, 2) = 1.5, 2, 0.5, 1: -1.5, 2.2, -1.2, 0.4: loss -0.1 / 4;
-#   gradient 1.5 * -1 / 4, 2 * 1.1 / 4
+#   gradient 1.5 * -1 / 4, 2 * 1.1 / 4. RLOO's weights scale each token's gradient and leave the loss's value alone:
+#   its loss reads paper's -0.475, its gradient is the same as here
 EXPECTED = {
     "paper": (-0.475, [-0.25, 0.275, 0.0, 0.0], 0.5, 0.5, 1.0),
     "behaviour": (0.575, [0.0, 1.1, -0.325, 0.0], 0.5, 1.0, 1.0),
@@ -64,6 +67,8 @@ def test_each_mode_on_a_hand_computed_stale_example(script, mode):
     loss, stats = policy_loss(script, new, anchor, weights, advantages)
     loss.backward()
     expected_loss, expected_grad, zero_gradient_frac, clipfrac, weight_mean = EXPECTED[mode]
+    if hasattr(script, "rloo_advantages") and mode == "decoupled":
+        expected_loss = EXPECTED["paper"][0]
     assert loss.item() == pytest.approx(expected_loss, abs=1e-5)
     assert new.grad.flatten().tolist() == pytest.approx(expected_grad, abs=1e-5)
     assert stats["zero_gradient_frac"] == pytest.approx(zero_gradient_frac)
@@ -110,16 +115,98 @@ def test_the_anchor_and_the_weights_never_carry_gradient(script, mode):
 def test_a_huge_log_ratio_gives_a_finite_loss_and_gradient():
     # RLOO sums ~50 token log-ratios, which can pass 88 where exp overflows float32
     rloo = load_script("async_rloo.py")
-    new = torch.tensor([-1.0, -1.0], requires_grad=True)
+    new = torch.full((2, 2), -0.5, requires_grad=True)  # two tokens of log-ratio 50 each: 100 per sequence
     for dual_clip, expected in ((3.0, (3.0 - 1.2) / 2), (None, None)):
-        anchor, weights = rloo.off_policy_anchor("decoupled", torch.tensor([-101.0, -101.0]),
-                                                 torch.tensor([-300.0, -300.0]), 2.0)
-        loss, _ = rloo.clipped_policy_loss(new, anchor, weights, torch.tensor([-1.0, 1.0]), 0.2, dual_clip)
+        anchor, weights = rloo.off_policy_anchor("decoupled", torch.full((2, 2), -50.5), torch.full((2, 2), -150.0),
+                                                 2.0)
+        loss, _ = rloo.clipped_policy_loss(new, anchor, weights, torch.tensor([-1.0, 1.0]), torch.ones(2, 2), 0.2,
+                                           dual_clip)
         loss.backward()
-        assert torch.isfinite(loss) and torch.isfinite(new.grad).all() and weights.tolist() == [2.0, 2.0]
+        assert torch.isfinite(loss) and torch.isfinite(new.grad).all() and (weights == 2.0).all()
         if expected is not None:
-            assert loss.item() == pytest.approx(2.0 * expected)  # both terms weighted 2
+            assert loss.item() == pytest.approx(expected)  # the weights scale the gradient, not the loss's value
         new.grad = None
+
+
+def test_rloo_weights_each_token_and_clips_each_sequence_by_hand():
+    """RLOO's decoupled weights are per token, min(pi_old(y_t) / mu(y_t), 2); the PPO clip stays on the sequence ratio.
+    Two sequences; the second has two response tokens (its third column is padding, 0 as `token_logprobs` leaves it):
+        sequence  A    pi_old/mu per token   weights          pi/pi_old per token  ratio
+        1         +2   1.5, 4.0, 0.5         1.5, 2.0, 0.5    1, 1, 1              1.0
+        2         +1   1.0, 2.5, -           1.0, 2.0, -      1.5, 1.0, -          1.5 > 1.2: clipped
+    loss (-2 * 1 + -1 * 1.2) / 2 = -1.6; gradient -A r w_t / 2: -1.5, -2, -0.5 for sequence 1, none for sequence 2."""
+    rloo = load_script("async_rloo.py")
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    behaviour = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -1.0, 0.0]])
+    old = (behaviour + torch.tensor([[1.5, 4.0, 0.5], [1.0, 2.5, 1.0]]).log()) * mask
+    new = (old + torch.tensor([[1.0, 1.0, 1.0], [1.5, 1.0, 1.0]]).log()).requires_grad_(True)
+    anchor, weights = rloo.off_policy_anchor("decoupled", old, behaviour, 2.0)
+    assert (weights * mask).flatten().tolist() == pytest.approx([1.5, 2.0, 0.5, 1.0, 2.0, 0.0])
+    loss, stats = rloo.clipped_policy_loss(new * mask, anchor, weights, torch.tensor([2.0, 1.0]), mask, 0.2, None)
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.6)
+    assert new.grad.flatten().tolist() == pytest.approx([-1.5, -2.0, -0.5, 0.0, 0.0, 0.0])
+    assert stats["importance_ratio_max"] == pytest.approx(1.5)
+    assert stats["clipfrac"] == stats["zero_gradient_frac"] == 0.5
+    # the weight statistics are over the five response tokens: mean 7 / 5, ESS 7^2 / (5 * 11.5)
+    assert (stats["importance_weight_mean"], stats["importance_weight_ess"]) == pytest.approx((1.4, 49 / 57.5))
+
+
+def test_rloo_decoupled_is_paper_when_the_sampler_is_the_learner():
+    """mu = pi_old (sync, or K = 0): every weight is 1, and decoupled mode trains exactly as paper mode."""
+    rloo = load_script("async_rloo.py")
+    torch.manual_seed(0)
+    mask = (torch.rand(6, 5) < 0.8).float()
+    old = -torch.rand(6, 5) * 3 * mask
+    advantages = torch.randn(6)
+    results = []
+    for mode in ("paper", "decoupled"):
+        new = (old + 0.2 * torch.randn(6, 5, generator=torch.Generator().manual_seed(1))).requires_grad_(True)
+        anchor, weights = rloo.off_policy_anchor(mode, old, old, 2.0)
+        assert torch.equal(weights, torch.ones_like(old))
+        loss, stats = rloo.clipped_policy_loss(new * mask, anchor, weights, advantages, mask, 0.2, None)
+        loss.backward()
+        results.append((loss.item(), new.grad.clone(), stats))
+    assert results[0][0] == results[1][0] and torch.equal(results[0][1], results[1][1])
+    assert results[0][2] == results[1][2]
+
+
+def test_rloo_gradient_is_the_per_token_weighted_policy_gradient():
+    """On a tiny autoregressive softmax policy (logits per position and previous token), the loss's gradient equals
+    -1/B sum_i [not clipped_i] A_i r_i sum_t w_it grad log pi(y_it | y_i,t-1), with grad_theta[t, s] log softmax(
+    theta[t, s])[a] = onehot(a) - softmax(theta[t, s]): the sequence clip and ratio, per-token weights."""
+    rloo = load_script("async_rloo.py")
+    g = torch.Generator().manual_seed(0)
+    length, vocab, batch = 4, 5, 6
+    logits_mu = torch.randn(length, vocab, vocab, generator=g)
+    logits_old = logits_mu + 0.5 * torch.randn(length, vocab, vocab, generator=g)  # K versions later
+    theta = (logits_old + 0.3 * torch.randn(length, vocab, vocab, generator=g)).requires_grad_(True)  # a later update
+    tokens = torch.randint(vocab, (batch, length + 1), generator=g)  # column 0: the prompt token
+    mask = torch.ones(batch, length)
+    mask[0, 3:] = mask[1, 2:] = 0.0  # shorter responses
+    advantages = torch.tensor([1.0, -0.5, 2.0, -1.5, 0.7, -0.2])
+    positions = torch.arange(length)
+
+    def logprobs(logits):  # (batch, length): log pi_t(y_t | y_t-1), 0 off the response
+        return torch.log_softmax(logits, -1)[positions, tokens[:, :-1], tokens[:, 1:]] * mask
+
+    anchor, weights = rloo.off_policy_anchor("decoupled", logprobs(logits_old), logprobs(logits_mu), 2.0)
+    assert (weights * mask).max() == 2.0 and (weights * mask)[mask.bool()].min() < 1.0  # some truncated, some below 1
+    loss, stats = rloo.clipped_policy_loss(logprobs(theta), anchor, weights, advantages, mask, 0.2, None)
+    loss.backward()
+
+    with torch.no_grad():
+        ratio = torch.exp((logprobs(theta) - anchor).sum(1))
+        clipped = ((advantages > 0) & (ratio > 1.2)) | ((advantages < 0) & (ratio < 0.8))
+        assert 0 < clipped.sum() < batch and stats["zero_gradient_frac"] == pytest.approx(clipped.float().mean())
+        expected = torch.zeros_like(theta)
+        probs = torch.softmax(theta, -1)
+        for i in range(batch):
+            for t in range(length):
+                if mask[i, t] and not clipped[i]:
+                    score = torch.nn.functional.one_hot(tokens[i, t + 1], vocab) - probs[t, tokens[i, t]]
+                    expected[t, tokens[i, t]] -= advantages[i] * ratio[i] * weights[i, t] * score / batch
+    assert torch.allclose(theta.grad, expected, atol=1e-6)
 
 
 @pytest.mark.parametrize("flags,message", [

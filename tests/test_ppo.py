@@ -253,8 +253,9 @@ def test_bad_input_fails_with_one_message_before_the_engine_starts(runs, index):
 
 @pytest.mark.parametrize("script", [ASYNC, SYNC])
 @pytest.mark.parametrize("overrides,message", [
-    (dict(num_samples_per_prompt=0), "--num-ppo-epochs and --micro-batch-size must be >= 1"),
-    (dict(micro_batch_size=0), "--num-ppo-epochs and --micro-batch-size must be >= 1"),
+    (dict(num_samples_per_prompt=0), "--num-samples-per-prompt and --num-ppo-epochs must be >= 1"),
+    (dict(micro_batch_size=0), "--micro-batch-size must be >= 1"),
+    (dict(micro_batch_memory_gib=0.0), "--micro-batch-memory-gib > 0"),
     (dict(kl_coef=-0.1), "--kl-coef must be >= 0"),
     (dict(prompts_per_step=6, num_mini_batches=4), "--prompts-per-step 6 is not divisible by --num-mini-batches 4"),
 ])

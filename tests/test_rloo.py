@@ -116,6 +116,21 @@ def test_paper_mode_ratio_is_exactly_one_at_the_first_update_however_stale(async
         assert m["policy/clipfrac"] == 0.0 and m["policy/zero_gradient_frac"] == 0.0
 
 
+def test_decoupled_mode_weights_each_token_of_stale_steps_only(tiny, tmp_path):
+    """--off-policy-correction decoupled at K = 2: the weights min(pi_old / mu, cap) are per token; at step 0 the engine
+    and the learner hold the same weights, so they are all 1 up to the float gap; later they spread, within the cap."""
+    proc, _ = run_script(ASYNC, tmp_path, *common_flags(
+        tiny, "--num-learner-steps", "4", "--async-steps", "2", "--num-mini-batches", "2", "--off-policy-correction",
+        "decoupled", "--importance-weight-cap", "1.5", "--output-dir", str(tmp_path / "model")))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = read_metrics(tmp_path)
+    assert metrics[0]["policy/importance_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics[0]["policy/importance_weight_ess"] == pytest.approx(1.0, abs=1e-6)
+    for m in metrics[1:]:  # a version or two stale: the tokens' weights differ, none above the cap
+        assert m["policy/importance_weight_ess"] < 1.0 and m["policy/importance_weight_mean"] <= 1.5
+        assert math.isfinite(m["losses/policy_loss"]) and math.isfinite(m["policy/grad_norm"])
+
+
 def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_path):
     # N=1 and fresh weights every step: the data is on-policy, so even vLLM's logprobs give a ratio of 1
     proc, _ = run_script(SYNC, tmp_path, *common_flags(tiny, "--num-learner-steps", "4", "--off-policy-correction",

@@ -28,9 +28,10 @@ ASYNC_ONLY = {"generation_thread", "receive"}
 MULTIGPU_CHANGES = {"Args", "check_args", "build_engine", "push_weights_to_engine", "sync_engine", "generation_thread",
                     "token_logprobs_no_grad", "start_wandb", "stop_requests", "get_values"}
 BUDGETS = {"dpo": 600, "rloo": 650, "grpo_gsm8k": 650, "ppo": 780}  # lines of a core (../STYLE.md, habit 11)
-# what the cores measure after their compaction (docs/async.md#which-file-to-copy), plus ~2%: until the budgets above
+# what the cores measure after their compaction (docs/async.md#which-file-to-copy), plus two features an issue asked of
+# the cores (the CPU micro-batch default, +18 lines; RLOO's per-token importance weights, +10): until the budgets above
 # hold, a core may not grow back; a feature that needs more room goes to the multigpu variant, a tool or the docs
-CEILINGS = {"dpo": 800, "rloo": 870, "grpo_gsm8k": 925, "ppo": 985}
+CEILINGS = {"dpo": 800, "rloo": 886, "grpo_gsm8k": 931, "ppo": 989}
 
 COMMON = [
     (name, ASYNC_SCRIPTS) for name in ("build_engine", "generate", "push_weights_to_engine", "weight_check",
@@ -38,11 +39,11 @@ COMMON = [
                                        "logprob_gap", "prompt_order", "receive", "chunks", "token_logprobs_no_grad",
                                        "combine_stats", "learner_autocast", "enable_gradient_checkpointing",
                                        "extract_answer", "verify", "model_config", "load_tokenizer", "read_records",
-                                       "create_run_folder", "save_policy", "stop_requests")
+                                       "create_run_folder", "save_policy", "stop_requests", "choose_micro_batch_size")
 ] + [
     (name, REWARD_MODEL_SCRIPTS) for name in ("load_prompts", "get_scores", "generation_thread", "print_summary")
 ] + [
-    ("behaviour_logprobs_tensor", ["async_ppo.py", "async_grpo_gsm8k.py"]),  # the token-level losses
+    ("behaviour_logprobs_tensor", ["async_rloo.py", "async_ppo.py", "async_grpo_gsm8k.py"]),  # per-token weights
 ] + [
     (name, ["async_rloo.py", "async_ppo.py", "async_grpo_gsm8k.py"]) for name in ("off_policy_anchor",
                                                                                "clipped_surrogate")
@@ -50,7 +51,8 @@ COMMON = [
     (name, list(MULTIGPU.values())) for name in ("init_distributed", "wrap_model", "unwrap", "full_state_dict",
                                                  "rank_rows", "gather_rows", "from_rank_0", "mean_over_ranks",
                                                  "any_rank", "gradient_sync", "copy_for_engine",
-                                                 "push_weights_to_engine", "sync_engine", "token_logprobs_no_grad")
+                                                 "push_weights_to_engine", "sync_engine", "token_logprobs_no_grad",
+                                                 "sample_flags", "record_batch", "check_replay", "recorded_batch")
 ]
 
 
@@ -121,7 +123,7 @@ def test_the_sync_twin_and_the_multigpu_variant_stay_within_their_budgets(algo):
     lines = {path: len((REPO / path).read_text().splitlines()) for path in (*PAIRS[algo], MULTIGPU[algo])}
     core, sync = PAIRS[algo]
     assert lines[sync] <= lines[core]
-    assert lines[MULTIGPU[algo]] <= lines[core] + 400
+    assert lines[MULTIGPU[algo]] <= lines[core] + 430  # scale-out, exact resume, record and replay
 
 
 @pytest.mark.parametrize("algo", ALGOS)
