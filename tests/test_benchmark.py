@@ -49,7 +49,10 @@ def test_memory_benchmark_quick_mode_writes_table_breakdown_and_plot(tiny, arith
                  if line.startswith("| ")}
     assert 0.3 < float(breakdown["libraries, data (torch, transformers, vLLM)"]) < 3
     assert float(breakdown["measured: after the engine is built"]) > float(breakdown["measured: after the models load"])
-    assert "| grpo, GSM8K | Rho-1B |" in table  # the computed GPU table
+    # the script's own estimate of one micro-batch, read from its output, is a part of the sum
+    assert all(float(cells[6]) > 0 for cells in rows.values())
+    assert float(breakdown["one micro-batch's activations and logits"]) == float(rows["p2_m4"][6])
+    assert 0.3 < float(breakdown["peak / sum (goal <= 1.2)"]) < 3
     assert (results / "memory.png").stat().st_size > 1000
     again, _ = run_script("benchmark/memory.py", tmp_path, *flags, timeout=300)  # finished runs are reused
     assert again.returncode == 0 and again.stdout.count("done already") == 2
@@ -73,3 +76,78 @@ def test_overheads_benchmark_quick_mode_times_every_piece(tiny, tmp_path):
     # throughput of every call, and ours against each (ours against itself is 1)
     assert float(rates["generate: ours"][0]) > 0 and float(rates["generate: ours"][1]) == 1.0
     assert 0.2 < float(rates["generate: bare, same seeds"][1]) < 5
+
+
+def test_learner_cost_quick_mode_gives_every_algorithm_a_finite_ratio(tiny, arithmetic_folder, tmp_path):
+    import json
+    import math
+
+    results = tmp_path / "results"
+    flags = ("--policy", str(tiny / "policy"), "--reward-model", str(tiny / "rm"), "--prompts",
+             str(tiny / "prompts.jsonl"), "--dataset-path", str(arithmetic_folder), "--results-dir", str(results),
+             "--work-dir", str(tmp_path / "work"))
+    for bad, message in ((("--algorithms", "sft"), "unknown --algorithms ['sft']"),
+                         (("--revisions", "no-such-commit"), "--revisions 'no-such-commit' is neither")):
+        proc, _ = run_script("benchmark/learner_cost.py", tmp_path, *flags, *bad, timeout=300)
+        assert proc.returncode != 0 and message in proc.stderr and not results.exists(), proc.stderr[-2000:]
+    proc, _ = run_script("benchmark/learner_cost.py", tmp_path, "--quick", *flags, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    table = (results / "learner_cost.md").read_text()
+    summary = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
+                                             for line in table.splitlines()) if cells[0] in (
+                                                 "dpo", "rloo", "ppo", "grpo_gsm8k")}
+    assert set(summary) == {"dpo", "rloo", "ppo", "grpo_gsm8k"}, table
+    for algo, cells in summary.items():
+        minimal, body, learner = float(cells[2]), float(cells[4]), float(cells[5])
+        ratio = float(cells[6].rstrip("x"))
+        assert 0 < minimal and 0 < body < learner and math.isfinite(ratio) and ratio > 0, cells
+        assert cells[7] in ("met", "not met")
+    result = json.loads((results / "learner_cost.json").read_text())
+    for algo, a in result["algorithms"].items():
+        # the in-process rows time the very batches the run trained on: made again, they have its response lengths
+        assert [r["response_length"] for r in a["runs"]["worktree"]] == [a["response_length"]], algo
+        assert all(t > 0 for name, times in a["seconds"].items() for t in times), (algo, a["seconds"])
+        assert ("reference" in a["seconds"]) == (algo != "grpo_gsm8k") and ("values" in a["seconds"]) == (algo == "ppo")
+    assert table.count("(the same batches)") == 4
+
+
+def test_corrections_toy_gradient_is_exact_and_its_report_is_written(tmp_path):
+    """benchmark/corrections_toy.py: its J and grad J equal brute-force enumeration on a toy small enough to list every
+    sequence, its per-term gradient formula sums to grad J, and a short run writes the table."""
+    import itertools
+    import math
+
+    import pytest
+    import torch
+
+    from conftest import load_script
+
+    toy = load_script("benchmark/corrections_toy.py")
+    length, vocab, threshold = 3, 3, 2
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(length, vocab, vocab, generator=g, dtype=torch.float64).requires_grad_(True)
+    succ = torch.tensor([1, 2, 0])
+    tokens = torch.tensor(list(itertools.product(range(vocab), repeat=length + 1)))  # every prompt and response
+    logp = toy.token_logprobs(toy.policy_logprobs(theta), tokens).sum(1) - math.log(vocab)  # the prompt: uniform
+    rewards = toy.rewards_of(tokens, succ, threshold)
+    enumerated = (logp.exp() * rewards).sum()
+    exact = toy.exact_objective(theta, succ, threshold)
+    assert exact.item() == pytest.approx(enumerated.item(), rel=1e-12)
+    (grad_exact,) = torch.autograd.grad(exact, theta)
+    (grad_enumerated,) = torch.autograd.grad(enumerated, theta)
+    assert torch.allclose(grad_exact, grad_enumerated, atol=1e-12)
+    # sum_y p(y) r(y) sum_t grad log pi(y_t | y_t-1) is grad J: the formula every estimator of the toy uses
+    weights = (logp.exp() * rewards).detach()[:, None].expand(-1, length) * len(tokens)
+    per_term = toy.gradient_estimates(theta.detach(), tokens, weights, len(tokens))[0]
+    assert torch.allclose(per_term, grad_exact.flatten(), atol=1e-12)
+
+    output = tmp_path / "toy.md"
+    proc, _ = run_script("benchmark/corrections_toy.py", tmp_path, "--seeds", "1", "--learning-rates", "0.03",
+                         "--expectation-samples", "65536", "--output", str(output), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")[1:]]
+            for line in output.read_text().splitlines() if line.startswith("| ") and "±" in line}
+    assert set(rows) == set(toy.MODES)
+    value = (lambda mode, column: float(rows[mode][column].split(" ± ")[0]))
+    assert value("on-policy", 1) < 0.25  # relative error of the on-policy expectation: sampling noise only
+    assert value("behaviour", 3) > 0.1 and value("paper", 3) == 0.0  # the clip drops whole sequences
