@@ -214,9 +214,10 @@ def test_vllm_seeds_sample_c_with_seed_plus_c_so_requests_are_strided(engine):
 def test_a_response_ending_in_any_eos_id_counts_as_finished(other_family, engine, tiny, capsys):
     rloo, _, llm = engine
     folder, second_eos = other_family
+    # micro_batch_size given: the script resolves its default before the generation thread starts, this test does not
     args = rloo.Args(model_name_or_path=str(folder), max_prompt_tokens=64, response_length=16, prompts_per_step=4,
                      num_samples_per_prompt=4, temperature=1.0, kv_cache_gib=0.25, engine_device="cpu",
-                     gpu_memory_utilization=0.1)
+                     gpu_memory_utilization=0.1, micro_batch_size=8)
     tokenizer = rloo.load_tokenizer(args)
     # a missing pad token falls back to EOS, with one line saying so
     assert tokenizer.pad_token == tokenizer.eos_token
