@@ -47,99 +47,61 @@ SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker repl
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """name of this experiment (prefix of the run name)"""
-    seed: int = 1
-    """seed of Python, NumPy, torch, the prompt order and every vLLM sampling request"""
-    track: bool = False
-    """log to Weights & Biases as well as tensorboard"""
-    wandb_project_name: str = "clean-async-rlhf"
-    """wandb project (only with --track)"""
-    output_dir: Optional[str] = None
-    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
-    save_every: int = 0
-    """save the policy to runs/{run_name}/checkpoint_{step}/policy every this many learner steps (0: never)"""
-    keep_checkpoints: int = 1
-    """how many of the newest policy snapshots to keep (0: all, as benchmark/staleness.py needs)"""
-    torch_threads: int = 1
-    """CPU threads for each role (learner, engine)"""
-    sample_every: int = 10
-    """log a table of sample completions every this many learner steps"""
-    queue_timeout: float = 1800.0
-    """seconds to wait for the other thread before stopping the run with an error"""
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of this experiment (prefix of the run name)
+    seed: int = 1  # seed of Python, NumPy, torch, the prompt order and every vLLM sampling request
+    track: bool = False  # log to Weights & Biases as well as tensorboard
+    wandb_project_name: str = "clean-async-rlhf"  # wandb project (only with --track)
+    output_dir: Optional[str] = None  # where the final policy and tokenizer are saved; None means runs/{run_name}/model
+    save_every: int = 0  # save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)
+    keep_checkpoints: int = 1  # newest policy snapshots kept (0: all, as benchmark/staleness.py needs)
+    torch_threads: int = 1  # CPU threads for each role (learner, engine)
+    sample_every: int = 10  # log a table of sample completions every this many learner steps
+    queue_timeout: float = 1800.0  # seconds to wait for the other thread before stopping the run with an error
 
     # model & data
     model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
     """initial policy (and frozen reference when --kl-coef > 0): a hub id or a local folder"""
-    dataset_name: str = "openai/gsm8k"
-    """problems: a hub id of a GSM8K-format dataset with splits train and test"""
-    dataset_config: Optional[str] = "main"
-    """config name of the hub dataset"""
-    dataset_path: Optional[str] = None
-    """a local folder holding GSM8K-format train.jsonl and test.jsonl; overrides --dataset-name"""
-    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
-    """the prompt around each problem's question (the paper's Rho-1B format)"""
-    chat_template: bool = False
-    """wrap the filled prompt template as a user message in the tokenizer's chat template (instruct models)"""
-    max_prompt_tokens: int = 512
-    """prompts longer than this (in policy tokens) are dropped, and their count printed; never truncated"""
-    response_length: int = 512
-    """maximum new tokens per response"""
+    dataset_name: str = "openai/gsm8k"  # problems: a hub id of a GSM8K-format dataset with splits train and test
+    dataset_config: Optional[str] = "main"  # config name of the hub dataset
+    dataset_path: Optional[str] = None  # a folder with GSM8K-format train/test.jsonl; overrides --dataset-name
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"  # the paper's Rho-1B prompt
+    chat_template: bool = False  # the filled template as a user message in the chat template
+    max_prompt_tokens: int = 512  # prompts longer than this (in policy tokens) are dropped and counted, never truncated
+    response_length: int = 512  # maximum new tokens per response
 
     # generation
-    temperature: float = 0.7
-    """sampling temperature; the learner's logprobs use the same temperature"""
-    num_samples_per_prompt: int = 4
-    """G: sampled solutions per problem, the group whose rewards are normalised together (4 as in the paper)"""
-    engine_dtype: str = "float32"
-    """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
-    gpu_memory_utilization: Optional[float] = None
-    """fraction of the engine GPU for vLLM; None: 30% (shared with the learner) or 90% (its own) of what is free"""
-    kv_cache_gib: Optional[float] = None
-    """KV cache size in GiB; None: sized by vLLM from `gpu_memory_utilization` on GPU, 1 GiB on CPU"""
+    temperature: float = 0.7  # sampling temperature; the learner's logprobs use the same temperature
+    num_samples_per_prompt: int = 4  # G: solutions per problem, normalised together (4 in the paper)
+    engine_dtype: str = "float32"  # engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster
+    gpu_memory_utilization: Optional[float] = None  # engine GPU share for vLLM; None: 30% (shared) or 90% of free
+    kv_cache_gib: Optional[float] = None  # KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU
 
     # evaluation
-    num_eval_prompts: int = 256
-    """held-out problems (the first of the test split) graded with greedy decoding; 0 turns evaluation off"""
-    eval_every: int = 32
-    """evaluate every this many policy versions (version 0 = before training), and always at the end"""
+    num_eval_prompts: int = 256  # held-out test problems graded greedily; 0 turns evaluation off
+    eval_every: int = 32  # evaluate every this many policy versions (0 = before training) and at the end
 
     # algorithm
-    num_learner_steps: int = 256
-    """learner steps; each consumes one generation round of `prompts_per_step` problems"""
-    prompts_per_step: int = 32
-    """problems per learner step (each gives a group of G samples)"""
-    num_mini_batches: int = 1
-    """N: sequential optimizer steps per generation round (the paper's off-policyness knob, Sec. 3)"""
-    learning_rate: float = 3e-6
-    """AdamW learning rate, decayed linearly to 0"""
-    weight_decay: float = 0.0
-    """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
+    num_learner_steps: int = 256  # learner steps; each consumes one generation round of `prompts_per_step` problems
+    prompts_per_step: int = 32  # problems per learner step (each gives a group of G samples)
+    num_mini_batches: int = 1  # N: sequential optimizer steps per generation round (the paper's off-policyness knob)
+    learning_rate: float = 3e-6  # AdamW learning rate, decayed linearly to 0
+    weight_decay: float = 0.0  # AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)
     scale_rewards: bool = True
     """divide group-centred rewards by the group's std (DeepSeekMath); --no-scale-rewards only centres (Dr. GRPO)"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
     """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
-    cliprange: float = 0.2
-    """PPO clip range of the token-level ratio pi / pi_anchor"""
-    importance_weight_cap: float = 2.0
-    """decoupled only: the importance weight pi_old / pi_behaviour is truncated (min) at this value"""
-    dual_clip: Optional[float] = None
-    """dual-clip PPO (Ye et al., 2020): a term with A < 0 loses at most -A * dual_clip, without gradient; None: off"""
-    kl_coef: float = 0.0
-    """weight of the k3 KL penalty to the initial policy; 0 (common GRPO practice) does not even load the reference"""
-    max_grad_norm: float = 1.0
-    """gradient clipping threshold"""
+    cliprange: float = 0.2  # PPO clip range of the token-level ratio pi / pi_anchor
+    importance_weight_cap: float = 2.0  # decoupled: the weight pi_old / pi_behaviour is truncated here
+    dual_clip: Optional[float] = None  # dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip
+    kl_coef: float = 0.0  # k3 KL penalty weight; 0 (common GRPO practice) loads no reference
+    max_grad_norm: float = 1.0  # gradient clipping threshold
     micro_batch_size: Optional[int] = None
     """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
     CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
-    micro_batch_memory_gib: float = 4.0
-    """CPU memory one micro-batch's activations and logits may take when --micro-batch-size is None, in GiB"""
-    gradient_checkpointing: bool = False
-    """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
-    learner_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the learner's matmuls (autocast); weights, gradients and the optimizer stay float32"""
-    async_steps: int = 1
-    """K: the batch for learner step i is generated by exactly policy version max(0, i-K) (paper default 1)"""
+    micro_batch_memory_gib: float = 4.0  # GiB one micro-batch's activations may take when --micro-batch-size is None
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype; weights and optimizer stay float32
+    async_steps: int = 1  # K: the batch of learner step i is generated by exactly policy version max(0, i-K)
 
     # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
     run_name: tyro.conf.Suppress[str] = ""
@@ -321,16 +283,13 @@ def verify(text: str, answer: str):
 
 # DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order, padding
 def model_config(flag: str, path: str):
-    """The config of the model a flag names, read without its weights; else exit with one line saying why. A path that
-    must be local is never tried as a hub id (a typo would cost a minute of download retries)."""
+    """The config of the model a flag names, read without its weights, else exit with one line; a path that must be
+    local is never tried as a hub id (a typo would cost a minute of download retries)."""
     local = os.path.expanduser(path)
-    if path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0]):
-        if not os.path.isdir(local):
-            sys.exit(f"error: {flag} {path!r}: no such folder (relative paths start at {os.getcwd()})")
-        if not os.path.isfile(os.path.join(local, "config.json")):
-            sys.exit(f"error: {flag} {path!r} is not a model folder (no config.json there)")
-    elif not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
-        print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
+    if (path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0])) and not (
+            os.path.isfile(os.path.join(local, "config.json"))):
+        sys.exit(f"error: {flag} {path!r}" + (" is not a model folder (no config.json there)" if os.path.isdir(local)
+                                               else f": no such folder (relative paths start at {os.getcwd()})"))
     try:
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
@@ -355,15 +314,12 @@ def load_tokenizer(args: Args):
 
 
 def read_records(args: Args, source: str, split: str):
-    """The records (JSON objects) of a local JSON Lines file or JSON array, a bad line named by its number; or those
-    of a hub dataset's split."""
+    """The JSON objects of a local JSON Lines file or JSON array, a bad line named by its number; or a hub split's."""
     if not source.endswith((".json", ".jsonl")):
         import datasets  # slow to import, and only needed here
-
         return list(datasets.load_dataset(source, args.dataset_config, split=split))
     with open(source) as f:
-        text = f.read()
-    records = []
+        text, records = f.read(), []
     for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
         try:
             value = json.loads(chunk) if chunk.strip() else []
@@ -472,23 +428,20 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args):
-    """What the engine must answer once it holds `model`'s weights: the learner's logprobs of the probe's tokens at
-    temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
+    """What an engine holding `model`'s weights must answer: the learner's logprobs of the probe at temperature 1."""
     ids = torch.tensor([probe], device=args.learner_device)
     return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
 
 
 def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
-    """The guard against a silently stale engine (docs/async.md#weight-sync): the engine's logprobs of the probe
-    must be the learner's up to the rounding of `--engine-dtype`; and if the learner's moved by more than 1e-3 since
-    the `previous` check's (learner, engine) pair, the engine's must have changed too (bfloat16 rounding hides a
-    step's move, but the same weights always give the same answer). Returns this check's (learner, engine) pair."""
+    """The guard against a silently stale engine (docs/async.md#weight-sync): the engine's probe logprobs must be the
+    learner's up to the rounding of `--engine-dtype`, and must have changed since the `previous` check's (learner,
+    engine) pair if the learner's moved (rounding hides a step, but the same weights give the same answer)."""
     probe, learner = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap = (engine - learner).abs().mean().item()
-    tolerance = 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
+    gap, tolerance = (engine - learner).abs().mean().item(), 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
     moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
     unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
     if not gap <= tolerance or unchanged:
@@ -563,8 +516,8 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently: on timeout it names what it waited for, and an exception that the other
-    thread put in place of data is re-raised here, chained to that thread's own traceback."""
+    """`q.get` that never hangs silently: a timeout names what it waited for; an exception the other thread put in
+    place of data is re-raised here, chained to that thread's traceback."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -643,8 +596,8 @@ def create_run_folder(args: Args):
 
 
 def save_policy(args: Args, step: int, policy):
-    """runs/{run_name}/checkpoint_{step}/policy, written to a .tmp folder and renamed once complete (a kill mid-save
-    leaves the previous snapshot whole); all but the newest --keep-checkpoints (0: all) then go."""
+    """runs/{run_name}/checkpoint_{step}/policy, written to a .tmp folder renamed once complete (a kill mid-save leaves
+    the previous snapshot whole); all but the newest --keep-checkpoints (0: all) then go."""
     path = os.path.join("runs", args.run_name, f"checkpoint_{step}")
     shutil.rmtree(path + ".tmp", ignore_errors=True)
     policy.save_pretrained(os.path.join(path + ".tmp", "policy"))
@@ -657,8 +610,7 @@ def save_policy(args: Args, step: int, policy):
 
 
 def stop_requests():
-    """SIGINT and SIGTERM make the learner save the policy after the current step and exit (a second signal stops at
-    once); the returned list records them."""
+    """SIGINT or SIGTERM: the learner saves the policy after this step and exits (a second one stops at once)."""
     requests = []
 
     def request(signum, frame):
@@ -666,7 +618,6 @@ def stop_requests():
             raise KeyboardInterrupt
         requests.append(signal.Signals(signum).name)
         tqdm.write(f"{requests[0]}: saving the policy after this learner step, then exiting (again to stop now)")
-
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request)
     return requests

@@ -56,116 +56,77 @@ SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker repl
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """name of this experiment (prefix of the run name)"""
-    seed: int = 1
-    """seed of Python, NumPy, torch and every vLLM sampling request"""
-    track: bool = False
-    """log to Weights & Biases as well as tensorboard"""
-    wandb_project_name: str = "clean-async-rlhf"
-    """wandb project (only with --track)"""
-    output_dir: Optional[str] = None
-    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of this experiment (prefix of the run name)
+    seed: int = 1  # seed of Python, NumPy, torch and every vLLM sampling request
+    track: bool = False  # log to Weights & Biases as well as tensorboard
+    wandb_project_name: str = "clean-async-rlhf"  # wandb project (only with --track)
+    output_dir: Optional[str] = None  # where the final policy and tokenizer are saved; None means runs/{run_name}/model
     save_every: int = 0
     """save a checkpoint every this many learner steps (0: never); while on, SIGINT and SIGTERM save one, then exit"""
-    keep_checkpoints: int = 1
-    """how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)"""
+    keep_checkpoints: int = 1  # how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)
     resume_from: Optional[str] = None
     """go on with a stopped run: its run folder (its latest checkpoint) or a checkpoint_{step} in it; same flags"""
     record_samples: bool = False
     """write every batch the learner trains on to runs/{run_name}/samples/, for --replay-from"""
     replay_from: Optional[str] = None
     """a --record-samples run folder: train on its recorded batches, generating none (no engine, no reward model)"""
-    torch_threads: int = 1
-    """CPU threads for each role (learner, engine)"""
-    sample_every: int = 10
-    """log a table of sample completions every this many learner steps"""
-    queue_timeout: float = 1800.0
-    """seconds to wait for the other thread before stopping the run with an error"""
+    torch_threads: int = 1  # CPU threads for each role (learner, engine)
+    sample_every: int = 10  # log a table of sample completions every this many learner steps
+    queue_timeout: float = 1800.0  # seconds to wait for the other thread before stopping the run with an error
 
     # model & data
-    model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"
-    """initial policy (and frozen reference): a hub id or a local folder"""
-    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
-    """sequence-classification reward model sharing the policy's tokenizer: a hub id or a local folder"""
+    model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"  # initial policy and frozen reference: hub id or folder
+    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"  # sequence classifier with the policy's tokenizer
     reward: Literal["model", "verifier"] = "model"
     """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
-    dataset_split: str = "train"
-    """split of a hub dataset (ignored for local files)"""
-    dataset_config: Optional[str] = None
-    """config name of a hub dataset (GSM8K: main)"""
-    prompt_field: str = "query"
-    """column holding the prompt text (reward model)"""
-    dataset_path: Optional[str] = None
-    """verifier: a local folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
-    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
-    """verifier: the prompt around each problem's question (the paper's Rho-1B format)"""
-    chat_template: bool = False
-    """verifier: wrap the filled prompt template as a user message in the tokenizer's chat template"""
-    max_prompt_tokens: int = 512
-    """prompts longer than this (in policy tokens) are dropped, and their count printed; never truncated"""
-    response_length: int = 53
-    """maximum new tokens per response (53 is the TL;DR setting of the reference code)"""
+    dataset_split: str = "train"  # split of a hub dataset (ignored for local files)
+    dataset_config: Optional[str] = None  # config name of a hub dataset (GSM8K: main)
+    prompt_field: str = "query"  # column holding the prompt text (reward model)
+    dataset_path: Optional[str] = None  # verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"  # verifier: the paper's Rho-1B prompt
+    chat_template: bool = False  # verifier: the filled template becomes a user message in the tokenizer's chat template
+    max_prompt_tokens: int = 512  # prompts longer than this (in policy tokens) are dropped and counted, never truncated
+    response_length: int = 53  # maximum new tokens per response (53 is the TL;DR setting of the reference code)
 
     # generation
-    temperature: float = 0.7
-    """sampling temperature; the learner's logprobs use the same temperature"""
-    num_samples_per_prompt: int = 2
-    """k responses per prompt (>= 2): each one's baseline is the mean reward of the other k-1"""
-    engine_dtype: str = "float32"
-    """vLLM weight dtype; float32 keeps engine and learner logprobs equal, bfloat16 is faster on GPU"""
+    temperature: float = 0.7  # sampling temperature; the learner's logprobs use the same temperature
+    num_samples_per_prompt: int = 2  # k responses per prompt (>= 2): each one's baseline is the others' mean
+    engine_dtype: str = "float32"  # engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster
     engine_tensor_parallel_size: int = 1
     """devices the engine's model is split over (vLLM's workers then run in processes of their own). On CPU, give each
     worker its cores with VLLM_CPU_OMP_THREADS_BIND, e.g. 0|1"""
-    gpu_memory_utilization: Optional[float] = None
-    """fraction of the engine GPU for vLLM; None: 30% (shared with the learner) or 90% (its own) of what is free"""
+    gpu_memory_utilization: Optional[float] = None  # engine GPU share for vLLM; None: 30% (shared) or 90% of free
     weights_dir: Optional[str] = None
     """folder the weights reach an engine in processes of its own through (torchrun, tensor-parallel); None: /dev/shm"""
-    kv_cache_gib: Optional[float] = None
-    """KV cache size in GiB; None: sized by vLLM from `gpu_memory_utilization` on GPU, 1 GiB on CPU"""
+    kv_cache_gib: Optional[float] = None  # KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU
 
     # algorithm
-    num_learner_steps: int = 1024
-    """learner steps; each consumes one generation round of `prompts_per_step` prompts"""
-    prompts_per_step: int = 64
-    """prompts per learner step (each gives k samples, so a step trains on k * prompts_per_step sequences)"""
-    num_mini_batches: int = 1
-    """N: sequential optimizer steps per generation round (the paper's off-policyness knob, Sec. 3)"""
-    learning_rate: float = 3e-6
-    """AdamW learning rate, decayed linearly to 0"""
-    weight_decay: float = 0.0
-    """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
-    kl_coef: float = 0.05
-    """weight of the sequence KL in the reward: r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)"""
+    num_learner_steps: int = 1024  # learner steps; each consumes one generation round of `prompts_per_step` prompts
+    prompts_per_step: int = 64  # prompts per learner step (k samples each)
+    num_mini_batches: int = 1  # N: sequential optimizer steps per generation round (the paper's off-policyness knob)
+    learning_rate: float = 3e-6  # AdamW learning rate, decayed linearly to 0
+    weight_decay: float = 0.0  # AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)
+    kl_coef: float = 0.05  # r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
     """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
-    cliprange: float = 0.2
-    """PPO clip range of the sequence-level ratio pi / pi_anchor"""
-    importance_weight_cap: float = 2.0
-    """decoupled only: each token's importance weight pi_old / pi_behaviour is truncated (min) at this value"""
-    dual_clip: Optional[float] = None
-    """dual-clip PPO (Ye et al., 2020): a term with A < 0 loses at most -A * dual_clip; None: off"""
-    missing_eos_penalty: float = -1.0
-    """score of a response that ends without EOS, replacing the reward model's (the verifier grades as written)"""
-    max_grad_norm: float = 1.0
-    """gradient clipping threshold"""
+    cliprange: float = 0.2  # PPO clip range of the sequence-level ratio pi / pi_anchor
+    importance_weight_cap: float = 2.0  # decoupled: each token's pi_old / pi_behaviour is truncated here
+    dual_clip: Optional[float] = None  # dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip
+    missing_eos_penalty: float = -1.0  # score of a response without EOS, not the reward model's (a verifier grades all)
+    max_grad_norm: float = 1.0  # gradient clipping threshold
     micro_batch_size: Optional[int] = None
     """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
     CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
-    micro_batch_memory_gib: float = 4.0
-    """CPU memory one micro-batch's activations and logits may take when --micro-batch-size is None, in GiB"""
-    gradient_checkpointing: bool = False
-    """recompute each layer's activations during the backward pass instead of storing them (less memory, more time)"""
-    learner_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the learner's matmuls (autocast); weights, gradients and the optimizer stay float32"""
+    micro_batch_memory_gib: float = 4.0  # GiB one micro-batch's activations may take when --micro-batch-size is None
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype; weights and optimizer stay float32
     fsdp: bool = False
     """with torchrun: shard parameters, gradients and optimizer state over the learners (FSDP2) instead of DDP"""
     collective_timeout: float = 1800.0
     """with torchrun: seconds a learner waits for the others in a collective before the run stops with an error"""
-    async_steps: int = 1
-    """K: the batch for learner step i is generated by exactly policy version max(0, i-K) (paper default 1)"""
+    async_steps: int = 1  # K: the batch of learner step i is generated by exactly policy version max(0, i-K)
 
     # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
     run_name: tyro.conf.Suppress[str] = ""
@@ -364,16 +325,13 @@ def verify(text: str, answer: str):
 
 # DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in, padding
 def model_config(flag: str, path: str):
-    """The config of the model a flag names, read without its weights; else exit with one line saying why. A path that
-    must be local is never tried as a hub id (a typo would cost a minute of download retries)."""
+    """The config of the model a flag names, read without its weights, else exit with one line; a path that must be
+    local is never tried as a hub id (a typo would cost a minute of download retries)."""
     local = os.path.expanduser(path)
-    if path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0]):
-        if not os.path.isdir(local):
-            sys.exit(f"error: {flag} {path!r}: no such folder (relative paths start at {os.getcwd()})")
-        if not os.path.isfile(os.path.join(local, "config.json")):
-            sys.exit(f"error: {flag} {path!r} is not a model folder (no config.json there)")
-    elif not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
-        print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
+    if (path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0])) and not (
+            os.path.isfile(os.path.join(local, "config.json"))):
+        sys.exit(f"error: {flag} {path!r}" + (" is not a model folder (no config.json there)" if os.path.isdir(local)
+                                               else f": no such folder (relative paths start at {os.getcwd()})"))
     try:
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
@@ -398,15 +356,12 @@ def load_tokenizer(args: Args):
 
 
 def read_records(args: Args, source: str, split: str):
-    """The records (JSON objects) of a local JSON Lines file or JSON array, a bad line named by its number; or those
-    of a hub dataset's split."""
+    """The JSON objects of a local JSON Lines file or JSON array, a bad line named by its number; or a hub split's."""
     if not source.endswith((".json", ".jsonl")):
         import datasets  # slow to import, and only needed here
-
         return list(datasets.load_dataset(source, args.dataset_config, split=split))
     with open(source) as f:
-        text = f.read()
-    records = []
+        text, records = f.read(), []
     for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
         try:
             value = json.loads(chunk) if chunk.strip() else []
@@ -528,23 +483,20 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args):
-    """What the engine must answer once it holds `model`'s weights: the learner's logprobs of the probe's tokens at
-    temperature 1 (vLLM's prompt logprobs are of the raw logits)."""
+    """What an engine holding `model`'s weights must answer: the learner's logprobs of the probe at temperature 1."""
     ids = torch.tensor([probe], device=args.learner_device)
     return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
 
 
 def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
-    """The guard against a silently stale engine (docs/async.md#weight-sync): the engine's logprobs of the probe
-    must be the learner's up to the rounding of `--engine-dtype`; and if the learner's moved by more than 1e-3 since
-    the `previous` check's (learner, engine) pair, the engine's must have changed too (bfloat16 rounding hides a
-    step's move, but the same weights always give the same answer). Returns this check's (learner, engine) pair."""
+    """The guard against a silently stale engine (docs/async.md#weight-sync): the engine's probe logprobs must be the
+    learner's up to the rounding of `--engine-dtype`, and must have changed since the `previous` check's (learner,
+    engine) pair if the learner's moved (rounding hides a step, but the same weights give the same answer)."""
     probe, learner = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap = (engine - learner).abs().mean().item()
-    tolerance = 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
+    gap, tolerance = (engine - learner).abs().mean().item(), 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
     moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
     unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
     if not gap <= tolerance or unchanged:
@@ -629,8 +581,8 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently: on timeout it names what it waited for, and an exception that the other
-    thread put in place of data is re-raised here, chained to that thread's own traceback."""
+    """`q.get` that never hangs silently: a timeout names what it waited for; an exception the other thread put in
+    place of data is re-raised here, chained to that thread's traceback."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
