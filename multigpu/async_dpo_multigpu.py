@@ -262,6 +262,8 @@ def model_config(flag: str, path: str):
             os.path.isfile(os.path.join(local, "config.json"))):
         sys.exit(f"error: {flag} {path!r}" + (" is not a model folder (no config.json there)" if os.path.isdir(local)
                                                else f": no such folder (relative paths start at {os.getcwd()})"))
+    if not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
+        print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
     try:
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
