@@ -1023,18 +1023,19 @@ def recorded_batch(args: Args, step: int):
 
 def stop_requests(args: Args):
     """With --save-every on, SIGINT and SIGTERM make the learner save a checkpoint after the current step and exit (a
-    second signal stops at once); the returned list records them."""
+    second signal stops at once); the returned list records them. Without it they stop the run at once, but through
+    `finally` and atexit, so that the engine's process and the weights folder end with it (a bare SIGTERM skips both)."""
     requests = []
 
     def request(signum, frame):
-        if requests:
-            raise KeyboardInterrupt
+        if requests or not args.save_every:
+            sys.exit(f"{signal.Signals(signum).name}: stopped at once" + (
+                "; no checkpoint (--save-every 0)" if not args.save_every else ""))
         requests.append(signal.Signals(signum).name)
         tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
 
-    if args.save_every:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, request)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request)
     return requests
 
 

@@ -108,7 +108,7 @@ class Args:
     num_mini_batches: int = 1  # N: sequential optimizer steps per generation round (the paper's off-policyness knob)
     learning_rate: float = 3e-6  # AdamW learning rate, decayed linearly to 0
     weight_decay: float = 0.0  # AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)
-    kl_coef: float = 0.05  # r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)
+    kl_coef: float = 0.05  # the sequence KL's weight: r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
     """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
     cliprange: float = 0.2  # PPO clip range of the sequence-level ratio pi / pi_anchor
@@ -944,18 +944,19 @@ def recorded_batch(args: Args, step: int):
 
 def stop_requests(args: Args):
     """With --save-every on, SIGINT and SIGTERM make the learner save a checkpoint after the current step and exit (a
-    second signal stops at once); the returned list records them."""
+    second signal stops at once); the returned list records them. Without it they stop the run at once, but through
+    `finally` and atexit, so that the engine's process and the weights folder end with it (a bare SIGTERM skips both)."""
     requests = []
 
     def request(signum, frame):
-        if requests:
-            raise KeyboardInterrupt
+        if requests or not args.save_every:
+            sys.exit(f"{signal.Signals(signum).name}: stopped at once" + (
+                "; no checkpoint (--save-every 0)" if not args.save_every else ""))
         requests.append(signal.Signals(signum).name)
         tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
 
-    if args.save_every:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, request)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request)
     return requests
 
 

@@ -82,7 +82,7 @@ class Args:
     num_mini_batches: int = 1  # N: sequential optimizer steps per generation round (the paper's off-policyness knob)
     learning_rate: float = 3e-6  # AdamW learning rate, decayed linearly to 0
     weight_decay: float = 0.0  # AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)
-    kl_coef: float = 0.05  # r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)
+    kl_coef: float = 0.05  # the sequence KL's weight: r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
     """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
     cliprange: float = 0.2  # PPO clip range of the sequence-level ratio pi / pi_anchor

@@ -2,10 +2,12 @@
 the same losses; the engine (rank 0's, in a process of its own) serves exactly the learners' weights; a crash on a
 non-zero rank ends the whole job within seconds, with its traceback. Real engine, tiny models, gloo on CPU."""
 
+import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -118,3 +120,30 @@ def test_a_tensor_parallel_engine_serves_the_learners_weights(tiny, tmp_path, mo
     metrics = read_metrics(tmp_path)
     assert [m["async/actor_version"] for m in metrics] == [0, 0, 1, 2]  # versions 1 and 2 went through the file
     assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4
+
+
+def test_a_sigterm_without_save_every_ends_the_engine_process_and_the_weights_folder_with_the_job(tiny, tmp_path):
+    """Issue 30: a SIGTERM to a torchrun job without --save-every stops it at once, yet through `finally` and atexit:
+    the engine's own process ends with the job (not 8-40 s later) and no copy of the weights stays in --weights-dir."""
+    rloo = "multigpu/async_rloo_multigpu.py"
+    (tmp_path / "shm").mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(REPO / rloo),
+           *flags(rloo, tiny, None), "--num-learner-steps", "1000", "--weights-dir", str(tmp_path / "shm")]
+    with open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while not list(tmp_path.glob("runs/*/metrics.jsonl")) or not read_metrics(tmp_path):
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "stderr").read_text()[-3000:]
+            time.sleep(1)
+        job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        assert len(job) >= 4  # torchrun, two learners, the engine's process (and vLLM's helpers)
+        proc.send_signal(signal.SIGTERM)  # torchrun hands it to every rank
+        proc.wait(timeout=120)
+        gone, alive = psutil.wait_procs(job, timeout=5)
+        assert not alive, [p.cmdline()[:3] for p in alive]
+        assert not list((tmp_path / "shm").iterdir())
+        assert "SIGTERM: stopped at once; no checkpoint (--save-every 0)" in (tmp_path / "stderr").read_text()
+    finally:
+        kill_group(proc)
