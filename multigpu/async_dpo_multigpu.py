@@ -876,7 +876,8 @@ def recorded_batch(args: Args, step: int):
 def stop_requests(args: Args):
     """With --save-every on, SIGINT and SIGTERM make the learner save a checkpoint after the current step and exit (a
     second signal stops at once); the returned list records them. Without it they stop the run at once, but through
-    `finally` and atexit, so that the engine's process and the weights folder end with it (a bare SIGTERM skips both)."""
+    `finally` and atexit, so that the engine's process and the weights folder end with it (Python's default SIGTERM
+    skips both)."""
     requests = []
 
     def request(signum, frame):
