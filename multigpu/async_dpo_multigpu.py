@@ -415,7 +415,8 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args):
-    """What an engine holding `model`'s weights must answer: the learner's logprobs of the probe at temperature 1."""
+    """What an engine holding `model`'s weights must answer: the learner's logprobs of the probe at temperature 1
+    (vLLM's prompt logprobs are of the raw logits)."""
     ids = torch.tensor([probe], device=args.learner_device)
     return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
 
