@@ -951,10 +951,10 @@ def stop_requests(args: Args):
     requests = []
 
     def request(signum, frame):
+        name = signal.Signals(signum).name
         if requests or not args.save_every:
-            sys.exit(f"{signal.Signals(signum).name}: stopped at once" + (
-                "; no checkpoint (--save-every 0)" if not args.save_every else ""))
-        requests.append(signal.Signals(signum).name)
+            sys.exit(f"{name}: stopped at once" + "; no checkpoint (--save-every 0)" * (not args.save_every))
+        requests.append(name)
         tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
 
     for signum in (signal.SIGINT, signal.SIGTERM):
