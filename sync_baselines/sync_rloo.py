@@ -685,9 +685,18 @@ if __name__ == "__main__":
         # a prompt's k samples stay in one mini-batch
         mini_batches = chunks(torch.arange(len(batch["responses"])), len(batch["responses"]) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
-        # the learner's own logprobs before this step's updates (paper and decoupled modes); all three per token
-        old_logprobs = None if args.off_policy_correction == "behaviour" else token_logprobs_no_grad(
-            policy, input_ids, attention_mask, response_mask, args, mini_batches)
+        # the learner's own logprobs before this step's updates (paper, decoupled modes), all three per token; a first
+        # mini-batch of one micro-batch takes its own from that training forward (tested), run here, kept for the loss
+        old_logprobs = first_forward = None
+        if args.off_policy_correction != "behaviour":
+            if len(rows := mini_batches[0]) <= args.micro_batch_size:
+                with learner_autocast(args):
+                    first_forward = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                                   args.temperature)
+            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args,
+                                                  mini_batches[first_forward is not None :])
+            if first_forward is not None:
+                old_logprobs[rows] = first_forward.detach()
         anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
                                                                 behaviour_logprobs, args.importance_weight_cap)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
@@ -703,9 +712,10 @@ if __name__ == "__main__":
             optimizer.zero_grad()
             micro_batch_stats = []
             for rows in chunks(mini_batch, args.micro_batch_size):
-                with learner_autocast(args):
-                    per_token = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                               args.temperature)
+                with learner_autocast(args):  # the first mini-batch's may have run above
+                    per_token = first_forward if first_forward is not None else token_logprobs(
+                        policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
+                first_forward = None
                 if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
                     stats["gap"] = logprob_gap(per_token, response_mask[rows],
                                                [batch["behaviour_logprobs"][i] for i in rows.tolist()])

@@ -16,7 +16,7 @@ from conftest import ENV, REPO, kill_group, read_metrics, run_script
 
 STEPS = 3
 # the multigpu variants, async and sync (--async-steps 0) alternating; FSDP2 on PPO (two sharded models under one
-# optimizer)
+# optimizer) and RLOO
 CASES = {
     "multigpu/async_dpo_multigpu.py": ("losses/dpo_loss", "objective/kl", "policy/chosen_rejected_logratio",
                                        "policy/grad_norm"),
@@ -42,6 +42,9 @@ def flags(case, tiny, arithmetic_folder):
                "--max-prompt-tokens", "64")
     if "ppo" in script:  # two mini-batches of two prompts (one per rank), two samples each; FSDP2
         return (*common, "--num-samples-per-prompt", "2", "--num-mini-batches", "2", "--fsdp")
+    if "rloo" in script:  # two mini-batches, FSDP2: each rank's share of the first is one micro-batch, so its training
+        # forward gives pi_old (gathered) and runs before the second's no-grad pass; one process takes the no-grad path
+        return (*common, "--num-mini-batches", "2", "--fsdp")
     return common
 
 

@@ -237,14 +237,16 @@ def test_defaults_are_the_papers_loss_without_dual_clip(script):
 
 
 @pytest.mark.parametrize("learner_dtype", ["float32", "bfloat16"])
-def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_grad_pass_bit_for_bit(tiny,
+@pytest.mark.parametrize("algo", ["grpo_gsm8k", "rloo"])
+def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_grad_pass_bit_for_bit(tiny, algo,
                                                                                                    learner_dtype):
-    """GRPO takes the anchor of its first mini-batch (no update yet) from that mini-batch's own training forward,
-    detached, instead of a separate no-grad pass: the update is the same only if the two are equal bit for bit, in
-    the loop's micro-batches, under either --learner-dtype."""
+    """GRPO and RLOO take pi_old of their first mini-batch (no update yet) from that mini-batch's own training forward,
+    detached, instead of a separate no-grad pass (RLOO when the mini-batch is one micro-batch, as its rewards need
+    pi_old before the first loss): the update is the same only if the two are equal bit for bit, in the loop's
+    micro-batches, under either --learner-dtype."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    grpo = load_script("async_grpo_gsm8k.py")
+    grpo = load_script(f"async_{algo}.py")
     tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
     model = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
     prompts = [tokenizer(f"Natalia sold {n} clips").input_ids for n in range(6)]
