@@ -685,8 +685,9 @@ if __name__ == "__main__":
         # a prompt's k samples stay in one mini-batch
         mini_batches = chunks(torch.arange(len(batch["responses"])), len(batch["responses"]) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
-        # the learner's own logprobs before this step's updates (paper, decoupled modes), all three per token; a first
-        # mini-batch of one micro-batch takes its own from that training forward (tested), run here, kept for the loss
+        ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
+        # the learner's own logprobs before this step's updates (paper, decoupled modes), per token; a first mini-batch
+        # of one micro-batch takes them from its training forward (tested), run last so that no graph waits on a pass
         old_logprobs = first_forward = None
         if args.off_policy_correction != "behaviour":
             if len(rows := mini_batches[0]) <= args.micro_batch_size:
@@ -699,7 +700,6 @@ if __name__ == "__main__":
                 old_logprobs[rows] = first_forward.detach()
         anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
                                                                 behaviour_logprobs, args.importance_weight_cap)
-        ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
         # the KL's log pi is the anchor's: vLLM's in behaviour mode (unbiased for the sampler, no extra forward pass),
         # the learner's recomputation in paper mode, as in the paper's code (docs/async.md)
         kl = anchor_logprobs.sum(1) - ref_logprobs
