@@ -814,18 +814,32 @@ if __name__ == "__main__":
         # STALE when K > 0, made with policy version step-K: the responses, their scores, and vLLM's logprobs
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         scores = batch["scores"].to(args.learner_device)
-        old_logprobs = None  # the learner's own logprobs before this step's updates (paper and decoupled modes)
+        # FRESH, computed now: the reference's logprobs; the learner's own logprobs (paper, decoupled modes) and values
+        # before this step's updates, which a first mini-batch of one micro-batch takes from its training forward
+        # (tested), run after the reference's pass so that no graph waits on it; then returns and advantages
+        ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
+        old_logprobs = first_forward = None
+        if len(rows := epochs[0][0]) <= args.micro_batch_size:
+            with learner_autocast(args):
+                first_forward = (*token_logprobs_and_entropy(policy, input_ids[rows], attention_mask[rows],
+                                                             response_mask[rows], args.temperature),
+                                 get_values(value_model, input_ids[rows], attention_mask[rows]))
+        rest = epochs[0][1:] if first_forward else epochs[0]  # the mini-batches that need a no-grad pass
         if args.off_policy_correction != "behaviour":
-            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, epochs[0])
+            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, rest)
+        values = torch.zeros_like(mask)
+        with torch.no_grad(), learner_autocast(args):  # in the loop's micro-batches, as `token_logprobs_no_grad`
+            for micro_batch in sum((chunks(mini_batch, args.micro_batch_size) for mini_batch in rest), []):
+                values[micro_batch] = get_values(value_model, input_ids[micro_batch], attention_mask[micro_batch])
+        if first_forward:
+            values[rows] = first_forward[2].detach()
+            if old_logprobs is not None:
+                old_logprobs[rows] = first_forward[0].detach()
+        values *= mask
         # the anchor is both PPO's "old" logprobs and the log pi of the KL penalty (vLLM's in behaviour mode)
         anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
                                                                 behaviour_logprobs, args.importance_weight_cap)
-        # FRESH, computed now: the reference's logprobs, and the current value model's values, returns and advantages
         with torch.no_grad():
-            ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-            with learner_autocast(args):
-                values = torch.cat([get_values(value_model, input_ids[rows], attention_mask[rows])
-                                    for rows in chunks(torch.arange(len(input_ids)), args.micro_batch_size)]) * mask
             rewards, kl = per_token_rewards(scores, anchor_logprobs, ref_logprobs, mask, args.kl_coef)
             advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask)
@@ -836,10 +850,11 @@ if __name__ == "__main__":
             optimizer.zero_grad()
             micro_batch_stats = []
             for rows in chunks(mini_batch, args.micro_batch_size):
-                with learner_autocast(args):
-                    new_logprobs, entropy = token_logprobs_and_entropy(
-                        policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
-                    new_values = get_values(value_model, input_ids[rows], attention_mask[rows])
+                with learner_autocast(args):  # the first mini-batch's may have run above
+                    new_logprobs, entropy, new_values = first_forward or (*token_logprobs_and_entropy(
+                        policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature),
+                        get_values(value_model, input_ids[rows], attention_mask[rows]))
+                first_forward = None
                 if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
                     stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
                                                [batch["behaviour_logprobs"][i] for i in rows.tolist()])

@@ -237,29 +237,39 @@ def test_defaults_are_the_papers_loss_without_dual_clip(script):
 
 
 @pytest.mark.parametrize("learner_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("algo", ["grpo_gsm8k", "rloo"])
+@pytest.mark.parametrize("algo", ["grpo_gsm8k", "rloo", "ppo"])
 def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_grad_pass_bit_for_bit(tiny, algo,
                                                                                                    learner_dtype):
-    """GRPO and RLOO take pi_old of their first mini-batch (no update yet) from that mini-batch's own training forward,
-    detached, instead of a separate no-grad pass (RLOO when the mini-batch is one micro-batch, as its rewards need
-    pi_old before the first loss): the update is the same only if the two are equal bit for bit, in the loop's
-    micro-batches, under either --learner-dtype."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """GRPO, RLOO and PPO take pi_old of their first mini-batch (no update yet) from that mini-batch's own training
+    forward, detached, instead of a separate no-grad pass (RLOO and PPO when the mini-batch is one micro-batch, as their
+    rewards need pi_old before the first loss; PPO its values V_old too): the update is the same only if the two are
+    equal bit for bit, in the loop's micro-batches, under either --learner-dtype."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    grpo = load_script(f"async_{algo}.py")
+    script = load_script(f"async_{algo}.py")
     tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
     model = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
     prompts = [tokenizer(f"Natalia sold {n} clips").input_ids for n in range(6)]
     responses = [tokenizer(" to her friends" * (1 + n % 3)).input_ids for n in range(6)]
-    ids, attn, resp = grpo.pad_sequences(prompts, responses, tokenizer.pad_token_id, "cpu")
-    args = grpo.Args(learner_device="cpu", learner_dtype=learner_dtype, micro_batch_size=4, temperature=0.7)
-    mini_batches = grpo.chunks(torch.arange(6), 6)
-    no_grad = grpo.token_logprobs_no_grad(model, ids, attn, resp, args, mini_batches)
-    assert not grpo.token_logprobs_no_grad(model, ids, attn, resp, args, mini_batches[1:]).any()  # none: no pass
-    for rows in grpo.chunks(mini_batches[0], args.micro_batch_size):  # the loop's micro-batches, with gradient
-        with grpo.learner_autocast(args):
-            trained = grpo.token_logprobs(model, ids[rows], attn[rows], resp[rows], args.temperature)
+    ids, attn, resp = script.pad_sequences(prompts, responses, tokenizer.pad_token_id, "cpu")
+    args = script.Args(learner_device="cpu", learner_dtype=learner_dtype, micro_batch_size=4, temperature=0.7)
+    mini_batches = script.chunks(torch.tensor([4, 1, 5, 0, 3, 2]), 6)  # shuffled rows, as PPO's epochs
+    no_grad = script.token_logprobs_no_grad(model, ids, attn, resp, args, mini_batches)
+    assert not script.token_logprobs_no_grad(model, ids, attn, resp, args, mini_batches[1:]).any()  # none: no pass
+    for rows in script.chunks(mini_batches[0], args.micro_batch_size):  # the loop's micro-batches, with gradient
+        with script.learner_autocast(args):
+            trained = (script.token_logprobs_and_entropy if algo == "ppo" else script.token_logprobs)(
+                model, ids[rows], attn[rows], resp[rows], args.temperature)
+        trained = trained[0] if algo == "ppo" else trained
         assert trained.requires_grad and torch.equal(trained.detach(), no_grad[rows])
+    if algo == "ppo":  # V_old: the value model's no-grad pass (the loop's, inline) against its training forward
+        value_model = AutoModelForSequenceClassification.from_pretrained(tiny / "rm", num_labels=1).eval()
+        for rows in script.chunks(mini_batches[0], args.micro_batch_size):
+            with torch.no_grad(), script.learner_autocast(args):
+                values = script.get_values(value_model, ids[rows], attn[rows])
+            with script.learner_autocast(args):
+                trained = script.get_values(value_model, ids[rows], attn[rows])
+            assert trained.requires_grad and torch.equal(trained.detach(), values)
 
 
 def test_effective_sample_size_is_kish_s_fraction(script):
