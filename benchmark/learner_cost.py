@@ -2,6 +2,7 @@
 
     python benchmark/learner_cost.py        # the four algorithms at the speed table's settings; ~1 h on 2 idle cores
     python benchmark/learner_cost.py --algorithms grpo_gsm8k --revisions worktree b7cbda8   # before -> after
+    python benchmark/learner_cost.py --algorithms ppo --micro-batch-memory-gib 8   # PPO's 8 sequences in one pass
     python benchmark/learner_cost.py --quick --policy P --reward-model R --prompts F --dataset-path D --results-dir D
 
 Per algorithm, at the speed table's setting (benchmark/speed.py: its flags, 8 sequences of at most 48 new tokens per
@@ -72,6 +73,8 @@ class Args:
     """where learner_cost.json and learner_cost.md go"""
     work_dir: str = str(REPO / "benchmark" / "work")
     """scratch space (git-ignored): run folders, old revisions' scripts, the speed table's inputs"""
+    micro_batch_memory_gib: Optional[float] = None
+    """the scripts' --micro-batch-memory-gib, for every run and row (None: their default, 4 GiB)"""
     quick: bool = False
     """smoke mode for the test suite: 1 repeat, 1 measured step, responses of at most 16 tokens"""
 
@@ -89,6 +92,8 @@ def script_flags(args: Args, algo: str) -> List[str]:
         flags = with_flag(flags, "--dataset-path", args.dataset_path)
     if args.quick:
         flags = with_flag(with_flag(flags, "--response-length", 16), "--max-prompt-tokens", 64)
+    if args.micro_batch_memory_gib is not None:
+        flags = flags + ["--micro-batch-memory-gib", str(args.micro_batch_memory_gib)]
     return flags + ["--torch-threads", "1", "--seed", "1", "--sample-every", "1000",
                     "--num-learner-steps", str(args.warmup_steps + args.measured_steps)]
 
@@ -417,6 +422,9 @@ def check_flags(args: Args):
         sys.exit(f"error: unknown --algorithms {unknown}; known: {speed.TABLE}")
     if args.repeats < 1 or args.measured_steps < 1 or args.warmup_steps < 1:
         sys.exit("error: --repeats, --measured-steps and --warmup-steps must be >= 1")
+    if args.micro_batch_memory_gib is not None and args.micro_batch_memory_gib <= 0:
+        sys.exit(f"error: --micro-batch-memory-gib must be > 0 (or None: the scripts' default), got "
+                 f"{args.micro_batch_memory_gib}")
     for revision in args.revisions:
         if revision != "worktree" and subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet",
                                                       f"{revision}^{{commit}}"], capture_output=True).returncode:
