@@ -816,7 +816,7 @@ if __name__ == "__main__":
         scores = batch["scores"].to(args.learner_device)
         # FRESH, computed now: the reference's logprobs; the learner's own logprobs (paper, decoupled modes) and values
         # before this step's updates, which a first mini-batch of one micro-batch takes from its training forward
-        # (tested), run after the reference's pass so that no graph waits on it; then returns and advantages
+        # (tested; its graph waits only on mini-batches 2..N's no-grad passes, if any); then returns and advantages
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
         old_logprobs = first_forward = None
         if len(rows := epochs[0][0]) <= args.micro_batch_size:

@@ -687,7 +687,7 @@ if __name__ == "__main__":
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
         # the learner's own logprobs before this step's updates (paper, decoupled modes), per token; a first mini-batch
-        # of one micro-batch takes them from its training forward (tested), run last so that no graph waits on a pass
+        # of one micro-batch takes them from its training forward (tested; its graph waits only on mini-batches 2..N)
         old_logprobs = first_forward = None
         if args.off_policy_correction != "behaviour":
             if len(rows := mini_batches[0]) <= args.micro_batch_size:
