@@ -815,26 +815,25 @@ if __name__ == "__main__":
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         scores = batch["scores"].to(args.learner_device)
         # FRESH, computed now: the reference's logprobs; the learner's own logprobs (paper, decoupled modes) and values
-        # before this step's updates, which a first mini-batch of one micro-batch takes from its training forward
-        # (tested; its graph waits only on mini-batches 2..N's no-grad passes, if any); then returns and advantages
+        # before this step's updates. The loop's first micro-batch comes before any update: its training forward runs
+        # here and gives those of its rows; the other rows get no-grad passes in the loop's very micro-batches (equal
+        # bit for bit, tested) while its graph waits. Then returns and advantages
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-        old_logprobs = first_forward = None
-        if len(rows := epochs[0][0]) <= args.micro_batch_size:
-            with learner_autocast(args):
-                first_forward = (*token_logprobs_and_entropy(policy, input_ids[rows], attention_mask[rows],
-                                                             response_mask[rows], args.temperature),
-                                 get_values(value_model, input_ids[rows], attention_mask[rows]))
-        rest = epochs[0][1:] if first_forward else epochs[0]  # the mini-batches that need a no-grad pass
+        rows, later = epochs[0][0][: args.micro_batch_size], epochs[0][0][args.micro_batch_size :]
+        with learner_autocast(args):
+            first_forward = (*token_logprobs_and_entropy(policy, input_ids[rows], attention_mask[rows],
+                                                         response_mask[rows], args.temperature),
+                             get_values(value_model, input_ids[rows], attention_mask[rows]))
+        rest = [mini_batch for mini_batch in (later, *epochs[0][1:]) if len(mini_batch)]  # rows for a no-grad pass
+        old_logprobs = None
         if args.off_policy_correction != "behaviour":
             old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, rest)
+            old_logprobs[rows] = first_forward[0].detach()
         values = torch.zeros_like(mask)
+        values[rows] = first_forward[2].detach()
         with torch.no_grad(), learner_autocast(args):  # in the loop's micro-batches, as `token_logprobs_no_grad`
             for micro_batch in sum((chunks(mini_batch, args.micro_batch_size) for mini_batch in rest), []):
                 values[micro_batch] = get_values(value_model, input_ids[micro_batch], attention_mask[micro_batch])
-        if first_forward:
-            values[rows] = first_forward[2].detach()
-            if old_logprobs is not None:
-                old_logprobs[rows] = first_forward[0].detach()
         values *= mask
         # the anchor is both PPO's "old" logprobs and the log pi of the KL penalty (vLLM's in behaviour mode)
         anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
@@ -850,7 +849,7 @@ if __name__ == "__main__":
             optimizer.zero_grad()
             micro_batch_stats = []
             for rows in chunks(mini_batch, args.micro_batch_size):
-                with learner_autocast(args):  # the first mini-batch's may have run above
+                with learner_autocast(args):  # the first micro-batch's ran above
                     new_logprobs, entropy, new_values = first_forward or (*token_logprobs_and_entropy(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature),
                         get_values(value_model, input_ids[rows], attention_mask[rows]))

@@ -1214,28 +1214,29 @@ if __name__ == "__main__":
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         scores = batch["scores"].to(args.learner_device)
         # FRESH, computed now: the reference's logprobs; the learner's own logprobs (paper, decoupled modes) and values
-        # before this step's updates, which a first mini-batch of one micro-batch takes from its training forward
-        # (tested; its graph waits only on mini-batches 2..N's no-grad passes, if any); then returns and advantages
+        # before this step's updates. The loop's first micro-batch comes before any update: its training forward runs
+        # here and gives those of its rows; the other rows get no-grad passes in the loop's very micro-batches (equal
+        # bit for bit, tested) while its graph waits. Then returns and advantages
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-        old_logprobs = first_forward = None
-        if len(rows := rank_rows(epochs[0][0], args)) <= args.micro_batch_size:
-            with gradient_sync(policy, last=True), gradient_sync(value_model, last=True), learner_autocast(args):
-                first_forward = (*token_logprobs_and_entropy(policy, input_ids[rows], attention_mask[rows],
-                                                             response_mask[rows], args.temperature),
-                                 get_values(value_model, input_ids[rows], attention_mask[rows]))
-        rest = epochs[0][1:] if first_forward else epochs[0]  # the mini-batches that need a no-grad pass
+        shares = epochs[0][0].reshape(args.world_size, -1)  # each rank's share of the first mini-batch, as `rank_rows`
+        first, later = shares[:, : args.micro_batch_size].flatten(), shares[:, args.micro_batch_size :].flatten()
+        rows = rank_rows(first, args)
+        with gradient_sync(policy, not len(later)), gradient_sync(value_model, not len(later)), learner_autocast(args):
+            first_forward = (*token_logprobs_and_entropy(policy, input_ids[rows], attention_mask[rows],
+                                                         response_mask[rows], args.temperature),
+                             get_values(value_model, input_ids[rows], attention_mask[rows]))
+        rest = [mini_batch for mini_batch in (later, *epochs[0][1:]) if len(mini_batch)]  # rows for a no-grad pass
+        old_logprobs = None
         if args.off_policy_correction != "behaviour":
             old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, rest)
+            old_logprobs[first] = gather_rows(first_forward[0].detach(), args)  # every rank's
         values = torch.zeros_like(mask)
+        values[first] = gather_rows(first_forward[2].detach(), args)
         with torch.no_grad(), learner_autocast(args):  # in the loop's micro-batches, as `token_logprobs_no_grad`
             for mini_batch in rest:
                 share = [get_values(value_model, input_ids[rows], attention_mask[rows])
                          for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)]
                 values[mini_batch] = gather_rows(torch.cat(share), args)
-        if first_forward:  # every rank's share of the first mini-batch
-            values[epochs[0][0]] = gather_rows(first_forward[2].detach(), args)
-            if old_logprobs is not None:
-                old_logprobs[epochs[0][0]] = gather_rows(first_forward[0].detach(), args)
         values *= mask
         # the anchor is both PPO's "old" logprobs and the log pi of the KL penalty (vLLM's in behaviour mode)
         anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
@@ -1253,7 +1254,7 @@ if __name__ == "__main__":
             micro_batches = chunks(rank_rows(mini_batch, args), args.micro_batch_size)
             for i, rows in enumerate(micro_batches):
                 last = i == len(micro_batches) - 1
-                # the first mini-batch's forward may have run above
+                # the first micro-batch's forward ran above
                 with gradient_sync(policy, last), gradient_sync(value_model, last), learner_autocast(args):
                     new_logprobs, entropy, new_values = first_forward or (*token_logprobs_and_entropy(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature),

@@ -1119,18 +1119,20 @@ if __name__ == "__main__":
         mini_batches = chunks(torch.arange(len(batch["responses"])), len(batch["responses"]) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
-        # the learner's own logprobs before this step's updates (paper, decoupled modes), per token; a first mini-batch
-        # of one micro-batch takes them from its training forward (tested; its graph waits only on mini-batches 2..N)
+        # the learner's own logprobs before this step's updates (paper, decoupled modes), per token: the loop's first
+        # micro-batch comes before any update, so its training forward runs here and gives those of its rows; the other
+        # rows get a no-grad pass in the loop's very micro-batches (equal bit for bit, tested) while its graph waits
         old_logprobs = first_forward = None
         if args.off_policy_correction != "behaviour":
-            if len(rows := rank_rows(mini_batches[0], args)) <= args.micro_batch_size:
-                with gradient_sync(policy, last=True), learner_autocast(args):
-                    first_forward = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                                   args.temperature)
+            shares = mini_batches[0].reshape(args.world_size, -1)  # each rank's share of it, as `rank_rows`
+            first, later = shares[:, : args.micro_batch_size].flatten(), shares[:, args.micro_batch_size :].flatten()
+            rows = rank_rows(first, args)
+            with gradient_sync(policy, last=not len(later)), learner_autocast(args):
+                first_forward = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                               args.temperature)
             old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args,
-                                                  mini_batches[first_forward is not None :])
-            if first_forward is not None:
-                old_logprobs[mini_batches[0]] = gather_rows(first_forward.detach(), args)  # every rank's
+                                                  [m for m in (later, *mini_batches[1:]) if len(m)])
+            old_logprobs[first] = gather_rows(first_forward.detach(), args)  # every rank's
         anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
                                                                 behaviour_logprobs, args.importance_weight_cap)
         # the KL's log pi is the anchor's: vLLM's in behaviour mode (unbiased for the sampler, no extra forward pass),
@@ -1147,7 +1149,7 @@ if __name__ == "__main__":
             micro_batches = chunks(rank_rows(mini_batch, args), args.micro_batch_size)
             for i, rows in enumerate(micro_batches):
                 with gradient_sync(policy, last=i == len(micro_batches) - 1), learner_autocast(args):
-                    per_token = first_forward if first_forward is not None else token_logprobs(  # may have run above
+                    per_token = first_forward if first_forward is not None else token_logprobs(  # maybe ran above
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
                 first_forward = None
                 if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`

@@ -686,18 +686,18 @@ if __name__ == "__main__":
         mini_batches = chunks(torch.arange(len(batch["responses"])), len(batch["responses"]) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
-        # the learner's own logprobs before this step's updates (paper, decoupled modes), per token; a first mini-batch
-        # of one micro-batch takes them from its training forward (tested; its graph waits only on mini-batches 2..N)
+        # the learner's own logprobs before this step's updates (paper, decoupled modes), per token: the loop's first
+        # micro-batch comes before any update, so its training forward runs here and gives those of its rows; the other
+        # rows get a no-grad pass in the loop's very micro-batches (equal bit for bit, tested) while its graph waits
         old_logprobs = first_forward = None
         if args.off_policy_correction != "behaviour":
-            if len(rows := mini_batches[0]) <= args.micro_batch_size:
-                with learner_autocast(args):
-                    first_forward = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                                   args.temperature)
+            rows, later = mini_batches[0][: args.micro_batch_size], mini_batches[0][args.micro_batch_size :]
+            with learner_autocast(args):
+                first_forward = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                               args.temperature)
             old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args,
-                                                  mini_batches[first_forward is not None :])
-            if first_forward is not None:
-                old_logprobs[rows] = first_forward.detach()
+                                                  [m for m in (later, *mini_batches[1:]) if len(m)])
+            old_logprobs[rows] = first_forward.detach()
         anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
                                                                 behaviour_logprobs, args.importance_weight_cap)
         # the KL's log pi is the anchor's: vLLM's in behaviour mode (unbiased for the sampler, no extra forward pass),
@@ -712,7 +712,7 @@ if __name__ == "__main__":
             optimizer.zero_grad()
             micro_batch_stats = []
             for rows in chunks(mini_batch, args.micro_batch_size):
-                with learner_autocast(args):  # the first mini-batch's may have run above
+                with learner_autocast(args):  # the first micro-batch's ran above (but in behaviour mode)
                     per_token = first_forward if first_forward is not None else token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
                 first_forward = None

@@ -40,10 +40,12 @@ def flags(case, tiny, arithmetic_folder):
                 "--num-eval-prompts", "8", "--eval-every", "2", "--temperature", "1.0", "--weight-decay", "0.01")
     common += ("--reward-model-path", str(tiny / "rm"), "--dataset-name", str(tiny / "prompts.jsonl"),
                "--max-prompt-tokens", "64")
-    if "ppo" in script:  # two mini-batches of two prompts (one per rank), two samples each; FSDP2
-        return (*common, "--num-samples-per-prompt", "2", "--num-mini-batches", "2", "--fsdp")
+    if "ppo" in script:  # one mini-batch of four prompts, two samples each, FSDP2: each rank's share is two
+        # micro-batches, the first's pi_old and V_old from its training forward, the second's from no-grad passes
+        return (*common, "--num-samples-per-prompt", "2", "--fsdp")
     if "rloo" in script:  # two mini-batches, FSDP2: each rank's share of the first is one micro-batch, so its training
-        # forward gives pi_old (gathered) and runs before the second's no-grad pass; one process takes the no-grad path
+        # forward gives pi_old (gathered) and runs before the second's no-grad pass; one process: the first mini-batch's
+        # first micro-batch from the training forward, its second from a no-grad pass
         return (*common, "--num-mini-batches", "2", "--fsdp")
     return common
 

@@ -240,10 +240,11 @@ def test_defaults_are_the_papers_loss_without_dual_clip(script):
 @pytest.mark.parametrize("algo", ["grpo_gsm8k", "rloo", "ppo"])
 def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_grad_pass_bit_for_bit(tiny, algo,
                                                                                                    learner_dtype):
-    """GRPO, RLOO and PPO take pi_old of their first mini-batch (no update yet) from that mini-batch's own training
-    forward, detached, instead of a separate no-grad pass (RLOO and PPO when the mini-batch is one micro-batch, as their
-    rewards need pi_old before the first loss; PPO its values V_old too): the update is the same only if the two are
-    equal bit for bit, in the loop's micro-batches, under either --learner-dtype."""
+    """GRPO, RLOO and PPO take pi_old of their first mini-batch (no update yet) from its own training forward,
+    detached, instead of a separate no-grad pass (RLOO and PPO of its first micro-batch only, run before the others'
+    no-grad passes, as their rewards need pi_old of every row before the first loss; PPO its values V_old too): the
+    update is the same only if the two are equal bit for bit, in the loop's micro-batches, under either
+    --learner-dtype."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     script = load_script(f"async_{algo}.py")
