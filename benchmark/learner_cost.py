@@ -57,8 +57,12 @@ class Args:
     """whose sync twin the learner-step row runs: worktree (this checkout) or a git revision, e.g. b7cbda8"""
     repeats: int = 3
     """runs of each script and timings of each in-process row (after one untimed warm-up round)"""
-    warmup_steps: int = 1
-    """learner steps of each run left out (at least 1: a step's logging is read from the previous step's end)"""
+    warmup_steps: int = 2
+    """learner steps of each run left out (at least 1: a step's logging is read from the previous step's end). Two:
+    AdamW makes its state at the end of step 0, so step 1 is the first to reach the run's peak memory, and memory
+    touched for the first time is slow on this machine (a VM; after 1 warm-up step the first measured step ran 4-25 s
+    above the next two in every run of DPO, RLOO and PPO, more than its wider batch explains), a one-off the
+    in-process rows' warm-up round pays too"""
     measured_steps: int = 3
     """learner steps timed per run; the in-process rows use the same steps' batches"""
     policy: Optional[str] = None
@@ -291,18 +295,21 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
     }
     pieces = {name: fn for name, fn in pieces.items() if fn is not None}
     seconds = {name: [] for name in pieces}
+    per_batch = {name: [] for name in ("policy_step", "reference") if name in pieces}  # [repeat][batch] seconds
     for repeat in range(args.repeats + 1):  # round 0 warms every piece up (allocations, AdamW's state)
         print(f"== {algo}: in-process round {repeat} of {args.repeats}", flush=True)
         for name, fn in pieces.items():
-            total = 0.0
+            times = []
             for x in batches:
                 start = time.perf_counter()
                 fn(x)
-                total += time.perf_counter() - start
+                times.append(time.perf_counter() - start)
             if repeat:
-                seconds[name].append(total / len(batches) / (1000 if name == "autocast_entry" else 1))
+                seconds[name].append(sum(times) / len(batches) / (1000 if name == "autocast_entry" else 1))
+                if name in per_batch:
+                    per_batch[name].append(times)
     return dict(
-        seconds=seconds, micro_batch_size=run.micro_batch_size, sequences=whole,
+        seconds=seconds, per_batch=per_batch, micro_batch_size=run.micro_batch_size, sequences=whole,
         padded_tokens=[x["ids"].numel() for x in batches], widths=[x["ids"].shape[1] for x in batches],
         response_length=[b["response_length"] for b in produced], torch_threads=torch.get_num_threads(),
         off_policy_correction=getattr(run, "off_policy_correction", None), kl_coef=getattr(run, "kl_coef", None))
@@ -391,6 +398,15 @@ def report(result, results_dir: Path):
             checks.append(f"- {revision}: the runs' {shown[0] if len(set(map(tuple, shown))) == 1 else shown}"
                           f" ({'the same batches' if same else 'DIFFERENT batches: the ratio compares other tensors'})"
                           f"; micro-batch: {a['runs'][revision][0]['micro_batch'] or 'not printed (script default)'}")
+        # step by step: a one-off cost (a step that is the first to do something) shows as one step far above its batch
+        steps = range(len(a["widths"]))
+        if a.get("per_batch"):  # results before 2026-12-02 kept only the means
+            by_batch = [statistics.median(sum(by[r][i] for by in a["per_batch"].values()) for r in range(len(
+                a["per_batch"]["policy_step"]))) for i in steps]
+            checks.append(f"- minimal work per measured step's batch (median s): {[round(x, 1) for x in by_batch]}")
+        for revision in revisions:
+            by_step = [statistics.median(r["training"][i] for r in a["runs"][revision]) for i in steps]
+            checks.append(f"- {revision}: loop body per measured step (median s): {[round(x, 1) for x in by_step]}")
         knobs = "".join(f"--{flag.replace('_', '-')} {a[flag]}, " for flag in ("off_policy_correction", "kl_coef")
                         if a[flag] is not None)
         details += [f"### {algo}", "", f"{knobs}{a['sequences']} sequences per step, padded width "
@@ -439,6 +455,7 @@ if __name__ == "__main__":
         defaults = Args()
         args.repeats = 1 if args.repeats == defaults.repeats else args.repeats
         args.measured_steps = 1 if args.measured_steps == defaults.measured_steps else args.measured_steps
+        args.warmup_steps = 1 if args.warmup_steps == defaults.warmup_steps else args.warmup_steps
     check_flags(args)
     inputs = speed.Args(policy=args.policy, reward_model=args.reward_model, prompts=args.prompts,
                         work_dir=args.work_dir)

@@ -109,6 +109,8 @@ def test_learner_cost_quick_mode_gives_every_algorithm_a_finite_ratio(tiny, arit
         assert all(t > 0 for name, times in a["seconds"].items() for t in times), (algo, a["seconds"])
         assert ("reference" in a["seconds"]) == (algo != "grpo_gsm8k") and ("values" in a["seconds"]) == (algo == "ppo")
     assert table.count("(the same batches)") == 4
+    # step by step, beside the means: a one-off cost in one step shows against its batch's minimal work
+    assert table.count("- minimal work per measured step's batch") == table.count("- worktree: loop body per") == 4
 
 
 def test_corrections_toy_gradient_is_exact_and_its_report_is_written(tmp_path):
