@@ -104,6 +104,30 @@ def test_scores_pair_each_setting_with_the_same_seed_of_sync_1_over_the_common_k
     assert scores["sync-16"] == pytest.approx([0.0, 0.10 * 1.05])
 
 
+def test_report_pairs_the_two_corrections_by_seed(tmp_path):
+    """The report's last table: at each K, `behaviour`'s shortfall minus `paper`'s, seed by seed (same samples of
+    prompts, same sync-1 run), so a difference smaller than the seeds' spread can still be told apart."""
+    import json
+
+    paper = load_script("benchmark/staleness_paper.py")
+    (tmp_path / "staleness_paper").mkdir()
+
+    def write(setting, seed, below):  # a straight win-rate curve over KL 0..4, `below` under sync-1's
+        curve = [dict(updates=u, kl=u / 2, win_rate=0.5 + 0.05 * u / 2 - below, gold=0.6, proxy=0.0) for u in range(9)]
+        (tmp_path / "staleness_paper" / f"rloo__{setting}__lr0.0001__seed{seed}.json").write_text(json.dumps(
+            dict(algorithm="rloo", setting=setting, learning_rate=paper.LEARNING_RATE, seed=seed, curve=curve)))
+
+    for seed, (paper_below, behaviour_below) in {1: (0.02, 0.01), 2: (0.04, 0.01), 3: (0.03, 0.03)}.items():
+        write("sync-1", seed, 0.0)
+        write("async-8-paper", seed, paper_below)
+        write("async-8-behaviour", seed, behaviour_below)
+    paper.report(tmp_path)
+    table = (tmp_path / "staleness_paper.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| rloo | 8 |"))
+    m, half = paper.mean_ci([-0.01, -0.03, 0.0])
+    assert row == f"| rloo | 8 | {m:+.3f} ± {half:.3f} | 3 |" and m == pytest.approx(-0.0133, abs=1e-4)
+
+
 def test_reward_model_is_read_where_the_scripts_read_it():
     """The prep trains and evaluates the proxy at the position the scripts' `get_scores` reads (the last real token)."""
     import torch
