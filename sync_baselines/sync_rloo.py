@@ -712,7 +712,7 @@ if __name__ == "__main__":
             optimizer.zero_grad()
             micro_batch_stats = []
             for rows in chunks(mini_batch, args.micro_batch_size):
-                with learner_autocast(args):  # the first micro-batch's ran above (but in behaviour mode)
+                with learner_autocast(args):  # the first micro-batch's ran above (not in behaviour mode)
                     per_token = first_forward if first_forward is not None else token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
                 first_forward = None
