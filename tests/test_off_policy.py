@@ -240,14 +240,15 @@ def test_defaults_are_the_papers_loss_without_dual_clip(script):
 @pytest.mark.parametrize("algo", ["grpo_gsm8k", "rloo", "ppo"])
 def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_grad_pass_bit_for_bit(tiny, algo,
                                                                                                    learner_dtype):
-    """GRPO, RLOO and PPO take pi_old of their first mini-batch (no update yet) from its own training forward,
-    detached, instead of a separate no-grad pass (RLOO and PPO of its first micro-batch only, run before the others'
-    no-grad passes, as their rewards need pi_old of every row before the first loss; PPO its values V_old too): the
-    update is the same only if the two are equal bit for bit, in the loop's micro-batches, under either
+    """The multigpu variants take pi_old of their first mini-batch (no update yet) from its own training forward,
+    detached, instead of the no-grad pass their cores make (RLOO and PPO of its first micro-batch only, run
+    before the others' no-grad passes, as their rewards need pi_old of every row before the first loss; PPO its values
+    V_old too): the update is the same only if the two are equal bit for bit, in the loop's micro-batches, under either
     --learner-dtype."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    script = load_script(f"async_{algo}.py")
+    # the shortcut lives in the multigpu variants (the cores do the plain no-grad passes), loaded here as one process
+    script = load_script(f"multigpu/async_{algo}_multigpu.py")
     tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
     model = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
     prompts = [tokenizer(f"Natalia sold {n} clips").input_ids for n in range(6)]
@@ -265,6 +266,7 @@ def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_gra
         assert trained.requires_grad and torch.equal(trained.detach(), no_grad[rows])
     if algo == "ppo":  # V_old: the value model's no-grad pass (the loop's, inline) against its training forward
         value_model = AutoModelForSequenceClassification.from_pretrained(tiny / "rm", num_labels=1).eval()
+        value_model.config.pad_token_id = tokenizer.pad_token_id  # as the variant's main: its forward pools at padding
         for rows in script.chunks(mini_batches[0], args.micro_batch_size):
             with torch.no_grad(), script.learner_autocast(args):
                 values = script.get_values(value_model, ids[rows], attn[rows])

@@ -9,7 +9,7 @@ import torch
 
 from conftest import load_script, read_metrics, run_script
 
-ASYNC, SYNC = "async_rloo.py", "sync_baselines/sync_rloo.py"
+ASYNC, SYNC, MULTIGPU = "async_rloo.py", "sync_baselines/sync_rloo.py", "multigpu/async_rloo_multigpu.py"
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +41,17 @@ def test_rloo_advantages_match_hand_computation(rloo):
 # ---------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def async_runs(tiny, tmp_path_factory):
-    """A K=1 run with N=2 mini-batches and the ratio to vLLM's logprobs, and a K=2 run with N=1 and the paper's
-    loss (the default), each 5 learner steps."""
+    """A K=1 run with N=2 mini-batches and the ratio to vLLM's logprobs, and a K=2 run with N=1, two micro-batches
+    and the paper's loss (the default), each 5 learner steps; and the K=2 run again on the multigpu variant."""
     runs = {}
-    for name, k, n, correction in (("k1", 1, 2, "behaviour"), ("k2", 2, 1, "paper")):
+    for name, script, k, n, correction in (("k1", ASYNC, 1, 2, "behaviour"), ("k2", ASYNC, 2, 1, "paper"),
+                                           ("k2_multigpu", MULTIGPU, 2, 1, "paper")):
         cwd = tmp_path_factory.mktemp(name)
-        proc, _ = run_script(ASYNC, cwd, *common_flags(tiny, "--num-learner-steps", "5", "--async-steps", str(k),
-                                                        "--num-mini-batches", str(n), "--off-policy-correction",
-                                                        correction, "--output-dir", str(cwd / "model")))
+        micro_batches = ("--micro-batch-size", "4") if k == 2 else ()  # K=2: the variant's shortcut takes one of two
+        proc, _ = run_script(script, cwd, *common_flags(tiny, "--num-learner-steps", "5", "--async-steps", str(k),
+                                                         "--num-mini-batches", str(n), "--off-policy-correction",
+                                                         correction, *micro_batches, "--output-dir",
+                                                         str(cwd / "model")))
         assert proc.returncode == 0, proc.stderr[-4000:]
         runs[name] = (cwd, proc, read_metrics(cwd))
     return runs
@@ -114,6 +117,21 @@ def test_paper_mode_ratio_is_exactly_one_at_the_first_update_however_stale(async
     for m in metrics:  # recomputed in the very micro-batches of the update: equal bit for bit
         assert m["policy/importance_ratio_max"] == 1.0 and m["policy/importance_ratio_mean"] == 1.0
         assert m["policy/clipfrac"] == 0.0 and m["policy/zero_gradient_frac"] == 0.0
+
+
+def test_the_multigpu_variant_s_shortcut_trains_exactly_as_the_core(async_runs):
+    """multigpu/async_rloo_multigpu.py takes pi_old of the first micro-batch from its training forward, the core from a
+    no-grad pass over every row (in the loop's micro-batches: bit for bit the same): as one process, with the same flags
+    and seed, the variant logs every number the core logs and trains the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    (core_dir, _, core), (variant_dir, _, variant) = async_runs["k2"], async_runs["k2_multigpu"]
+    assert len(core) == len(variant) == 5
+    for c, v in zip(core, variant):
+        assert {key: c[key] for key in c if not key.startswith("time/")} == {
+            key: v[key] for key in c if not key.startswith("time/")}
+    weights = [AutoModelForCausalLM.from_pretrained(d / "model").state_dict() for d in (core_dir, variant_dir)]
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
 
 
 def test_decoupled_mode_weights_each_token_of_stale_steps_only(tiny, tmp_path):

@@ -74,7 +74,7 @@ def main():
                      engine_dtype=flags.engine_dtype, engine_device="cuda:0" if gpu else "cpu",
                      learner_device="cuda:0" if gpu else "cpu", gpu_memory_utilization=0.9 if gpu else 0.1,
                      kv_cache_gib=flags.kv_cache_gib if gpu or flags.kv_cache_gib else 1.0)
-    tokenizer = grpo.load_tokenizer(args)
+    tokenizer, args.eos_token_ids = grpo.load_tokenizer(args)
     prompts, answers = grpo.build_prompts(grpo.load_problems(args, "test"), tokenizer, args)[:2]
     eval_set = (prompts[: flags.num_eval_prompts], answers[: flags.num_eval_prompts])
     llm = grpo.build_engine(args)
