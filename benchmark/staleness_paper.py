@@ -5,6 +5,7 @@ Noukhov et al. (2025), Sec. 3, in miniature on this machine.
     python benchmark/staleness_paper.py --settings sync-1 --seeds 1 --learning-rates 1e-4 3e-4   # the gate runs
     python benchmark/staleness_paper.py --time-budget-hours 2       # the sweep, until 2 h are used; rerun to go on
     python benchmark/staleness_paper.py --report-only               # rebuild staleness_paper.md / .png
+    python benchmark/staleness_paper.py --gate-search --scripts-dir S   # issue 41: find a gate that over-optimises
     python benchmark/staleness_paper.py --quick --algorithms dpo --results-dir D --work-dir W   # the tests' smoke run
 
 The paper's protocol, and what stands for each part of it here:
@@ -19,8 +20,10 @@ The paper's protocol, and what stands for each part of it here:
   N, K     sync-N: N mini-batches per generation round (N-1 of every N updates off-policy), the mini-batch and number of
            updates fixed; async-K: each batch made K policy versions ago, under `paper` and `behaviour`
   metric   gold win-rate against the SFT policy (each policy sample against each SFT sample of the same held-out
-           prompt, ties half) versus KL to the SFT policy; a setting's score is the mean shortfall of its curve below
-           sync-1's over the KL range every run of the algorithm reaches
+           prompt, ties half) versus KL to the SFT policy; first the paper's measure (its Fig. 4: where the final point
+           lands), the final win-rate's drop below sync-1's, then the mean shortfall of the curve below sync-1's over
+           the KL range every run of the algorithm reaches; both paired by seed, "separated" only under a Holm
+           correction over the family of tests
 GRPO trains on a verifier and has no proxy: it is reported apart, in benchmark/staleness.py's verifier sweep. Every run
 is one subprocess of the real script; a run writes one result file, a rerun skips it, so the sweep spans sessions.
 """
@@ -129,6 +132,13 @@ class Args:
     """only rebuild staleness_paper.md and the plots from existing result files"""
     force: bool = False
     """rerun runs whose result file exists"""
+    scripts_dir: str = str(REPO)
+    """folder holding the scripts the runs execute (a frozen copy keeps a long sweep off a work tree being edited)"""
+    gate_search: bool = False
+    """issue 41's gate search: sync-1 runs of GATE_CANDIDATES (weaker proxies, more updates, KL/beta) until one
+    over-optimises; one result file per run in staleness_gate/, resumable, reported in staleness_gate.md"""
+    gate_candidates: Optional[List[str]] = None
+    """gate candidates to run (None: all of GATE_CANDIDATES, in their order)"""
 
 
 # GOLD, WIN-RATE AND THE PROXY REWARD MODEL
@@ -170,18 +180,20 @@ def proxy_rewards(rm, prompts, responses, eos_id, penalty, pad_id):
     return [s if r and r[-1] == eos_id else penalty for s, r in zip(scores.tolist(), responses)]
 
 
-def train_reward_model(args: Args, tokenizer, train_set, eval_set, sft_dir: Path, out_dir: Path, log):
+def train_reward_model(args: Args, tokenizer, train_set, eval_set, sft_dir: Path, out_dir: Path, log,
+                       problems: Optional[int] = None, layers: Optional[int] = None):
     """Bradley-Terry on gold-labelled pairs of the SFT policy's own samples (disjoint pairs of rm_samples per training
     problem; tied pairs carry no preference and are dropped). Starts from the SFT weights with a new scalar head, as
     the paper's RM starts from its SFT model. Its score is then scaled to unit variance on SFT samples of held-out
     problems, so the KL coefficient weighs the same reward scale in every run, and the missing-EOS penalty is set two
-    standard deviations below their mean."""
+    standard deviations below their mean. The gate search's weaker proxies: `problems` keeps the pairs of the first
+    that many training problems only, `layers` keeps the SFT's first that many layers (a smaller RM)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaForSequenceClassification
 
     sft = AutoModelForCausalLM.from_pretrained(sft_dir).eval()
     n, eos, pad = args.rm_samples, tokenizer.eos_token_id, tokenizer.pad_token_id
-    prompts, answers = train_set
+    prompts, answers = (part[:problems] for part in train_set) if problems else train_set
     responses = base.sample(sft, prompts, n, 0.7, args.response_length, eos, seed=1)
     gold = gold_scores(tokenizer, responses, answers, n)
     pairs = []
@@ -193,7 +205,8 @@ def train_reward_model(args: Args, tokenizer, train_set, eval_set, sft_dir: Path
     train_pairs, test_pairs = pairs[:split], pairs[split:]
     log(f"RM: {len(pairs)} gold-labelled pairs of {len(responses) // 2} ({len(responses) // 2 - len(pairs)} tied)")
     torch.manual_seed(0)
-    rm = LlamaForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
+    rm = LlamaForSequenceClassification.from_pretrained(sft_dir, num_labels=1,
+                                                        **(dict(num_hidden_layers=layers) if layers else {}))
     optimizer = torch.optim.AdamW(rm.parameters(), lr=args.rm_learning_rate, weight_decay=0.0)
     rng, batch_size = random.Random(0), 32
     total = args.rm_epochs * math.ceil(len(train_pairs) / batch_size)
@@ -302,7 +315,7 @@ def prepare(args: Args):
     prep = dict(flags=wanted, **{k: v for k, v in sft_prep.items() if k not in ("flags", "initial_policy")},
                 **rm_stats, rm_seconds=round(time.time() - rm_start))
     sft = AutoModelForCausalLM.from_pretrained(work / "sft").eval()
-    rm = load_rm(work)
+    rm = load_rm(work / "rm")
     # other draws than the reference's, as every run's update 0: the SFT policy's win-rate against itself, ~0.5
     prep["initial_policy"] = evaluate(sft, sft, rm, tokenizer, eval_set, prep, args, seed=999)
     prep["total_seconds"] = round(time.time() - start) + sft_prep["total_seconds"]
@@ -311,10 +324,10 @@ def prepare(args: Args):
     return prep
 
 
-def load_rm(work: Path):
+def load_rm(folder: Path):
     from transformers import AutoModelForSequenceClassification
 
-    return AutoModelForSequenceClassification.from_pretrained(work / "rm", num_labels=1).eval()
+    return AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1).eval()
 
 
 # SWEEP: one subprocess per (algorithm, setting, learning rate, seed), then the evaluation of each of its checkpoints
@@ -322,21 +335,31 @@ def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed:
     return Path(args.results_dir) / "staleness_paper" / f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
 
 
-def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, seed: int, path: Path):
+def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, seed: int, path: Path,
+            rm_dir: Optional[Path] = None, overrides: Optional[dict] = None, extra: Optional[dict] = None):
+    """One run and the evaluation of its checkpoints. The gate search passes its own proxy (rm_dir; prep then holds
+    its missing-EOS penalty), flag overrides ({"--kl-coef": "0.01"}) and fields to record (extra)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     work = Path(args.work_dir)
+    rm_dir = Path(rm_dir or work / "rm")
     spec = ALGORITHMS[algo]
     script_key, n, flags_of_setting = base.setting_flags(setting)
     flags = COMMON_FLAGS + spec["flags"] + ["--learning-rate", f"{learning_rate:g}"]
-    for key, value in {"{sft}": work / "sft", "{rm}": work / "rm", "{prompts}": work / "prompts",
+    for key, value in {"{sft}": work / "sft", "{rm}": rm_dir, "{prompts}": work / "prompts",
                        "{penalty}": prep["missing_eos_penalty"]}.items():
         flags = [f.replace(key, str(value)) for f in flags]
+    for flag, value in (overrides or {}).items():
+        if flag in flags:
+            flags[flags.index(flag) + 1] = str(value)
+        else:
+            flags += [flag, str(value)]
     cwd = work / "runs" / path.stem
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
-    cmd = [sys.executable, str(REPO / spec[script_key]), *flags, *flags_of_setting, "--seed", str(seed),
+    script = Path(args.scripts_dir) / spec[script_key]
+    cmd = [sys.executable, str(script), *flags, *flags_of_setting, "--seed", str(seed),
            *[str(x) for item in base.budget(args, setting).items() for x in item], "--output-dir", str(cwd / "model")]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {path.stem}: {' '.join(cmd)}", flush=True)
@@ -351,7 +374,7 @@ def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, see
     points = [(0, work / "sft")] + sorted(points) + [(args.num_updates, cwd / "model")]
     torch.set_num_threads(args.prep_threads)
     tokenizer = AutoTokenizer.from_pretrained(work / "sft")
-    sft, rm = AutoModelForCausalLM.from_pretrained(work / "sft").eval(), load_rm(work)
+    sft, rm = AutoModelForCausalLM.from_pretrained(work / "sft").eval(), load_rm(rm_dir)
     eval_set = load_eval_set(work, tokenizer, args)
     # the evaluation seed differs per run seed, not per setting or point: all are compared on the same random draws
     curve = [dict(updates=u, **evaluate(AutoModelForCausalLM.from_pretrained(folder).eval(), sft, rm, tokenizer,
@@ -360,7 +383,8 @@ def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, see
     off_policy = dict(logprob_gap_mean=over_run("async/behaviour_learner_logprob_gap", lambda v: sum(v) / len(v)),
                       importance_ratio_max=over_run("policy/importance_ratio_max", max),
                       clipfrac_mean=over_run("policy/clipfrac", lambda v: sum(v) / len(v)))
-    result = dict(algorithm=algo, setting=setting, learning_rate=learning_rate, seed=seed, command=cmd[1:],
+    result = dict(algorithm=algo, setting=setting, learning_rate=learning_rate, seed=seed, **(extra or {}),
+                  command=cmd[1:],
                   curve=curve, off_policy=off_policy, episodes=metrics[-1]["episodes"],
                   train_scores=[m["objective/scores"] for m in metrics if "objective/scores" in m],
                   run_seconds=round(run_seconds, 1), eval_seconds=round(time.time() - start - run_seconds, 1),
@@ -373,6 +397,202 @@ def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, see
           " ".join(f"{p['proxy']:.2f}" for p in curve) + f"\n   final KL {curve[-1]['kl']:.3f}  "
           f"({run_seconds:.0f}s run + {result['eval_seconds']:.0f}s eval)", flush=True)
     return time.time() - start
+
+
+# GATE SEARCH (issue 41): recalibrate the miniature until sync-1 over-optimises (proxy rising, gold peaked and fallen)
+# Each candidate changes a few levers of the sweep's sync-1 runs; most promising first. `rm`: the proxy's training
+# (problems: pairs of the first that many training problems only, of 4,096; epochs; layers of the SFT kept, of 2);
+# `updates` and `eval_every`: the run's length; `lr`; `flags`: overrides of the algorithms' flags (RLOO and PPO read
+# --kl-coef, DPO --beta; a flag an algorithm does not read is not passed to it).
+GATE_CANDIDATES = {
+    "rm-e1__u512": dict(rm=dict(epochs=1), updates=512, eval_every=64, lr=1e-4, flags={}),
+    "rm-e1__u512__kl0.01": dict(rm=dict(epochs=1), updates=512, eval_every=64, lr=1e-4,
+                                flags={"--kl-coef": "0.01", "--beta": "0.03"}),
+    "rm-full__u512__kl0.01": dict(rm=dict(), updates=512, eval_every=64, lr=1e-4,
+                                  flags={"--kl-coef": "0.01", "--beta": "0.03"}),
+    "rm-full__u512": dict(rm=dict(), updates=512, eval_every=64, lr=1e-4, flags={}),
+    # added after the first results: at kl-coef 0.01 only the seeds that escape to large KL over-optimise; these push
+    # every seed further
+    "rm-full__u512__kl0.003": dict(rm=dict(), updates=512, eval_every=64, lr=1e-4,
+                                   flags={"--kl-coef": "0.003", "--beta": "0.01"}),
+    "rm-full__u1024__kl0.01": dict(rm=dict(), updates=1024, eval_every=128, lr=1e-4,
+                                   flags={"--kl-coef": "0.01", "--beta": "0.03"}),
+    "rm2k__u512": dict(rm=dict(problems=2048), updates=512, eval_every=64, lr=1e-4, flags={}),
+    "rm-l1__u512": dict(rm=dict(layers=1), updates=512, eval_every=64, lr=1e-4, flags={}),
+    "rm-e1__u512__lr2e-4": dict(rm=dict(epochs=1), updates=512, eval_every=64, lr=2e-4, flags={}),
+    "rm1k-e1__u512": dict(rm=dict(problems=1024, epochs=1), updates=512, eval_every=64, lr=1e-4, flags={}),
+}
+# a proxy must track the gold at the start to be over-optimised: one whose score correlates less than this with the gold
+# on held-out SFT samples is uninformative (gold can only wander), and its candidate is skipped (1,024 problems and one
+# epoch gave -0.07, against the sweep's proxy's 0.49)
+GATE_MIN_CORRELATION = 0.2
+GATE_SEEDS = (1, 2, 3)
+
+
+def gate_rm(args: Args, prep, rm_spec: dict):
+    """The candidate's proxy in work_dir/gate_rm/<name> (built once; the full proxy is the prep's own), and its
+    missing-EOS penalty."""
+    from transformers import AutoTokenizer
+
+    work = Path(args.work_dir)
+    if not rm_spec:
+        return work / "rm", prep
+    name = "__".join(f"{k}{v}" for k, v in sorted(rm_spec.items()))
+    folder, stats_file = work / "gate_rm" / name, work / "gate_rm" / f"{name}.json"
+    if not stats_file.exists():
+        import dataclasses
+
+        tokenizer = AutoTokenizer.from_pretrained(work / "sft")
+        train = [json.loads(line) for line in (work / "data" / "train.jsonl").read_text().splitlines()]
+        rm_args = dataclasses.replace(args, rm_epochs=rm_spec.get("epochs", args.rm_epochs))
+        log = lambda msg: print(f"[gate rm {name} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+        stats = train_reward_model(rm_args, tokenizer, base.encode(tokenizer, train),
+                                   load_eval_set(work, tokenizer, args), work / "sft", folder, log,
+                                   problems=rm_spec.get("problems"), layers=rm_spec.get("layers"))
+        stats_file.write_text(json.dumps(dict(spec=rm_spec, **stats), indent=1))
+        log(json.dumps(stats))
+    return folder, dict(prep, **json.loads(stats_file.read_text()))
+
+
+def gate_search(args: Args, prep):
+    """Seed-major over the candidates (every candidate gets seed 1 of each algorithm before any gets seed 2), one
+    result file per run in results_dir/staleness_gate/, finished runs skipped: rerun the same command to go on."""
+    import dataclasses
+
+    out = Path(args.results_dir) / "staleness_gate"
+    out.mkdir(parents=True, exist_ok=True)
+    names = args.gate_candidates or list(GATE_CANDIDATES)
+    invocation_start, durations, new_runs = time.time(), [], 0
+    for seed in (args.seeds if args.seeds != Args().seeds else GATE_SEEDS):
+        for name in names:
+            cand = GATE_CANDIDATES[name]
+            run_args = dataclasses.replace(args, num_updates=cand["updates"], eval_every_updates=cand["eval_every"])
+            for algo in args.algorithms:
+                path = out / f"{name}__{algo}__seed{seed}.json"
+                if path.exists() and not args.force:
+                    continue
+                if args.max_runs is not None and new_runs >= args.max_runs:
+                    return
+                expected = max(durations) if durations else 0.0
+                if args.time_budget_hours is not None and \
+                        time.time() - invocation_start + expected > 3600 * args.time_budget_hours:
+                    print(f"== time budget reached: not starting {path.stem}")
+                    return
+                claimed = base.claim(Path(args.work_dir), f"gate__{path.stem}")
+                if claimed is None:
+                    continue
+                try:
+                    rm_dir, rm_prep = gate_rm(args, prep, cand["rm"])
+                    if rm_prep["rm_gold_correlation"] < GATE_MIN_CORRELATION:
+                        (out / f"{name}__skipped.json").write_text(json.dumps(dict(
+                            gate_candidate=name, gate_spec=cand, reason="proxy uninformative",
+                            rm_stats={k: v for k, v in rm_prep.items() if k.startswith("rm_")}), indent=1))
+                        print(f"== {name}: proxy uninformative (gold correlation {rm_prep['rm_gold_correlation']:.2f} "
+                              f"< {GATE_MIN_CORRELATION}), skipped", flush=True)
+                        break
+                    reads = "--beta" if algo == "dpo" else "--kl-coef"
+                    overrides = {f: v for f, v in cand["flags"].items() if f == reads}
+                    record = dict(gate_candidate=name, gate_spec=cand, scripts_dir=args.scripts_dir,
+                                  rm_stats={k: v for k, v in rm_prep.items() if k.startswith("rm_")})
+                    durations.append(run_one(run_args, rm_prep, algo, "sync-1", cand["lr"], seed, path, rm_dir=rm_dir,
+                                             overrides=overrides, extra=record))
+                    new_runs += 1
+                finally:
+                    claimed.unlink(missing_ok=True)
+                gate_report(Path(args.results_dir))
+
+
+def gate_report(results_dir: Path):
+    """staleness_gate.md and staleness_gate.png from the gate search's result files: per candidate and algorithm, the
+    seeds' mean proxy and gold along the run and the over-optimisation verdict (over_optimisation)."""
+    found = defaultdict(list)
+    for path in sorted((results_dir / "staleness_gate").glob("*__seed*.json")):
+        r = json.loads(path.read_text())
+        found[(r["gate_candidate"], r["algorithm"])].append(r)
+    if not found and not list((results_dir / "staleness_gate").glob("*__skipped.json")):
+        return []
+    ci = lambda mc: f"{mc[0]:+.3f} ± {mc[1]:.3f}" if not math.isnan(mc[1]) else f"{mc[0]:+.3f}"
+    lines = ["Gate search (issue 41): sync-1 runs of recalibrated miniatures, looking for over-optimisation: the proxy "
+             "still rising while the gold has peaked and fallen by more than its 95% CI over seeds.",
+             "Produced by `python benchmark/staleness_paper.py --gate-search` (candidates: GATE_CANDIDATES in "
+             "benchmark/staleness_paper.py; rerun to go on). Gold fall = gold at the evaluation where the seeds' mean "
+             "gold peaks minus the final gold, paired by seed; proxy rise = the proxy's change over the same stretch.",
+             "", "| candidate | algorithm | seeds | RM pairs (test acc., gold corr.) | proxy along the run | "
+             "gold along the run | final KL | gold peak (update) | gold fall after it | proxy rise after it | "
+             "over-optimised |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    order = {name: i for i, name in enumerate(GATE_CANDIDATES)}
+    for (name, algo), rs in sorted(found.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][0],
+                                                                   list(ALGORITHMS).index(kv[0][1]))):
+        curves = [r["curve"] for r in rs]
+        if len({len(c) for c in curves}) > 1:
+            continue
+        o, stats = over_optimisation(rs), rs[0].get("rm_stats", {})
+        mean = lambda key: " ".join(f"{sum(c[i][key] for c in curves) / len(curves):.3f}"
+                                    for i in range(len(curves[0])))
+        lines.append(f"| {name} | {algo} | {len(rs)} | {stats.get('rm_pairs', 0):,} "
+                     f"({stats.get('rm_test_pair_accuracy', 0):.2f}, {stats.get('rm_gold_correlation', 0):.2f}) | "
+                     f"{mean('proxy')} | {mean('gold')} | {sum(c[-1]['kl'] for c in curves) / len(curves):.2f} | "
+                     f"{o['peak_gold']:.3f} ({o['peak_update']}) | {ci(o['gold_fall'])} | {ci(o['proxy_rise'])} | "
+                     f"{o['verdict']} |")
+    # per run, ordered by the KL it ends at: whether over-optimisation is a trend of the candidate or an event of a seed
+    runs = sorted((r for rs in found.values() for r in rs), key=lambda r: r["curve"][-1]["kl"])
+    if runs:
+        lines += ["", "Per run, by final KL: the fall of its gold from its own peak to the end, and its proxy's rise "
+                  "over the same stretch.", "",
+                  "| candidate | algorithm | seed | final KL | gold peak (update) | gold fall after it | "
+                  "proxy rise after it |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in runs:
+            c = r["curve"]
+            peak = max(range(len(c)), key=lambda i: c[i]["gold"])
+            lines.append(f"| {r['gate_candidate']} | {r['algorithm']} | {r['seed']} | {c[-1]['kl']:.1f} | "
+                         f"{c[peak]['gold']:.3f} ({c[peak]['updates']}) | {c[peak]['gold'] - c[-1]['gold']:+.3f} | "
+                         f"{c[-1]['proxy'] - c[peak]['proxy']:+.2f} |")
+    for path in sorted((results_dir / "staleness_gate").glob("*__skipped.json")):
+        r = json.loads(path.read_text())
+        lines.append(f"\nSkipped {r['gate_candidate']}: {r['reason']} (its proxy's gold correlation on held-out SFT "
+                     f"samples {r['rm_stats']['rm_gold_correlation']:.2f}, held-out pair accuracy "
+                     f"{r['rm_stats']['rm_test_pair_accuracy']:.2f}; at least {GATE_MIN_CORRELATION} is needed).")
+    (results_dir / "staleness_gate.md").write_text("\n".join(lines) + "\n")
+    gate_plot(found, results_dir)
+    return lines
+
+
+def gate_plot(found, results_dir: Path):
+    """staleness_gate.png: per candidate (rows) and algorithm, the seeds' mean proxy (blue) and gold (red) against
+    optimizer updates and against KL(pi || pi_sft)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in GATE_CANDIDATES if any(k[0] == n for k in found)]
+    algos = [a for a in ALGORITHMS if any(k[1] == a for k in found)]
+    if not names:
+        return
+    fig, axes = plt.subplots(len(names), 2 * len(algos), figsize=(3.6 * 2 * len(algos), 2.8 * len(names)),
+                             squeeze=False)
+    for row, name in zip(axes, names):
+        for col, algo in enumerate(algos):
+            rs = found.get((name, algo))
+            for ax, x_key in zip(row[2 * col : 2 * col + 2], ("updates", "kl")):
+                if not rs or len({len(r["curve"]) for r in rs}) > 1:
+                    ax.set_axis_off()
+                    continue
+                curve = mean_curve(rs)
+                x = [p[x_key] for p in curve]
+                ax.plot(x, [p["proxy"] for p in curve], "o-", color="tab:blue", markersize=3)
+                ax.set_ylabel("proxy", color="tab:blue", fontsize=8)
+                twin = ax.twinx()
+                twin.plot(x, [p["gold"] for p in curve], "s-", color="tab:red", markersize=3)
+                twin.set_ylabel("gold", color="tab:red", fontsize=8)
+                ax.set_xlabel("optimizer updates" if x_key == "updates" else "KL(pi || pi_sft)", fontsize=8)
+                ax.set_title(f"{name}: {algo} ({len(rs)} seeds)", fontsize=8)
+                ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(results_dir / "staleness_gate.png", dpi=90)
+    plt.close(fig)
 
 
 # REPORT: rebuilt from the result files alone
@@ -431,95 +651,333 @@ def scores_of(runs, algo):
                         if r["seed"] in base_runs] for s in found if s != "sync-1"}
 
 
+def by_seed(runs, algo, scores):
+    """scores_of's lists as {setting: {seed: shortfall}} (its lists follow the runs' order, sync-1's seeds only)."""
+    base_seeds = {r["seed"] for r in runs.get((algo, "sync-1"), [])}
+    return {s: dict(zip([r["seed"] for r in runs[(algo, s)] if r["seed"] in base_seeds], v)) for s, v in scores.items()}
+
+
+def final_drops(runs, algo):
+    """The paper's measure (its Fig. 4 plots where each N's *final* point lands in win-rate and KL): per setting, each
+    seed's final gold win-rate below the same seed's sync-1 final win-rate, as {setting: {seed: drop}}; positive =
+    staleness costs."""
+    base_final = {r["seed"]: r["curve"][-1]["win_rate"] for r in runs.get((algo, "sync-1"), [])}
+    return {s: {r["seed"]: base_final[r["seed"]] - r["curve"][-1]["win_rate"] for r in runs[(algo, s)]
+                if r["seed"] in base_final}
+            for s in settings_of(algo) + ["sync-2"] if s != "sync-1" and runs.get((algo, s)) and base_final}
+
+
+def ranked_mean(per_setting, algo):
+    """Each seed's mean over the RANKED settings (async under `paper`), for the seeds that have all of them."""
+    named = lambda s: f"{s}-paper" if s.startswith("async") and ALGORITHMS[algo]["corrections"] else s
+    tables = [per_setting.get(named(s), {}) for s in RANKED]
+    seeds = sorted(set.intersection(*[set(t) for t in tables]))
+    return [sum(t[seed] for t in tables) / len(tables) for seed in seeds]
+
+
+def over_optimisation(rs):
+    """Whether sync-1 runs over-optimise: the evaluation where the seeds' mean gold peaks, the fall of each seed's gold
+    from there to the end, and the rise of its proxy over the same stretch (mean ± 95% CI over seeds). The verdict:
+    "yes" = gold rose, peaked and fell by more than its CI while the proxy's mean still rises (over-optimisation);
+    "from the start" = gold falls from update 0 while the proxy rises (a proxy exploited at once, never tracked);
+    "collapse" = gold and proxy fall together; "no" = gold does not fall by more than its CI. The peak is picked on
+    the same curves, which biases the fall up: hence a CI, not a point, decides."""
+    curve = mean_curve(rs)
+    peak = max(range(len(curve)), key=lambda i: curve[i]["gold"])
+    fall = mean_ci([r["curve"][peak]["gold"] - r["curve"][-1]["gold"] for r in rs])
+    rise = mean_ci([r["curve"][-1]["proxy"] - r["curve"][peak]["proxy"] for r in rs])
+    fell = peak < len(curve) - 1 and not math.isnan(fall[1]) and fall[0] - fall[1] > 0
+    verdict = ("one seed: no CI" if len(rs) < 2 else "no" if not fell else "collapse" if rise[0] <= 0 else
+               "yes" if peak > 0 else "from the start")
+    return dict(peak_update=round(curve[peak]["updates"]), peak_gold=curve[peak]["gold"], final_gold=curve[-1]["gold"],
+                gold_fall=fall, proxy_rise=rise, verdict=verdict, over_optimised=verdict == "yes")
+
+
+def excursions(runs, algo, floor):
+    """Per setting, the runs that leave the ground every sync-1 run of the algorithm stays on: a *KL excursion* is an
+    evaluation at a KL above the largest any sync-1 run reaches; a *dip* is a win-rate below `floor`, the lowest
+    win-rate of the SFT policy against itself over the sweep's evaluation draws. Returns the KL bound and
+    {setting: [(seed, peak KL, lowest win-rate)]}."""
+    if not runs.get((algo, "sync-1")):
+        return None, {}
+    bound = max(reach(r["curve"]) for r in runs[(algo, "sync-1")])
+    return bound, {s: sorted((r["seed"], reach(r["curve"]), min(p["win_rate"] for p in r["curve"]))
+                             for r in runs[(algo, s)])
+                   for s in settings_of(algo) + ["sync-2"] if s != "sync-1" and runs.get((algo, s))}
+
+
 def report(results_dir: Path):
     runs, gate = load_results(results_dir)
     prep_path = results_dir / "staleness_paper" / "prep.json"
     prep = json.loads(prep_path.read_text()) if prep_path.exists() else None
     ci = lambda mc: f"{mc[0]:+.3f} ± {mc[1]:.3f}" if not math.isnan(mc[1]) else f"{mc[0]:+.3f}"
+    plain = lambda mc: f"{mc[0]:.3f} ± {mc[1]:.3f}" if not math.isnan(mc[1]) else f"{mc[0]:.3f}"
+    pv = lambda p: "–" if math.isnan(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
+    bold = lambda text, p: f"**{text}**" if p < 0.05 else text
     lines = ["Staleness under the paper's protocol (Noukhov et al. 2025, Sec. 3), in miniature: every algorithm "
              "optimises a proxy reward model trained on gold-labelled pairs; measured is the gold win-rate against the "
-             "SFT policy (held-out problems, T=0.7, ties half) versus KL(pi || pi_sft).",
-             "Produced by `python benchmark/staleness_paper.py` (see its docstring). Shortfall = the mean, over the KL "
-             "range every run of the algorithm reaches, of sync-1's win-rate minus the setting's (same seed), then "
-             "mean ± 95% CI over seeds; positive = staleness costs. A difference is *separated* when its CI excludes "
-             "0.", ""]
+             "SFT policy (held-out problems, T=0.7, ties half) versus KL(pi || pi_sft). The paper's statement, as its "
+             "Fig. 4 caption puts it: \"Online DPO is more robust to off-policyness than PPO, RLOO\" (N in "
+             "{1, 2, 4, 8, 16}), judged by where each N's final point lands in win-rate and KL.",
+             "Produced by `python benchmark/staleness_paper.py --report-only` from the result files (see its "
+             "docstring). Every ± is a 95% CI over seeds. A difference is *separated* (bold) when its two-sided t-test "
+             "(paired by seed, or Welch's between algorithms) survives a Holm-Bonferroni correction over the family "
+             "each table names: Holm p < 0.05.", ""]
+    # the SFT policy against itself: update 0 of every run is the SFT policy, each run seed on its own draws
+    starts = sorted({r["seed"]: r["curve"][0]["win_rate"] for rs in runs.values() for r in rs}.items())
+    floor = min(w for _, w in starts) if starts else float("nan")
     if prep:
         init = prep["initial_policy"]
         lines += [f"SFT policy: gold {init['gold']:.3f}, exact {init['exact']:.3f}, win-rate against itself "
-                  f"{init['win_rate']:.3f}. Proxy RM: {prep['rm_pairs']:,} gold-labelled pairs "
-                  f"({prep['rm_tied_pairs']:,}"
-                  f" tied pairs dropped), held-out pair accuracy {prep['rm_test_pair_accuracy']:.3f}, correlation with "
-                  f"gold on held-out SFT samples {prep['rm_gold_correlation']:.3f}; missing-EOS penalty "
-                  f"{prep['missing_eos_penalty']}.", ""]
+                  f"{init['win_rate']:.3f} (prep draw)"
+                  + (f", {min(w for _, w in starts):.3f}–{max(w for _, w in starts):.3f} over the sweep's "
+                     f"{len(starts)} evaluation draws (update 0 of each run seed): the noise of one evaluation"
+                     if starts else "") + f". Proxy RM: {prep['rm_pairs']:,} gold-labelled pairs "
+                  f"({prep['rm_tied_pairs']:,} tied pairs dropped) of {prep['rm_pairs'] + prep['rm_tied_pairs']:,} "
+                  f"(SFT samples: {2 * (prep['rm_pairs'] + prep['rm_tied_pairs']):,}), held-out pair accuracy "
+                  f"{prep['rm_test_pair_accuracy']:.3f}, correlation with gold on held-out SFT samples "
+                  f"{prep['rm_gold_correlation']:.3f}; missing-EOS penalty {prep['missing_eos_penalty']}.", ""]
+    verdicts = {}
     if gate:
         lines += ["Gate (sync-1): the proxy reward and the gold along the run, per learning rate; the rate every "
                   f"algorithm uses is marked * ({LEARNING_RATE:g}). Over-optimisation shows as proxy rising while gold "
-                  "peaks and falls.", "", "| algorithm | learning rate | seeds | proxy along the run | gold along the "
-                  "run | win-rate along the run | final KL |", "|---|---|---|---|---|---|---|"]
+                  "peaks and falls: the last columns give the update where the seeds' mean gold peaks, the fall of "
+                  "gold from there to the end and the proxy's rise over the same stretch (paired by seed); "
+                  "over-optimised = the fall's CI above 0 while the proxy rises.", "",
+                  "| algorithm | learning rate | seeds | proxy along the run | gold along the run | win-rate along the "
+                  "run | final KL | gold peak (update) | gold fall after it | proxy rise after it | over-optimised |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for (algo, lr), rs in sorted(gate.items()):
             mean = lambda key: " ".join(f"{sum(r['curve'][i][key] for r in rs) / len(rs):.3f}"
                                         for i in range(len(rs[0]["curve"])))
+            o = over_optimisation(rs)
+            if lr == LEARNING_RATE:
+                verdicts[algo] = o
             lines.append(f"| {algo} | {lr:g}{' *' if lr == LEARNING_RATE else ''} | {len(rs)} | {mean('proxy')} | "
                          f"{mean('gold')} | {mean('win_rate')} | "
-                         f"{sum(r['curve'][-1]['kl'] for r in rs) / len(rs):.2f} |")
-    table, ranking, corrections = [], {}, []
+                         f"{sum(r['curve'][-1]['kl'] for r in rs) / len(rs):.2f} | {o['peak_gold']:.3f} "
+                         f"({o['peak_update']}) | {ci(o['gold_fall'])} | {ci(o['proxy_rise'])} | "
+                         f"{o['verdict']} |")
+        if verdicts and not any(o["over_optimised"] for o in verdicts.values()):
+            lines += ["", f"At {LEARNING_RATE:g} no algorithm over-optimises: sync-1's gold rises with the proxy to "
+                      "the end (or falls by less than its CI). In this regime staleness can only slow a run down, "
+                      "not make it land worse, so the paper's ranking is **undetermined here**: the tables below "
+                      "measure speed of progress, not robustness to over-optimisation."]
+
+    # 1. the paper's measure: the final point of each setting, and its drop below sync-1's (paired by seed)
+    algos = [a for a in ALGORITHMS if runs.get((a, "sync-1"))]
+    drops = {a: final_drops(runs, a) for a in algos}
+    family = [(a, s) for a in algos for s in drops[a]]
+    tests = [one_sample_t(list(drops[a][s].values()))[1] for a, s in family]
+    adjusted = dict(zip(family, holm(tests)))
+    raw = dict(zip(family, tests))
+    if algos:
+        lines += ["", "**The paper's measure: where each setting's final point lands** (Fig. 4). Final gold win-rate "
+                  "and final KL after the run's updates, the best win-rate along the run, and the final win-rate's "
+                  "drop below sync-1's final win-rate, paired by seed (positive = staleness costs); Holm over the "
+                  f"{len(family)} drops of the table.", "",
+                  "| algorithm | setting | final win-rate | final KL | best win-rate | drop below sync-1 | p | "
+                  "Holm p | seeds |", "|---|---|---|---|---|---|---|---|---|"]
+        for a in algos:
+            for setting in ["sync-1"] + list(drops[a]):
+                rs = runs[(a, setting)]
+                final = mean_ci([r["curve"][-1]["win_rate"] for r in rs])
+                kl = mean_ci([r["curve"][-1]["kl"] for r in rs])
+                best = mean_ci([max(p["win_rate"] for p in r["curve"]) for r in rs])
+                if setting == "sync-1":
+                    lines.append(f"| {a} | sync-1 | {plain(final)} | {plain(kl)} | {plain(best)} | – | – | – | "
+                                 f"{len(rs)} |")
+                    continue
+                d = mean_ci(list(drops[a][setting].values()))
+                lines.append(f"| {a} | {setting} | {plain(final)} | {plain(kl)} | {plain(best)} | "
+                             f"{bold(ci(d), adjusted[(a, setting)])} | {pv(raw[(a, setting)])} | "
+                             f"{pv(adjusted[(a, setting)])} | {len(drops[a][setting])} |")
+        lines += algorithm_comparison("final win-rate drop", {a: ranked_mean(drops[a], a) for a in algos}, ci, pv)
+
+    # 2. the matched-KL view: shortfall below sync-1 over the KL range every run of the algorithm reaches
+    table, shortfalls, corrections = [], {}, []
     for algo in ALGORITHMS:
         kl_max, scores = scores_of(runs, algo)
         if kl_max is None:
             continue
+        shortfalls[algo] = by_seed(runs, algo, scores)
+    family = [(a, s) for a in shortfalls for s in shortfalls[a]]
+    tests = [one_sample_t(list(shortfalls[a][s].values()))[1] for a, s in family]
+    adjusted, raw = dict(zip(family, holm(tests))), dict(zip(family, tests))
+    for algo in shortfalls:
+        kl_max = scores_of(runs, algo)[0]
         base_rs = runs[(algo, "sync-1")]
         peak = mean_ci([max(p["win_rate"] for p in r["curve"]) for r in base_rs])
-        table.append(f"| {algo} | sync-1 | – | {peak[0]:.3f} | {kl_max:.2f} | {len(base_rs)} |")
-        for setting, values in scores.items():
+        table.append(f"| {algo} | sync-1 | – | – | – | {peak[0]:.3f} | {kl_max:.2f} | {len(base_rs)} |")
+        for setting, values in shortfalls[algo].items():
             peaks = [max(p["win_rate"] for p in r["curve"]) for r in runs[(algo, setting)]]
-            table.append(f"| {algo} | {setting} | {ci(mean_ci(values))} | {mean_ci(peaks)[0]:.3f} | {kl_max:.2f} | "
-                         f"{len(values)} |")
-        named = lambda s: f"{s}-paper" if s.startswith("async") and ALGORITHMS[algo]["corrections"] else s
-        per_seed = defaultdict(list)
-        for s in RANKED:
-            for r, v in zip([r for r in runs.get((algo, named(s)), []) if r["seed"] in
-                             {b["seed"] for b in base_rs}], scores.get(named(s), [])):
-                per_seed[r["seed"]].append(v)
-        complete = [sum(v) / len(v) for v in per_seed.values() if len(v) == len(RANKED)]
-        if complete:
-            ranking[algo] = (mean_ci(complete), complete)
-        for setting in [s for s in scores if s.endswith("-behaviour") and s.replace("-behaviour", "-paper") in scores]:
+            table.append(f"| {algo} | {setting} | {bold(ci(mean_ci(list(values.values()))), adjusted[(algo, setting)])}"
+                         f" | {pv(raw[(algo, setting)])} | {pv(adjusted[(algo, setting)])} | {mean_ci(peaks)[0]:.3f} | "
+                         f"{kl_max:.2f} | {len(values)} |")
+    for algo in shortfalls:
+        for setting in [s for s in shortfalls[algo] if s.endswith("-behaviour")
+                        and s.replace("-behaviour", "-paper") in shortfalls[algo]]:
             # the two corrections on the same seeds: the difference of each seed's shortfalls
-            behaviour, paper = ({r["seed"]: v for r, v in zip([r for r in runs[(algo, name)] if r["seed"] in
-                                                                {b["seed"] for b in base_rs}], scores[name])}
-                                for name in (setting, setting.replace("-behaviour", "-paper")))
+            behaviour, paper = shortfalls[algo][setting], shortfalls[algo][setting.replace("-behaviour", "-paper")]
             paired = [behaviour[seed] - paper[seed] for seed in behaviour if seed in paper]
-            corrections.append(f"| {algo} | {setting.split('-')[1]} | {ci(mean_ci(paired))} | {len(paired)} |")
+            corrections.append((algo, setting.split("-")[1], paired))
     if table:
-        lines += ["", "| algorithm | setting | shortfall below sync-1 | peak win-rate | KL range | seeds |",
-                  "|---|---|---|---|---|---|"] + table
-    if ranking:
-        order = sorted(ranking, key=lambda a: ranking[a][0][0])
-        lines += ["", f"Ranking by the mean shortfall over {', '.join(RANKED)} (async under `paper`), most robust "
-                  "first; the paper's finding is online DPO most robust, then PPO and RLOO.", "",
-                  "| rank | algorithm | mean shortfall | seeds |", "|---|---|---|---|"]
-        lines += [f"| {i + 1} | {a} | {ci(ranking[a][0])} | {len(ranking[a][1])} |" for i, a in enumerate(order)]
-        lines += ["", "Differences between algorithms (Welch's t on the per-seed mean shortfalls; separated when "
-                  "|t| > 2.3, about p < 0.05 at these seed counts):", ""]
-        for i, a in enumerate(order):
-            for b in order[i + 1 :]:
-                lines.append(f"- {a} vs {b}: {ranking[a][0][0] - ranking[b][0][0]:+.3f}, t = "
-                             f"{welch_t(ranking[a][1], ranking[b][1]):.2f}")
+        lines += ["", "**Matched KL (a second view)**: the shortfall = the mean, over the KL range every run of the "
+                  "algorithm reaches, of sync-1's win-rate minus the setting's (same seed); positive = staleness "
+                  f"costs. Holm over the {len(family)} shortfalls of the table. The range covers only the start of "
+                  "most sync-1 runs.", "",
+                  "| algorithm | setting | shortfall below sync-1 | p | Holm p | peak win-rate | KL range | seeds |",
+                  "|---|---|---|---|---|---|---|---|"] + table
+        # how much of a sync-1 run the range covers: the share of its updates before it first reaches the range's end
+        covered = {a: [value_at_kl(r["curve"], scores_of(runs, a)[0], "updates") / r["curve"][-1]["updates"]
+                       for r in runs[(a, "sync-1")]] for a in shortfalls}
+        lines += ["", "sync-1 first reaches the end of the KL range after " + ", ".join(
+            f"{a} {min(v):.0%}–{max(v):.0%}" for a, v in covered.items()) + " of its updates (per seed)."]
+        lines += algorithm_comparison("matched-KL shortfall", {a: ranked_mean(shortfalls[a], a) for a in shortfalls},
+                                      ci, pv)
     if corrections:
-        lines += ["", "`behaviour` against `paper` at the same K, paired by seed: the shortfall under `behaviour` minus "
-                  "the shortfall under `paper` (mean ± 95% CI over seeds); negative = `behaviour` keeps more gold "
-                  "win-rate at matched KL.", "", "| algorithm | K | behaviour − paper | seeds |",
-                  "|---|---|---|---|", *corrections]
+        tests = [one_sample_t(paired)[1] for _, _, paired in corrections]
+        lines += ["", "`behaviour` against `paper` at the same K, paired by seed: the shortfall under `behaviour` "
+                  "minus the shortfall under `paper` (mean ± 95% CI over seeds); negative = `behaviour` keeps more "
+                  f"gold win-rate at matched KL. Holm over the {len(corrections)} rows.", "",
+                  "| algorithm | K | behaviour − paper | p | Holm p | seeds |", "|---|---|---|---|---|---|"]
+        for (algo, k, paired), p, h in zip(corrections, tests, holm(tests)):
+            lines.append(f"| {algo} | {k} | {bold(ci(mean_ci(paired)), h)} | {pv(p)} | {pv(h)} | {len(paired)} |")
+
+    # 3. what the shared range hides: runs that leave sync-1's KL range or dip below the SFT policy's own win-rate
+    rows, pairs = [], []
+    for algo in algos:
+        bound, found = excursions(runs, algo, floor)
+        for setting, rs in found.items():
+            out, dips = [r for r in rs if r[1] > bound], [r for r in rs if r[2] < floor]
+            rows.append(f"| {algo} | {setting} | {len(out)} of {len(rs)} | {' '.join(f'{r[1]:.2f}' for r in rs)} | "
+                        f"{len(dips)} of {len(rs)} | {' '.join(f'{r[2]:.3f}' for r in rs)} |")
+        for setting in [s for s in found if s.endswith("-paper") and s.replace("-paper", "-behaviour") in found]:
+            p_rs, b_rs = found[setting], found[setting.replace("-paper", "-behaviour")]
+            count = lambda rs: sum(r[1] > bound for r in rs)
+            pairs.append((algo, setting.split("-")[1], count(p_rs), len(p_rs), count(b_rs), len(b_rs)))
+    if rows:
+        lines += ["", "**Excursions** (what the matched-KL range hides): per run seed in order, the largest KL an "
+                  "evaluation reaches and the lowest win-rate. A KL excursion = above the largest KL of any sync-1 run "
+                  "of the algorithm (" + ", ".join(f"{a} {excursions(runs, a, floor)[0]:.2f}" for a in algos) +
+                  f"); a dip = a win-rate below {floor:.3f}, the lowest of the SFT policy against itself.", "",
+                  "| algorithm | setting | KL excursions | largest KL per seed | dips | lowest win-rate per seed |",
+                  "|---|---|---|---|---|---|", *rows]
+    if pairs:
+        tests = [fisher_exact(a, n, b, m) for _, _, a, n, b, m in pairs]
+        lines += ["", "KL excursions under `paper` against `behaviour` at the same K: Fisher's exact test "
+                  f"(two-sided), Holm over the {len(pairs)} rows.", "",
+                  "| algorithm | K | paper | behaviour | Fisher p | Holm p |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {algo} | {k} | {a} of {n} | {b} of {m} | {pv(p)} | {pv(h)} |"
+                  for (algo, k, a, n, b, m), p, h in zip(pairs, tests, holm(tests))]
     (results_dir / "staleness_paper.md").write_text("\n".join(lines) + "\n")
     if runs or gate:
         plot(runs, gate, results_dir)
     return lines
 
 
-def welch_t(a, b):
+def algorithm_comparison(what, per_seed, ci, pv):
+    """The ranking by a per-seed mean over RANKED, and Welch's t between each pair with Holm over the pairs."""
+    ranking = {a: v for a, v in per_seed.items() if v}
+    if not ranking:
+        return []
+    order = sorted(ranking, key=lambda a: sum(ranking[a]) / len(ranking[a]))
+    lines = ["", f"Per algorithm, the {what} averaged over {', '.join(RANKED)} (async under `paper`) per seed, "
+             "smallest first. The paper's claim: DPO more robust than PPO and RLOO.", "",
+             f"| rank | algorithm | mean {what} | seeds |",
+             "|---|---|---|---|"]
+    lines += [f"| {i + 1} | {a} | {ci(mean_ci(ranking[a]))} | {len(ranking[a])} |" for i, a in enumerate(order)]
+    pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
+    tests = [welch(ranking[a], ranking[b]) for a, b in pairs]
+    lines += ["", "Differences between algorithms (Welch's t on the per-seed means; Holm over the "
+              f"{len(pairs)} pairs):", ""]
+    for (a, b), (t, df, p), h in zip(pairs, tests, holm([t[2] for t in tests])):
+        diff = sum(ranking[a]) / len(ranking[a]) - sum(ranking[b]) / len(ranking[b])
+        verdict = "separated" if h < 0.05 else "not separated"
+        lines.append(f"- {a} vs {b}: {diff:+.3f}, t = {t:.2f} (df {df:.1f}), p = {pv(p)}, Holm p = {pv(h)}: {verdict}")
+    return lines
+
+
+# TESTS: plain Python, so the report needs no statistics package (tests/test_staleness_paper.py checks them)
+def _betainc(a: float, b: float, x: float):
+    """Regularised incomplete beta I_x(a, b), by its continued fraction (Lentz's method, Numerical Recipes 6.4)."""
+    if x <= 0.0 or x >= 1.0:
+        return max(0.0, min(1.0, x))
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below this point
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(1000):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2 == 0:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + num * d
+        d = 1.0 / (d if abs(d) > 1e-300 else 1e-300)
+        c = 1.0 + num / c
+        c = c if abs(c) > 1e-300 else 1e-300
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-14:
+            break
+    return front * (f - 1.0)
+
+
+def t_test_p(t: float, df: float):
+    """Two-sided p of Student's t with df degrees of freedom (df need not be an integer: Welch's)."""
+    if math.isnan(t) or math.isnan(df) or df <= 0:
+        return float("nan")
+    return _betainc(df / 2, 0.5, df / (df + t * t))
+
+
+def one_sample_t(values):
+    """t and two-sided p of 'the mean is 0' (values paired by seed, so one difference per seed)."""
+    n, m = len(values), sum(values) / len(values)
+    if n < 2:
+        return float("nan"), float("nan")
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+    t = m / (sd / math.sqrt(n)) if sd > 0 else math.copysign(float("inf"), m) if m else float("nan")
+    return t, (0.0 if math.isinf(t) else t_test_p(t, n - 1))
+
+
+def welch(a, b):
+    """Welch's t of mean(a) - mean(b), its Welch-Satterthwaite degrees of freedom, and the two-sided p."""
     var = lambda x: sum((v - sum(x) / len(x)) ** 2 for v in x) / (len(x) - 1) if len(x) > 1 else float("nan")
-    se = math.sqrt(var(a) / len(a) + var(b) / len(b))
-    return (sum(a) / len(a) - sum(b) / len(b)) / se if se > 0 else float("nan")
+    va, vb = var(a) / len(a), var(b) / len(b)
+    if not va + vb > 0:
+        return float("nan"), float("nan"), float("nan")
+    t = (sum(a) / len(a) - sum(b) / len(b)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return t, df, t_test_p(t, df)
+
+
+def welch_t(a, b):
+    return welch(a, b)[0]
+
+
+def holm(pvalues):
+    """Holm-Bonferroni adjusted p-values (same order as given): the k-th smallest of m is multiplied by m - k + 1, then
+    made monotone. A test of the family is *separated* when its adjusted p < 0.05, which keeps the chance of any false
+    separation in the family below 5%. NaN p-values (one seed) stay NaN and do not count in m."""
+    order = sorted((p, i) for i, p in enumerate(pvalues) if not math.isnan(p))
+    adjusted, running = [float("nan")] * len(pvalues), 0.0
+    for k, (p, i) in enumerate(order):
+        running = max(running, min(1.0, (len(order) - k) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def fisher_exact(hits_a: int, n_a: int, hits_b: int, n_b: int):
+    """Two-sided p of Fisher's exact test on the 2x2 table (hits_a of n_a against hits_b of n_b): the summed
+    probability, with the margins fixed, of every table no more likely than the one observed."""
+    hits, total = hits_a + hits_b, n_a + n_b
+    prob = lambda k: math.comb(n_a, k) * math.comb(n_b, hits - k) / math.comb(total, hits)
+    observed = prob(hits_a)
+    return min(1.0, sum(prob(k) for k in range(max(0, hits - n_b), min(hits, n_a) + 1)
+                        if prob(k) <= observed * (1 + 1e-9)))
 
 
 def mean_curve(rs):
@@ -529,6 +987,7 @@ def mean_curve(rs):
 
 def plot(runs, gate, results_dir: Path):
     """staleness_paper.png: win-rate vs KL, one row per algorithm (sync N | async under paper | under behaviour);
+    staleness_paper_final.png: each setting's final point, as the paper's Fig. 4;
     staleness_paper_gate.png: proxy and gold along the sync-1 runs."""
     import matplotlib
 
@@ -566,6 +1025,29 @@ def plot(runs, gate, results_dir: Path):
             ax.set_xlabel("KL(pi || pi_sft)")
         fig.tight_layout()
         fig.savefig(results_dir / "staleness_paper.png", dpi=110)
+        plt.close(fig)
+    if algos:  # the paper's Fig. 4: where each setting's final point lands, one panel per algorithm
+        fig, axes = plt.subplots(1, len(algos), figsize=(4.2 * len(algos), 3.4), squeeze=False)
+        for ax, algo in zip(axes[0], algos):
+            for setting in settings_of(algo) + ["sync-2"]:
+                if not runs.get((algo, setting)):
+                    continue
+                kind, value, correction = base.parse_setting(setting)
+                kl = mean_ci([r["curve"][-1]["kl"] for r in runs[(algo, setting)]])
+                win = mean_ci([r["curve"][-1]["win_rate"] for r in runs[(algo, setting)]])
+                shade = plt.get_cmap("Blues" if correction == "behaviour" else "Reds")
+                color = (plt.get_cmap("viridis")(math.log2(value) / 5.5) if kind == "sync" else
+                         shade(0.35 + 0.65 * math.log2(value) / 3))
+                ax.errorbar(kl[0], win[0], xerr=0 if math.isnan(kl[1]) else kl[1],
+                            yerr=0 if math.isnan(win[1]) else win[1], fmt="o" if kind == "sync" else "^",
+                            color=color, markersize=5, capsize=2, label=setting)
+            ax.set_title(f"{algo}: final points (mean ± 95% CI)", fontsize=9)
+            ax.set_xlabel("final KL(pi || pi_sft)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6)
+        axes[0][0].set_ylabel("final gold win-rate vs SFT")
+        fig.tight_layout()
+        fig.savefig(results_dir / "staleness_paper_final.png", dpi=110)
         plt.close(fig)
     if gate:
         keys = sorted(gate)
@@ -628,6 +1110,11 @@ if __name__ == "__main__":
     check(args)
     results_dir = Path(args.results_dir)
     (results_dir / "staleness_paper").mkdir(parents=True, exist_ok=True)
+    if args.gate_search:
+        if not args.report_only:
+            gate_search(args, prepare(args))
+        print("\n".join(gate_report(results_dir)))
+        sys.exit(0)
     if not args.report_only:
         invocation_start, durations, new_runs = time.time(), [], 0
         prep = prepare(args)

@@ -54,7 +54,8 @@ def test_paper_protocol_quick_mode_trains_on_the_proxy_and_reports_win_rate_agai
     for setting in ("sync-2", "async-1-paper"):
         row = next(line for line in table.splitlines() if line.startswith(f"| rloo | {setting} |"))
         assert math.isfinite(float(row.split("|")[3].split()[0])), row
-    for name in ("staleness_paper.png", "staleness_paper_gate.png"):
+    assert "The paper's measure: where each setting's final point lands" in table
+    for name in ("staleness_paper.png", "staleness_paper_final.png", "staleness_paper_gate.png"):
         assert (results / name).stat().st_size > 1000
 
     # a rerun skips every finished run and the prep
@@ -125,7 +126,128 @@ def test_report_pairs_the_two_corrections_by_seed(tmp_path):
     table = (tmp_path / "staleness_paper.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| rloo | 8 |"))
     m, half = paper.mean_ci([-0.01, -0.03, 0.0])
-    assert row == f"| rloo | 8 | {m:+.3f} ± {half:.3f} | 3 |" and m == pytest.approx(-0.0133, abs=1e-4)
+    p = paper.one_sample_t([-0.01, -0.03, 0.0])[1]  # a family of one row: Holm leaves p as it is
+    assert m == pytest.approx(-0.0133, abs=1e-4)
+    assert row == f"| rloo | 8 | {m:+.3f} ± {half:.3f} | {p:.3f} | {p:.3f} | 3 |"
+
+
+def test_tests_against_hand_computed_values():
+    """The report's statistics, in plain Python, against closed forms."""
+    paper = load_script("benchmark/staleness_paper.py")
+    # Student's t, two-sided: df 1 is Cauchy, p = 1 - 2 atan(|t|) / pi; df 2: p = 1 - |t| / sqrt(2 + t^2)
+    for t in (0.3, 1.0, 2.5, 12.0):
+        assert paper.t_test_p(t, 1) == pytest.approx(1 - 2 * math.atan(t) / math.pi, rel=1e-9)
+        assert paper.t_test_p(-t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-9)
+    # df 4: F(t) = 1/2 + 3/8 * u * (1 - t^2 / (12 (1 + t^2 / 4))), u = t / sqrt(1 + t^2 / 4)
+    u = 3 / math.sqrt(1 + 9 / 4)
+    assert paper.t_test_p(3.0, 4) == pytest.approx(2 * (0.5 - 3 / 8 * u * (1 - 9 / (12 * (1 + 9 / 4)))), rel=1e-9)
+    # one sample: mean 0.015, sd 0.0112, se 0.005: t = 3 on 4 degrees of freedom
+    t, p = paper.one_sample_t([0.010, 0.030, 0.020, 0.000, 0.015])
+    assert t == pytest.approx(3.0) and p == pytest.approx(paper.t_test_p(3.0, 4))
+    # Welch: equal variances and sizes give the pooled t with n_a + n_b - 2 degrees of freedom
+    t, df, p = paper.welch([0.0, 0.01, -0.01, 0.005, -0.005], [0.015, 0.025, 0.005, 0.02, 0.01])
+    assert (t, df) == (pytest.approx(-3.0), pytest.approx(8.0)) and p == pytest.approx(paper.t_test_p(3.0, 8))
+    # Fisher's exact test: 3 of 5 against 0 of 5; the two tables as extreme, each C(7,2) / C(10,5) = 21 / 252
+    assert paper.fisher_exact(3, 5, 0, 5) == pytest.approx(42 / 252)
+    assert paper.fisher_exact(0, 5, 3, 5) == pytest.approx(42 / 252) and paper.fisher_exact(1, 5, 1, 5) == 1.0
+    assert paper.fisher_exact(5, 5, 0, 5) == pytest.approx(2 / 252)
+    # Holm: the k-th smallest of m times (m - k + 1), kept monotone; NaN (one seed) is no test
+    assert paper.holm([0.03, 0.004, float("nan"), 0.2, 0.01]) == pytest.approx([0.06, 0.016, float("nan"), 0.2, 0.03],
+                                                                              nan_ok=True)
+    assert paper.holm([0.01, 0.011]) == pytest.approx([0.02, 0.02])  # monotone: never below a smaller p's
+
+
+def write_run(folder, algo, setting, seed, win, kl=None, gold=None, proxy=None, lr=None):
+    """A synthetic result file: one point per 32 updates, as the sweep evaluates."""
+    kl = kl or [u / 4 for u in range(len(win))]
+    gold, proxy = gold or [0.6] * len(win), proxy or [0.0] * len(win)
+    curve = [dict(updates=32 * i, kl=kl[i], win_rate=win[i], gold=gold[i], proxy=proxy[i]) for i in range(len(win))]
+    (folder / "staleness_paper").mkdir(exist_ok=True)
+    lr = lr or load_script("benchmark/staleness_paper.py").LEARNING_RATE
+    (folder / "staleness_paper" / f"{algo}__{setting}__lr{lr:g}__seed{seed}.json").write_text(
+        json.dumps(dict(algorithm=algo, setting=setting, learning_rate=lr, seed=seed, curve=curve)))
+
+
+def test_final_points_drop_paired_by_seed_and_holm_over_the_family(tmp_path):
+    """The paper's measure: each setting's final win-rate below sync-1's (same seed). async-8's drops alone would pass
+    (p = 0.040), but among the family of six DPO settings Holm multiplies it by 5 (sync-32's is smaller): not
+    separated. sync-32 drops 0.05 on every seed: separated."""
+    paper = load_script("benchmark/staleness_paper.py")
+    rise = [0.5 + 0.0125 * i for i in range(9)]  # sync-1: 0.5 -> 0.6
+    drops = {"sync-4": [0.01, -0.01, 0.005, -0.005, 0.0], "sync-16": [0.002, -0.004, 0.001, 0.0, -0.002],
+             "sync-32": [0.05, 0.051, 0.049, 0.05, 0.052], "async-1": [-0.01, 0.01, 0.0, 0.003, -0.004],
+             "async-4": [0.004, -0.006, 0.0, 0.01, -0.003], "async-8": [0.010, 0.030, 0.020, 0.000, 0.015]}
+    for seed in range(1, 6):
+        write_run(tmp_path, "dpo", "sync-1", seed, rise)
+        for setting, values in drops.items():
+            write_run(tmp_path, "dpo", setting, seed, rise[:-1] + [rise[-1] - values[seed - 1]])
+    paper.report(tmp_path)
+    table = (tmp_path / "staleness_paper.md").read_text()
+    assert "Holm over the 6 drops of the table" in table
+    row = lambda setting: next(line for line in table.splitlines() if line.startswith(f"| dpo | {setting} | 0."))
+    cells = row("async-8").split(" | ")
+    p = paper.t_test_p(3.0, 4)
+    assert 0.01 < p < 0.05 and cells[5] == f"+0.015 ± {paper.mean_ci(drops['async-8'])[1]:.3f}"  # not bold
+    assert cells[6] == f"{p:.3f}" and float(cells[7]) == pytest.approx(5 * p, abs=1e-3) and float(cells[7]) > 0.05
+    assert row("sync-32").split(" | ")[5].startswith("**+0.050")  # separated after Holm
+    assert row("sync-1") == "| dpo | sync-1 | 0.600 ± 0.000 | 2.000 ± 0.000 | 0.600 ± 0.000 | – | – | – | 5 |"
+
+
+def test_algorithm_comparison_holm_over_the_pairs():
+    """Three algorithms: a vs b gives p = 0.017 alone, 0.051 after Holm over the three pairs: not separated."""
+    paper = load_script("benchmark/staleness_paper.py")
+    per_seed = {"a": [0.0, 0.01, -0.01, 0.005, -0.005], "b": [0.015, 0.025, 0.005, 0.02, 0.01],
+                "c": [0.01, 0.0, 0.02, 0.005, 0.015]}
+    lines = paper.algorithm_comparison("drop", per_seed, lambda mc: f"{mc[0]:+.3f}", lambda p: f"{p:.3f}")
+    assert [line.split(" | ")[1] for line in lines if line.startswith("| 1 ") or line.startswith("| 3 ")] == ["a", "b"]
+    a_b = next(line for line in lines if line.startswith("- a vs b"))
+    p = paper.t_test_p(3.0, 8)
+    assert f"t = -3.00 (df 8.0), p = {p:.3f}, Holm p = {3 * p:.3f}: not separated" in a_b and p < 0.05 < 3 * p
+
+
+def test_gate_verdict_over_optimisation_against_rise_and_collapse(tmp_path):
+    """sync-1 curves whose verdict is known: DPO's gold peaks at update 64 and falls 0.04 while the proxy rises
+    (over-optimised); RLOO's gold rises to the end (not); PPO's gold falls from the start while its proxy rises (an
+    exploited proxy, no rising phase); DPO at 3e-4 loses gold and proxy together (a collapse)."""
+    paper = load_script("benchmark/staleness_paper.py")
+    win = [0.5] * 5
+    for seed, noise in zip((1, 2, 3), (0.0, 0.002, -0.002)):
+        proxy = [0.1 * i for i in range(5)]
+        write_run(tmp_path, "dpo", "sync-1", seed, win, gold=[0.60, 0.62, 0.64, 0.62, 0.60 + noise], proxy=proxy)
+        write_run(tmp_path, "rloo", "sync-1", seed, win, gold=[0.60, 0.61, 0.62, 0.63, 0.64 + noise], proxy=proxy)
+        write_run(tmp_path, "ppo", "sync-1", seed, win, gold=[0.60, 0.55, 0.56, 0.57, 0.58 + noise], proxy=proxy)
+        write_run(tmp_path, "dpo", "sync-1", seed, win, gold=[0.60, 0.50, 0.52, 0.53, 0.54 + noise],
+                  proxy=[0.0, -0.2, -0.1, -0.1, -0.05], lr=3e-4)
+    paper.report(tmp_path)
+    table = (tmp_path / "staleness_paper.md").read_text()
+    lines = table.splitlines()
+    row = lambda algo, lr="0.0001 *": next(line for line in lines if line.startswith(f"| {algo} | {lr} | 3 |"))
+    assert row("dpo").endswith("| 0.640 (64) | +0.040 ± 0.005 | +0.200 ± 0.000 | yes |")
+    assert row("rloo").endswith("| 0.640 (128) | +0.000 ± 0.000 | +0.000 ± 0.000 | no |")
+    assert row("ppo").endswith("| 0.600 (0) | +0.020 ± 0.005 | +0.400 ± 0.000 | from the start |")
+    assert row("dpo", "0.0003").endswith("| collapse |")
+    assert "undetermined here" not in table  # said only when no algorithm over-optimises
+
+
+def test_excursions_leave_sync_1_kl_range_and_fisher_compares_the_corrections(tmp_path):
+    """Three of five async-8 `paper` runs spike to KL 5 (sync-1 never passes 1.0), no `behaviour` run does: Fisher's
+    exact p = 42/252 = 0.167, not separated. One `paper` run dips below the SFT policy's own lowest win-rate."""
+    paper = load_script("benchmark/staleness_paper.py")
+    for seed in range(1, 6):
+        start = 0.49 + 0.005 * seed  # the SFT policy against itself, one draw per seed: 0.495-0.515
+        calm = [start, 0.52, 0.54, 0.55, 0.56]
+        write_run(tmp_path, "ppo", "sync-1", seed, calm, kl=[0.0, 0.25, 0.5, 0.75, 1.0])
+        write_run(tmp_path, "ppo", "async-8-behaviour", seed, calm, kl=[0.0, 0.2, 0.4, 0.6, 0.8])
+        spike = seed <= 3
+        write_run(tmp_path, "ppo", "async-8-paper", seed,
+                  [start, 0.45 if seed == 1 else 0.52, 0.54, 0.55, 0.56],
+                  kl=[0.0, 0.25, 5.0 if spike else 0.5, 0.75, 0.9])
+    paper.report(tmp_path)
+    table = (tmp_path / "staleness_paper.md").read_text()
+    assert "(ppo 1.00)" in table and "a dip = a win-rate below 0.495" in table
+    assert "| ppo | async-8-paper | 3 of 5 | 5.00 5.00 5.00 0.90 0.90 | 1 of 5 |" in table
+    assert "| ppo | async-8-behaviour | 0 of 5 |" in table
+    assert "| ppo | 8 | 3 of 5 | 0 of 5 | 0.167 | 0.167 |" in table
 
 
 def test_reward_model_is_read_where_the_scripts_read_it():
@@ -146,3 +268,25 @@ def test_reward_model_is_read_where_the_scripts_read_it():
         # the missing-EOS penalty replaces the score of the response without EOS, as in training
         proxy = paper.proxy_rewards(rm, prompts, responses, eos_id=0, penalty=-5.0, pad_id=0)
     assert proxy[2] == -5.0 and proxy[:2] == pytest.approx(expected[:2].tolist())
+
+
+def test_gate_search_report_scores_each_candidate_by_its_over_optimisation(tmp_path):
+    """The gate search's report: per candidate and algorithm, the same verdict as the gate table (gold peaked and
+    fallen by more than its CI while the proxy rises), from the result files alone."""
+    paper = load_script("benchmark/staleness_paper.py")
+    (tmp_path / "staleness_gate").mkdir()
+    name = next(iter(paper.GATE_CANDIDATES))
+    for seed, noise in zip((1, 2, 3), (0.0, 0.003, -0.003)):
+        for algo, gold in (("dpo", [0.60, 0.63, 0.66, 0.63, 0.60 + noise]), ("ppo", [0.60, 0.61, 0.62, 0.63, 0.64])):
+            curve = [dict(updates=64 * i, kl=i / 2, win_rate=0.5, gold=g, proxy=0.1 * i) for i, g in enumerate(gold)]
+            (tmp_path / "staleness_gate" / f"{name}__{algo}__seed{seed}.json").write_text(json.dumps(dict(
+                algorithm=algo, setting="sync-1", learning_rate=1e-4, seed=seed, gate_candidate=name, curve=curve,
+                rm_stats=dict(rm_pairs=1234, rm_test_pair_accuracy=0.8, rm_gold_correlation=0.4))))
+    paper.gate_report(tmp_path)
+    table = (tmp_path / "staleness_gate.md").read_text()
+    assert f"| {name} | dpo | 3 | 1,234 (0.80, 0.40) |" in table
+    dpo = next(line for line in table.splitlines() if line.startswith(f"| {name} | dpo |"))
+    ppo = next(line for line in table.splitlines() if line.startswith(f"| {name} | ppo |"))
+    assert dpo.endswith("| 0.660 (128) | +0.060 ± 0.007 | +0.200 ± 0.000 | yes |")
+    assert ppo.endswith("| no |")
+    assert (tmp_path / "staleness_gate.png").stat().st_size > 1000
