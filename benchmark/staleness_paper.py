@@ -454,6 +454,18 @@ def gate_rm(args: Args, prep, rm_spec: dict):
     return folder, dict(prep, **json.loads(stats_file.read_text()))
 
 
+def may_start(args: Args, path: Path, invocation_start: float, durations: list, new_runs: int) -> bool:
+    """Whether this invocation may start the run of `path`: within --max-runs, and its longest run so far would still
+    end within --time-budget-hours (the sweep and the gate search share this rule)."""
+    if args.max_runs is not None and new_runs >= args.max_runs:
+        return False
+    expected = max(durations) if durations else 0.0
+    if args.time_budget_hours is not None and time.time() - invocation_start + expected > 3600 * args.time_budget_hours:
+        print(f"== time budget reached: not starting {path.stem}")
+        return False
+    return True
+
+
 def gate_search(args: Args, prep):
     """Seed-major over the candidates (every candidate gets seed 1 of each algorithm before any gets seed 2), one
     result file per run in results_dir/staleness_gate/, finished runs skipped: rerun the same command to go on."""
@@ -471,12 +483,7 @@ def gate_search(args: Args, prep):
                 path = out / f"{name}__{algo}__seed{seed}.json"
                 if path.exists() and not args.force:
                     continue
-                if args.max_runs is not None and new_runs >= args.max_runs:
-                    return
-                expected = max(durations) if durations else 0.0
-                if args.time_budget_hours is not None and \
-                        time.time() - invocation_start + expected > 3600 * args.time_budget_hours:
-                    print(f"== time budget reached: not starting {path.stem}")
+                if not may_start(args, path, invocation_start, durations, new_runs):
                     return
                 claimed = base.claim(Path(args.work_dir), f"gate__{path.stem}")
                 if claimed is None:
@@ -1128,12 +1135,7 @@ if __name__ == "__main__":
             if path.exists() and not args.force:
                 base.check_same_budget(path, args, setting)
                 continue
-            if args.max_runs is not None and new_runs >= args.max_runs:
-                break
-            expected = max(durations) if durations else 0.0
-            if args.time_budget_hours is not None and \
-                    time.time() - invocation_start + expected > 3600 * args.time_budget_hours:
-                print(f"== time budget reached: not starting {path.stem}")
+            if not may_start(args, path, invocation_start, durations, new_runs):
                 break
             claimed = base.claim(Path(args.work_dir), path.stem)
             if claimed is None:
