@@ -1,11 +1,8 @@
 # docs: docs/grpo_gsm8k.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), GRPO on GSM8K
-"""Asynchronous GRPO with a verifiable reward: a generation thread samples with policy version i-K while the learner
-trains step i.
+"""Asynchronous GRPO on GSM8K: a generation thread samples with policy version i-K while the learner trains step i.
 
-The thread drives an in-process vLLM engine and grades each of a problem's G solutions (1 if its final number is the
-reference answer, else 0: no reward model); the learner takes the groups from a bounded queue and does GRPO. `diff
-async_grpo_gsm8k.py sync_baselines/sync_grpo_gsm8k.py` shows what asynchrony changes; multigpu/ adds scale-out and
-exact resume.
+The thread drives an in-process vLLM engine and grades G solutions per problem (1 if the final number is the answer,
+else 0); the learner does GRPO. `diff async_grpo_gsm8k.py sync_baselines/sync_grpo_gsm8k.py` shows what asynchrony adds.
 
     python async_grpo_gsm8k.py                                          # the paper's GSM8K setup (a GPU and hub access)
     python async_grpo_gsm8k.py --async-steps 2 --num-mini-batches 4     # the paper's off-policyness knobs
@@ -53,8 +50,7 @@ class Args:
     num_mini_batches: int = 1  # N: sequential optimizer steps per generation round (the paper's off-policyness knob)
     learning_rate: float = 3e-6  # AdamW learning rate, decayed linearly to 0
     weight_decay: float = 0.0  # AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)
-    scale_rewards: bool = True
-    """divide group-centred rewards by the group's std (DeepSeekMath); --no-scale-rewards only centres (Dr. GRPO)"""
+    scale_rewards: bool = True  # divide centred rewards by the group std (DeepSeekMath); --no-scale-rewards: Dr. GRPO
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
     """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
     cliprange: float = 0.2  # PPO clip range of the token-level ratio pi / pi_anchor
@@ -76,8 +72,7 @@ class Args:
     kv_cache_gib: Optional[float] = None  # KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU
 
     # model & data
-    model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
-    """initial policy (and frozen reference when --kl-coef > 0): a hub id or a local folder"""
+    model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"  # initial policy and KL reference: a hub id or a folder
     dataset_name: str = "openai/gsm8k"  # problems: a hub id of a GSM8K-format dataset with splits train and test
     dataset_config: Optional[str] = "main"  # config name of the hub dataset
     dataset_path: Optional[str] = None  # a folder with GSM8K-format train/test.jsonl; overrides --dataset-name
@@ -113,8 +108,7 @@ class Args:
     eos_token_ids: tyro.conf.Suppress[tuple] = ()  # the tokenizer's EOS and the generation config's: vLLM stops on all
 
 
-# ALGO LOGIC: GRPO (Shao et al., 2024). Rewards are normalised within each prompt's group of G samples; a clipped
-# token-level surrogate; `off_policy_anchor` handles stale samples. Pure functions, unit-tested.
+# ALGO LOGIC: GRPO (Shao et al., 2024): group-normalised rewards, a clipped token-level surrogate; pure, unit-tested
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool, eps: float = 1e-4):
     """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2) of every token of a sample: (r - group mean) / (group
     std + eps), std unbiased and eps 1e-4 as in TRL; unscaled: Dr. GRPO (Liu et al., 2025). Equal rewards give 0."""
@@ -166,8 +160,7 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
 
 
 def grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip):
-    """Clipped token-level surrogate: ratio = pi / pi_anchor per token, each token's term times its importance weight
-    (both from `off_policy_anchor`), averaged per sequence then over sequences."""
+    """Clipped token-level surrogate of pi / pi_anchor, each term times its importance weight (`off_policy_anchor`)."""
     mask = mask.float()
     log_ratio = (new_logprobs - anchor_logprobs) * mask
     ratio = torch.exp(log_ratio)
@@ -175,8 +168,7 @@ def grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantag
     with torch.no_grad():
         tokens = mask.bool()
         stats = {
-            "importance_ratio_mean": ratio[tokens].mean().item(),
-            "importance_ratio_max": ratio[tokens].max().item(),
+            "importance_ratio_mean": ratio[tokens].mean().item(), "importance_ratio_max": ratio[tokens].max().item(),
             "clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
             "zero_gradient_frac": no_gradient[tokens].float().mean().item(),
             "importance_weight_mean": importance_weights[tokens].mean().item(),
@@ -219,15 +211,13 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
     return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
 
 
-# REWARD: a verifier, not a model: a solution earns 1 when its final number equals the reference answer (GSM8K's
-# "#### <n>" convention, with the last number as a fallback), else 0
+# REWARD: a verifier, not a model: 1 if a solution's final number is the reference answer (see `extract_answer`), else 0
 # a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
 NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
 
 
 def extract_answer(text: str) -> Optional[str]:
-    """The number after the first "####" (GSM8K's convention), else the last number in the text, in canonical form
-    ("1,234.00" -> "1234"); None if there is no number."""
+    """The number after "####" (GSM8K's convention), else the text's last number, canonical ("1,234.00" -> "1234")."""
     marked = re.search(r"####\s*(" + NUMBER + ")", text)
     numbers = [marked.group(1)] if marked else re.findall(NUMBER, text)
     try:
@@ -258,8 +248,7 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
-    """Load learner weights into the running engine in place (`collective_rpc` -> the worker's `reload_weights`), then
-    drop the cached prompt KV blocks: they were computed with the old weights."""
+    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale."""
     llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()),
                                                       is_checkpoint_format=True))
     llm.reset_prefix_cache()
@@ -273,8 +262,7 @@ def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
 
 def evaluate(llm: LLM, eval_set, args: Args, version: int):
     """Greedy (temperature 0) accuracy of the weights the engine holds (policy `version`) on held-out problems."""
-    start = time.time()
-    prompts, answers = eval_set
+    start, (prompts, answers) = time.time(), eval_set
     params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     graded = [verify(output.outputs[0].text, answer) for output, answer in zip(outputs, answers)]
@@ -289,11 +277,10 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
     generation_time = time.time() - start
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     k = args.num_samples_per_prompt
-    graded = [verify(text, a) for text, a in zip(texts, [a for a in answers for _ in range(k)])]
-    truncated = [len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]
+    rewards, found = zip(*[verify(text, a) for text, a in zip(texts, [a for a in answers for _ in range(k)])])
+    truncated = float(np.mean([len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]))
     return dict(prompts=prompts, answers=answers, responses=responses, behaviour_logprobs=logprobs,
-                rewards=torch.tensor([reward for reward, _ in graded]),
-                format_rate=float(np.mean([found for _, found in graded])), truncated_rate=float(np.mean(truncated)),
+                rewards=torch.tensor(rewards), format_rate=float(np.mean(found)), truncated_rate=truncated,
                 response_length=float(np.mean([len(r) for r in responses])), time_generation=generation_time,
                 time_labeling=time.time() - start - generation_time)
 
@@ -302,8 +289,7 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
 def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last_sync, weights_queue, data_queue):
     """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
     Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
-    reproducible); `data_queue` holds at most K batches. An exception takes the place of the next batch. The engine is
-    this thread's, so it also evaluates each due version right after loading it."""
+    reproducible), evaluating each due one; `data_queue` holds at most K batches, an exception in place of the next."""
     try:
         SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
         version, last_evaluated = 0, -1
@@ -328,8 +314,7 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently: a timeout names what it waited for; an exception the other thread put in
-    place of data is re-raised here, chained to that thread's traceback."""
+    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -447,8 +432,7 @@ def main():
                 stats[key].append(value)
         training_time = time.time() - train_start
 
-        # ASYNC: hand version step+1 to the generator, only if some future batch will be generated with it: a copy (the
-        # learner goes on updating its own tensors) in host memory, as the engine's GPU has no room for K+1 of them
+        # ASYNC: version step+1 to the generator if a future batch needs it: a host-memory copy (training goes on)
         if step + 1 + args.async_steps < args.num_learner_steps:
             weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.state_dict().items()}
             weights_queue.put((step + 1, weights, weight_check(policy, probe, args)))
@@ -691,28 +675,39 @@ def build_engine(args: Args):
 
 
 @torch.no_grad()
-def weight_check(model, probe, args: Args):
-    """What an engine holding `model`'s weights must answer: the probe's logprobs at temperature 1 (raw logits)."""
+def weight_check(model, probe, args: Args, state_dict=None):
+    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
-    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+    dtype, weights = getattr(torch, args.engine_dtype, None), model.state_dict() if state_dict is None else state_dict
+    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(), {
+        name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype}
+
+
+def bit_checksum(tensor, dtype):
+    """(shape, the bits of every 16th row (of a vector: all) in `dtype` summed as integers): any changed bit shows."""
+    rows = (tensor[::16] if tensor.dim() > 1 else tensor).to(dtype)
+    return tuple(tensor.shape), int(rows.view(torch.int16 if rows.element_size() == 2 else torch.int32).sum())
 
 
 def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
-    """The guard against a silently stale engine (docs/async.md#weight-sync): its probe logprobs must be the learner's
-    up to --engine-dtype's rounding, and differ from the `previous` (learner, engine) check's if the learner's moved."""
-    probe, learner = check
+    """The guard (docs/async.md#weight-sync): the engine holds the learner's weights bit for bit where it shows them,
+    answers the probe as the learner does, and anew once the learner's answer left the anchor in `previous`."""
+    probe, learner, checksums = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap, tolerance = (engine - learner).abs().mean().item(), 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
-    moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
-    unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
-    if not gap <= tolerance or unchanged:
-        stale = "; it answers as it did for the previous version" if unchanged else ""
+    # each worker's model (`collective_rpc` carries the function there); vLLM's CPU backend shows repacked linear layers
+    held = llm.collective_rpc(lambda w: {n: bit_checksum(p, p.dtype) for n, p in w.get_model().named_parameters()})[0]
+    differ = [n for n, c in held.items() if n in checksums and checksums[n][0] == c[0] and checksums[n] != c]
+    gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
+    anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
+    unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
+    if differ or not gap <= tolerance or unchanged:
+        why = (f"{len(differ)} tensors differ from the learner's, e.g. {differ[0]}" if differ else "it answers as it "
+               "did for an earlier version" if unchanged else f"the tolerance of --engine-dtype is {tolerance:g}")
         raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-                           f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
-                           f"{args.engine_dtype}{stale})")
-    return learner, engine
+                           f"to the learner {gap:.1e}; {why})")
+    return anchor, engine
 
 
 def keep_models_eager(*models):
@@ -747,8 +742,7 @@ def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_mod
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` of every row without gradient. Given the loop's `mini_batches`, in its very micro-batches: same
-    rows and shapes, so the values equal bit for bit those of the loop's forward passes with the same weights."""
+    """`token_logprobs` without gradient; given the loop's `mini_batches`, in its micro-batches (so the same bits)."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -771,8 +765,7 @@ def learner_autocast(args: Args):
 
 
 def enable_gradient_checkpointing(model):
-    """Hugging Face recomputes activations only in training mode, so the model goes to training mode with every
-    dropout probability 0 (attention dropout is a float attribute): it then computes exactly what eval mode does."""
+    """Training mode (Hugging Face recomputes activations only there) with every dropout 0: eval mode's numbers."""
     for module in model.modules():
         for name, value in list(vars(module).items()):
             if "dropout" in name and isinstance(value, float) or isinstance(module, torch.nn.Dropout) and name == "p":
@@ -798,7 +791,6 @@ def start_tracking(args: Args):
     """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track."""
     if args.track:
         import wandb
-
         try:
             wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
                        save_code=True)

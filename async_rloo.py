@@ -54,8 +54,7 @@ class Args:
     learning_rate: float = 3e-6  # AdamW learning rate, decayed linearly to 0
     weight_decay: float = 0.0  # AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)
     kl_coef: float = 0.05  # the sequence KL's weight: r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)
-    off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
-    """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
+    off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"  # PPO ratio anchor (off_policy_anchor)
     cliprange: float = 0.2  # PPO clip range of the sequence-level ratio pi / pi_anchor
     importance_weight_cap: float = 2.0  # decoupled: each token's pi_old / pi_behaviour is truncated here
     dual_clip: Optional[float] = None  # dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip
@@ -77,8 +76,7 @@ class Args:
     # model & data
     model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"  # initial policy and frozen reference: hub id or folder
     reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"  # sequence classifier with the policy's tokenizer
-    reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
+    reward: Literal["model", "verifier"] = "model"  # model: the reward model scores; verifier: 1 if the answer is right
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
     dataset_split: str = "train"  # split of a hub dataset (ignored for local files)
@@ -118,8 +116,7 @@ class Args:
 # ALGO LOGIC: RLOO (Ahmadian et al., 2024). Each of a prompt's k samples is baselined by the mean reward of the other
 # k-1; a clipped, importance-weighted sequence-level policy gradient. Pure functions, unit-tested.
 def rloo_advantages(rewards: torch.Tensor, k: int):
-    """REINFORCE leave-one-out (Kool et al., 2019): A_i = r_i - mean_{j != i} r_j, over the flat prompt-major rewards.
-    The baseline leaves the sample out, so it does not depend on it and the gradient estimate stays unbiased."""
+    """REINFORCE leave-one-out (Kool et al., 2019), unbiased: A_i = r_i - mean_{j != i} r_j (flat, prompt-major)."""
     grouped = rewards.view(-1, k)
     baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)
     return (grouped - baseline).flatten()
@@ -216,8 +213,7 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     backbone = getattr(reward_model, reward_model.base_model_prefix)
     scores = []
     for rows in chunks(torch.arange(len(input_ids)), micro_batch_size):
-        hidden = backbone(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
-                          use_cache=False).last_hidden_state
+        hidden = backbone(input_ids[rows], attention_mask=attention_mask[rows], use_cache=False).last_hidden_state
         last = attention_mask[rows].sum(dim=1) - 1
         scores.append(reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float())
     return torch.cat(scores)
@@ -228,8 +224,7 @@ NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
 
 
 def extract_answer(text: str) -> Optional[str]:
-    """The number after the first "####" (GSM8K's convention), else the last number in the text, in canonical form
-    ("1,234.00" -> "1234"); None if there is no number."""
+    """The number after "####" (GSM8K's convention), else the text's last number, canonical ("1,234.00" -> "1234")."""
     marked = re.search(r"####\s*(" + NUMBER + ")", text)
     numbers = [marked.group(1)] if marked else re.findall(NUMBER, text)
     try:
@@ -260,8 +255,7 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
-    """Load learner weights into the running engine in place (`collective_rpc` -> the worker's `reload_weights`), then
-    drop the cached prompt KV blocks: they were computed with the old weights."""
+    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale."""
     llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()),
                                                       is_checkpoint_format=True))
     llm.reset_prefix_cache()
@@ -315,8 +309,7 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently: a timeout names what it waited for; an exception the other thread put in
-    place of data is re-raised here, chained to that thread's traceback."""
+    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -667,28 +660,39 @@ def build_engine(args: Args):
 
 
 @torch.no_grad()
-def weight_check(model, probe, args: Args):
-    """What an engine holding `model`'s weights must answer: the probe's logprobs at temperature 1 (raw logits)."""
+def weight_check(model, probe, args: Args, state_dict=None):
+    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
-    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+    dtype, weights = getattr(torch, args.engine_dtype, None), model.state_dict() if state_dict is None else state_dict
+    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(), {
+        name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype}
+
+
+def bit_checksum(tensor, dtype):
+    """(shape, the bits of every 16th row (of a vector: all) in `dtype` summed as integers): any changed bit shows."""
+    rows = (tensor[::16] if tensor.dim() > 1 else tensor).to(dtype)
+    return tuple(tensor.shape), int(rows.view(torch.int16 if rows.element_size() == 2 else torch.int32).sum())
 
 
 def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
-    """The guard against a silently stale engine (docs/async.md#weight-sync): its probe logprobs must be the learner's
-    up to --engine-dtype's rounding, and differ from the `previous` (learner, engine) check's if the learner's moved."""
-    probe, learner = check
+    """The guard (docs/async.md#weight-sync): the engine holds the learner's weights bit for bit where it shows them,
+    answers the probe as the learner does, and anew once the learner's answer left the anchor in `previous`."""
+    probe, learner, checksums = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap, tolerance = (engine - learner).abs().mean().item(), 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
-    moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
-    unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
-    if not gap <= tolerance or unchanged:
-        stale = "; it answers as it did for the previous version" if unchanged else ""
+    # each worker's model (`collective_rpc` carries the function there); vLLM's CPU backend shows repacked linear layers
+    held = llm.collective_rpc(lambda w: {n: bit_checksum(p, p.dtype) for n, p in w.get_model().named_parameters()})[0]
+    differ = [n for n, c in held.items() if n in checksums and checksums[n][0] == c[0] and checksums[n] != c]
+    gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
+    anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
+    unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
+    if differ or not gap <= tolerance or unchanged:
+        why = (f"{len(differ)} tensors differ from the learner's, e.g. {differ[0]}" if differ else "it answers as it "
+               "did for an earlier version" if unchanged else f"the tolerance of --engine-dtype is {tolerance:g}")
         raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-                           f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
-                           f"{args.engine_dtype}{stale})")
-    return learner, engine
+                           f"to the learner {gap:.1e}; {why})")
+    return anchor, engine
 
 
 def keep_models_eager(*models):
@@ -729,8 +733,7 @@ def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_mod
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` of every row without gradient. Given the loop's `mini_batches`, in its very micro-batches: same
-    rows and shapes, so the values equal bit for bit those of the loop's forward passes with the same weights."""
+    """`token_logprobs` without gradient; given the loop's `mini_batches`, in its micro-batches (so the same bits)."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -753,8 +756,7 @@ def learner_autocast(args: Args):
 
 
 def enable_gradient_checkpointing(model):
-    """Hugging Face recomputes activations only in training mode, so the model goes to training mode with every
-    dropout probability 0 (attention dropout is a float attribute): it then computes exactly what eval mode does."""
+    """Training mode (Hugging Face recomputes activations only there) with every dropout 0: eval mode's numbers."""
     for module in model.modules():
         for name, value in list(vars(module).items()):
             if "dropout" in name and isinstance(value, float) or isinstance(module, torch.nn.Dropout) and name == "p":
@@ -780,7 +782,6 @@ def start_tracking(args: Args):
     """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track."""
     if args.track:
         import wandb
-
         try:
             wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
                        save_code=True)

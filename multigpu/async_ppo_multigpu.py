@@ -1,8 +1,6 @@
 # docs: docs/multigpu.md#ppo -- async_ppo.py plus torchrun learners, a tensor-parallel engine and exact resume
-"""async_ppo.py (PPO) scaled out: torchrun learner processes (DDP, or FSDP2 with --fsdp) split every mini-batch,
-rank 0 owning the engine and the logs; --engine-tensor-parallel-size splits the engine; --save-every and --resume-from
-give exact resume (optimizer, random states, batches in flight). `diff async_ppo.py multigpu/async_ppo_multigpu.py` is
-the lesson on scaling out; with --async-steps 0 this file is sync at scale.
+"""async_ppo.py (PPO) scaled out: torchrun learners (DDP, or FSDP2 with --fsdp) split every mini-batch, rank 0 owning
+the engine and logs; `diff async_ppo.py multigpu/async_ppo_multigpu.py` is the lesson; with --async-steps 0 it is sync.
 
     torchrun --nproc-per-node 3 multigpu/async_ppo_multigpu.py   # the paper's 1 engine + 3 learners on 4 GPUs
     python multigpu/async_ppo_multigpu.py --save-every 50        # then --resume-from runs/<run>
@@ -10,11 +8,11 @@ the lesson on scaling out; with --async-steps 0 this file is sync at scale.
 
 import os
 
-# The engine lives in this process, so that weights are handed over as tensors; not under torchrun, where vLLM would
-# take the learners' torch.distributed world for its own: there it gets a process of its own, and the weights go through
-# shared memory (push_weights_to_engine). Forced (an inherited 0 would break torchrun), before vllm is imported.
+# The engine runs in this process (weights handed over as tensors), but in a process of its own under torchrun, whose
+# torch.distributed world vLLM would take (weights via shared memory); forced, as an inherited 0 breaks torchrun.
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if os.environ.get("WORLD_SIZE", "1") == "1" else "1"
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # else vLLM's float32 Triton attention uses TF32 on a GPU
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the guard's checksums reach engine processes pickled
 
 import atexit
 import collections
@@ -91,11 +89,9 @@ class Args:
 
     # model & data
     model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"  # initial policy and frozen reference: hub id or folder
-    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
-    """sequence-classification reward model sharing the policy's tokenizer; the value model starts as a copy of it"""
+    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"  # shares the policy's tokenizer; the initial value model
     reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0
-    (no reward model; the value model starts from the policy)"""
+    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
     dataset_split: str = "train"  # split of a hub dataset (ignored for local files)
@@ -152,8 +148,7 @@ def per_token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
 
 
 def compute_gae(rewards, values, mask, gamma, lam):
-    """Generalised advantage estimation (Schulman et al., 2016), as the reference code's loop; returns = A + V. Values
-    are 0 off the response, so the episode ends after its last token; the prompt columns' junk is masked out."""
+    """GAE (Schulman et al., 2016) as the reference's loop; returns = A + V; values are 0 after each response."""
     advantages = torch.zeros_like(rewards)
     last_gae = 0.0
     for t in reversed(range(rewards.shape[1])):
@@ -191,8 +186,7 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
 
 
 def effective_sample_size(importance_weights):
-    """Kish's effective sample size of the weights as a fraction of their number, (sum w)^2 / (n sum w^2): 1 when all
-    are equal (paper and behaviour modes), near 1/n when one term carries the batch (Kong, 1992)."""
+    """Kish's effective sample size (Kong, 1992) as a fraction of n: (sum w)^2 / (n sum w^2), 1 if all w are equal."""
     return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
@@ -212,8 +206,7 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
 
 
 def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip):
-    """PPO's clipped loss per token, ratio pi / pi_anchor, times each token's importance weight (both from
-    `off_policy_anchor`): masked mean over the mini-batch's response tokens."""
+    """PPO's clipped loss per token (ratio pi / pi_anchor) times its importance weight: masked mean over the tokens."""
     log_ratio = new_logprobs - anchor_logprobs
     ratio = torch.exp(log_ratio)
     pg_losses, no_gradient = clipped_surrogate(ratio, advantages, cliprange, dual_clip)
@@ -232,8 +225,7 @@ def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advan
 
 
 def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
-    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), masked mean, and the fraction where the clipped term wins.
-    V_old are the values at the start of the step: the clip bounds how far the step's N updates move the critic."""
+    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), V_old the step's start values: masked mean, clip fraction."""
     clipped = old_values + (new_values - old_values).clamp(-cliprange_value, cliprange_value)
     losses_unclipped, losses_clipped = (new_values - returns) ** 2, (clipped - returns) ** 2
     loss = 0.5 * masked_mean(torch.max(losses_unclipped, losses_clipped), mask)
@@ -242,8 +234,7 @@ def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
 
 
 def get_values(value_model, input_ids, attention_mask):
-    """V(s_t) in `token_logprobs`' layout: the `score` head on every hidden state (the reference's `get_reward`), read
-    by a forward hook as the model runs whole, through its DDP / FSDP2 wrapper (it pools to one score per sequence)."""
+    """V(s_t) in `token_logprobs`' layout: the `score` head per token, hooked as DDP / FSDP2 run the (pooling) model."""
     per_token = []
     hook = unwrap(value_model).score.register_forward_hook(lambda module, inputs, output: per_token.append(output))
     try:
@@ -302,8 +293,7 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     backbone = getattr(reward_model, reward_model.base_model_prefix)
     scores = []
     for rows in chunks(torch.arange(len(input_ids)), micro_batch_size):
-        hidden = backbone(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
-                          use_cache=False).last_hidden_state
+        hidden = backbone(input_ids[rows], attention_mask=attention_mask[rows], use_cache=False).last_hidden_state
         last = attention_mask[rows].sum(dim=1) - 1
         scores.append(reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float())
     return torch.cat(scores)
@@ -314,8 +304,7 @@ NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
 
 
 def extract_answer(text: str) -> Optional[str]:
-    """The number after the first "####" (GSM8K's convention), else the last number in the text, in canonical form
-    ("1,234.00" -> "1234"); None if there is no number."""
+    """The number after "####" (GSM8K's convention), else the text's last number, canonical ("1,234.00" -> "1234")."""
     marked = re.search(r"####\s*(" + NUMBER + ")", text)
     numbers = [marked.group(1)] if marked else re.findall(NUMBER, text)
     try:
@@ -398,8 +387,7 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
                       data_queue):
     """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
     Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
-    reproducible); `data_queue` holds at most K batches. An exception takes the place of the next batch. Each copy of
-    the weights it has loaded goes back to the learner through `spare_weights`, to be written over."""
+    reproducible); `data_queue` holds at most K batches. An exception takes the place of the next batch."""
     try:
         SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
         version = args.start_step
@@ -424,8 +412,7 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently: a timeout names what it waited for; an exception the other thread put in
-    place of data is re-raised here, chained to that thread's traceback."""
+    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -516,7 +503,7 @@ def main():
         last_sync = sync_engine(llm, policy, probe, args, args.start_step)
         restore_random_states(resumed, generators)
     else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
-        check = weight_check(policy, probe, args)
+        check = weight_check(policy, probe, args, full_state_dict(policy, args))
         last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 and not args.replay_from else None
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
@@ -560,9 +547,8 @@ def main():
         # STALE when K > 0, made with policy version step-K: the responses, their scores, and vLLM's logprobs
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         scores = batch["scores"].to(args.learner_device)
-        # FRESH, before this step's updates: the reference's logprobs, the learner's own (paper, decoupled) and values.
-        # This file's shortcut: the first micro-batch's training forward runs here and gives its rows' (equal bit for
-        # bit to a no-grad pass, tested) while its graph waits; the other rows get no-grad passes in the loop's batches
+        # FRESH, before this step's updates: the reference's logprobs, the learner's own (paper, decoupled) and values;
+        # the first micro-batch's from its training forward (bit for bit a no-grad pass's, tested; its graph waits)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
         shares = epochs[0][0].reshape(args.world_size, -1)  # each rank's share of the first mini-batch, as `rank_rows`
         first, later = shares[:, : args.micro_batch_size].flatten(), shares[:, args.micro_batch_size :].flatten()
@@ -611,8 +597,7 @@ def main():
                                                             args.cliprange, args.dual_clip)
                 vf_loss, vf_clipfrac = clipped_value_loss(new_values, values[rows], returns[rows], mask[rows],
                                                           args.cliprange_value)
-                # both losses are token means over the mini-batch: a micro-batch weighs its share of the tokens
-                # (times the ranks: their gradients are averaged)
+                # token means: a micro-batch weighs its share of the tokens, times the ranks (their gradients average)
                 share = (args.world_size * mask[rows].sum() / mask[mini_batch].sum()).item()
                 ((pg_loss + args.vf_coef * vf_loss) * share).backward()
                 micro_batch_stats.append((share, dict(
@@ -626,11 +611,10 @@ def main():
                 stats.setdefault(key, []).append(value)
         training_time = time.time() - train_start
 
-        # ASYNC: hand version step+1 to the generator (a copy: the learner goes on updating its own tensors), only if
-        # some future batch will be generated with it; the value model never leaves the learner
+        # ASYNC: version step+1 to the generator if a future batch needs it (every rank: FSDP2 gathers from all shards)
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
-            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
-            weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
+            weights = full_state_dict(policy, args)
+            check = weight_check(policy, probe, args, weights)
             if args.rank == 0:
                 weights = copy_for_engine(weights, spare_weights, args)
                 if torch.cuda.is_available():  # vLLM runs each thread on a CUDA stream of its own: finish the copies
@@ -904,34 +888,46 @@ def build_engine(args: Args):
 
 
 @torch.no_grad()
-def weight_check(model, probe, args: Args):
-    """What an engine holding `model`'s weights must answer: the probe's logprobs at temperature 1 (raw logits)."""
+def weight_check(model, probe, args: Args, state_dict=None):
+    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
-    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+    dtype, weights = getattr(torch, args.engine_dtype, None), model.state_dict() if state_dict is None else state_dict
+    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(), {
+        name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype}
+
+
+def bit_checksum(tensor, dtype):
+    """(shape, the bits of every 16th row (of a vector: all) in `dtype` summed as integers): any changed bit shows."""
+    rows = (tensor[::16] if tensor.dim() > 1 else tensor).to(dtype)
+    return tuple(tensor.shape), int(rows.view(torch.int16 if rows.element_size() == 2 else torch.int32).sum())
 
 
 def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
-    """The guard against a silently stale engine (docs/async.md#weight-sync): its probe logprobs must be the learner's
-    up to --engine-dtype's rounding, and differ from the `previous` (learner, engine) check's if the learner's moved."""
-    probe, learner = check
+    """The guard (docs/async.md#weight-sync): the engine holds the learner's weights bit for bit where it shows them,
+    answers the probe as the learner does, and anew once the learner's answer left the anchor in `previous`."""
+    probe, learner, checksums = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap, tolerance = (engine - learner).abs().mean().item(), 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
-    moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
-    unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
-    if not gap <= tolerance or unchanged:
-        stale = "; it answers as it did for the previous version" if unchanged else ""
+    # each worker's model (`collective_rpc` carries the function there); vLLM's CPU backend shows repacked linear layers
+    held = llm.collective_rpc(lambda w: {n: bit_checksum(p, p.dtype) for n, p in w.get_model().named_parameters()})[0]
+    differ = [n for n, c in held.items() if n in checksums and checksums[n][0] == c[0] and checksums[n] != c]
+    gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
+    anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
+    unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
+    if differ or not gap <= tolerance or unchanged:
+        why = (f"{len(differ)} tensors differ from the learner's, e.g. {differ[0]}" if differ else "it answers as it "
+               "did for an earlier version" if unchanged else f"the tolerance of --engine-dtype is {tolerance:g}")
         raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-                           f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
-                           f"{args.engine_dtype}{stale})")
-    return learner, engine
+                           f"to the learner {gap:.1e}; {why})")
+    return anchor, engine
 
 
 def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
     """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
     (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
-    weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
+    weights = full_state_dict(policy, args)
+    check = weight_check(policy, probe, args, weights)
     if args.rank == 0:
         push_weights_to_engine(llm, weights, args.weights_dir)
         return check_weight_sync(llm, check, previous, args, version)
@@ -1019,8 +1015,7 @@ def learner_autocast(args: Args):
 
 
 def enable_gradient_checkpointing(model):
-    """Hugging Face recomputes activations only in training mode, so the model goes to training mode with every
-    dropout probability 0 (attention dropout is a float attribute): it then computes exactly what eval mode does."""
+    """Training mode (Hugging Face recomputes activations only there) with every dropout 0: eval mode's numbers."""
     for module in model.modules():
         for name, value in list(vars(module).items()):
             if "dropout" in name and isinstance(value, float) or isinstance(module, torch.nn.Dropout) and name == "p":

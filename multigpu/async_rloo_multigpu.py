@@ -16,6 +16,8 @@ import os
 # memory (see push_weights_to_engine). Forced (an inherited 0 would break torchrun), before vllm is imported.
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if os.environ.get("WORLD_SIZE", "1") == "1" else "1"
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # else vLLM's float32 Triton attention uses TF32 on a GPU
+# the guard's checksum function reaches an engine in processes of its own pickled (check_weight_sync)
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 import atexit
 import collections
@@ -63,8 +65,7 @@ class Args:
     learning_rate: float = 3e-6  # AdamW learning rate, decayed linearly to 0
     weight_decay: float = 0.0  # AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)
     kl_coef: float = 0.05  # the sequence KL's weight: r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)
-    off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
-    """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
+    off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"  # PPO ratio anchor (off_policy_anchor)
     cliprange: float = 0.2  # PPO clip range of the sequence-level ratio pi / pi_anchor
     importance_weight_cap: float = 2.0  # decoupled: each token's pi_old / pi_behaviour is truncated here
     dual_clip: Optional[float] = None  # dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip
@@ -81,8 +82,7 @@ class Args:
     response_length: int = 53  # maximum new tokens per response (53 is the TL;DR setting of the reference code)
     engine_dtype: str = "float32"  # engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster
     engine_tensor_parallel_size: int = 1
-    """devices the engine's model is split over (vLLM's workers then run in processes of their own). On CPU, give each
-    worker its cores with VLLM_CPU_OMP_THREADS_BIND, e.g. 0|1"""
+    """devices the engine is split over (workers in processes of their own; CPU: VLLM_CPU_OMP_THREADS_BIND=0|1)"""
     gpu_memory_utilization: Optional[float] = None  # engine GPU share for vLLM; None: 30% (shared) or 90% of free
     weights_dir: Optional[str] = None
     """folder the weights reach an engine in processes of its own through (torchrun, tensor-parallel); None: /dev/shm"""
@@ -91,8 +91,7 @@ class Args:
     # model & data
     model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"  # initial policy and frozen reference: hub id or folder
     reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"  # sequence classifier with the policy's tokenizer
-    reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
+    reward: Literal["model", "verifier"] = "model"  # model: the reward model scores; verifier: 1 if the answer is right
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
     dataset_split: str = "train"  # split of a hub dataset (ignored for local files)
@@ -110,10 +109,8 @@ class Args:
     micro_batch_memory_gib: float = 4.0  # GiB one micro-batch's activations may take when --micro-batch-size is None
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
     learner_dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype; weights and optimizer stay float32
-    fsdp: bool = False
-    """with torchrun: shard parameters, gradients and optimizer state over the learners (FSDP2) instead of DDP"""
-    collective_timeout: float = 1800.0
-    """with torchrun: seconds a learner waits for the others in a collective before the run stops with an error"""
+    fsdp: bool = False  # with torchrun: shard parameters, gradients, optimizer state over the learners (FSDP2), not DDP
+    collective_timeout: float = 1800.0  # seconds a learner waits in a collective before stopping the run with an error
 
     # run & logging
     exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of this experiment (prefix of the run name)
@@ -124,12 +121,9 @@ class Args:
     save_every: int = 0
     """save a checkpoint every this many learner steps (0: never); while on, SIGINT and SIGTERM save one, then exit"""
     keep_checkpoints: int = 1  # how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)
-    resume_from: Optional[str] = None
-    """go on with a stopped run: its run folder (its latest checkpoint) or a checkpoint_{step} in it; same flags"""
-    record_samples: bool = False
-    """write every batch the learner trains on to runs/{run_name}/samples/, for --replay-from"""
-    replay_from: Optional[str] = None
-    """a --record-samples run folder: train on its recorded batches, generating none (no engine, no reward model)"""
+    resume_from: Optional[str] = None  # go on from a run folder's latest checkpoint, or a checkpoint_{step}; same flags
+    record_samples: bool = False  # write each trained batch to runs/{run_name}/samples/, for --replay-from
+    replay_from: Optional[str] = None  # a --record-samples run: train on its batches (no engine, no reward model)
     torch_threads: int = 1  # CPU threads for each role (learner, engine)
     sample_every: int = 10  # log a table of sample completions every this many learner steps
 
@@ -147,8 +141,7 @@ class Args:
 # ALGO LOGIC: RLOO (Ahmadian et al., 2024). Each of a prompt's k samples is baselined by the mean reward of the other
 # k-1; a clipped, importance-weighted sequence-level policy gradient. Pure functions, unit-tested.
 def rloo_advantages(rewards: torch.Tensor, k: int):
-    """REINFORCE leave-one-out (Kool et al., 2019): A_i = r_i - mean_{j != i} r_j, over the flat prompt-major rewards.
-    The baseline leaves the sample out, so it does not depend on it and the gradient estimate stays unbiased."""
+    """REINFORCE leave-one-out (Kool et al., 2019), unbiased: A_i = r_i - mean_{j != i} r_j (flat, prompt-major)."""
     grouped = rewards.view(-1, k)
     baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)
     return (grouped - baseline).flatten()
@@ -245,8 +238,7 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     backbone = getattr(reward_model, reward_model.base_model_prefix)
     scores = []
     for rows in chunks(torch.arange(len(input_ids)), micro_batch_size):
-        hidden = backbone(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
-                          use_cache=False).last_hidden_state
+        hidden = backbone(input_ids[rows], attention_mask=attention_mask[rows], use_cache=False).last_hidden_state
         last = attention_mask[rows].sum(dim=1) - 1
         scores.append(reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float())
     return torch.cat(scores)
@@ -256,8 +248,7 @@ NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
 
 
 def extract_answer(text: str) -> Optional[str]:
-    """The number after the first "####" (GSM8K's convention), else the last number in the text, in canonical form
-    ("1,234.00" -> "1234"); None if there is no number."""
+    """The number after "####" (GSM8K's convention), else the text's last number, canonical ("1,234.00" -> "1234")."""
     marked = re.search(r"####\s*(" + NUMBER + ")", text)
     numbers = [marked.group(1)] if marked else re.findall(NUMBER, text)
     try:
@@ -371,8 +362,7 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently: a timeout names what it waited for; an exception the other thread put in
-    place of data is re-raised here, chained to that thread's traceback."""
+    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -439,7 +429,7 @@ def main():
         last_sync = sync_engine(llm, policy, probe, args, args.start_step)
         restore_random_states(resumed, generators)
     else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
-        check = weight_check(policy, probe, args)
+        check = weight_check(policy, probe, args, full_state_dict(policy, args))
         last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 and not args.replay_from else None
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
@@ -531,7 +521,8 @@ def main():
         # some future batch will be generated with it
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
             # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
-            weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
+            weights = full_state_dict(policy, args)
+            check = weight_check(policy, probe, args, weights)
             if args.rank == 0:
                 weights = copy_for_engine(weights, spare_weights, args)
                 if torch.cuda.is_available():  # vLLM runs each thread on a CUDA stream of its own: finish the copies
@@ -797,34 +788,46 @@ def build_engine(args: Args):
 
 
 @torch.no_grad()
-def weight_check(model, probe, args: Args):
-    """What an engine holding `model`'s weights must answer: the probe's logprobs at temperature 1 (raw logits)."""
+def weight_check(model, probe, args: Args, state_dict=None):
+    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
-    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+    dtype, weights = getattr(torch, args.engine_dtype, None), model.state_dict() if state_dict is None else state_dict
+    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(), {
+        name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype}
+
+
+def bit_checksum(tensor, dtype):
+    """(shape, the bits of every 16th row (of a vector: all) in `dtype` summed as integers): any changed bit shows."""
+    rows = (tensor[::16] if tensor.dim() > 1 else tensor).to(dtype)
+    return tuple(tensor.shape), int(rows.view(torch.int16 if rows.element_size() == 2 else torch.int32).sum())
 
 
 def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
-    """The guard against a silently stale engine (docs/async.md#weight-sync): its probe logprobs must be the learner's
-    up to --engine-dtype's rounding, and differ from the `previous` (learner, engine) check's if the learner's moved."""
-    probe, learner = check
+    """The guard (docs/async.md#weight-sync): the engine holds the learner's weights bit for bit where it shows them,
+    answers the probe as the learner does, and anew once the learner's answer left the anchor in `previous`."""
+    probe, learner, checksums = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap, tolerance = (engine - learner).abs().mean().item(), 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
-    moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
-    unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
-    if not gap <= tolerance or unchanged:
-        stale = "; it answers as it did for the previous version" if unchanged else ""
+    # each worker's model (`collective_rpc` carries the function there); vLLM's CPU backend shows repacked linear layers
+    held = llm.collective_rpc(lambda w: {n: bit_checksum(p, p.dtype) for n, p in w.get_model().named_parameters()})[0]
+    differ = [n for n, c in held.items() if n in checksums and checksums[n][0] == c[0] and checksums[n] != c]
+    gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
+    anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
+    unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
+    if differ or not gap <= tolerance or unchanged:
+        why = (f"{len(differ)} tensors differ from the learner's, e.g. {differ[0]}" if differ else "it answers as it "
+               "did for an earlier version" if unchanged else f"the tolerance of --engine-dtype is {tolerance:g}")
         raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-                           f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
-                           f"{args.engine_dtype}{stale})")
-    return learner, engine
+                           f"to the learner {gap:.1e}; {why})")
+    return anchor, engine
 
 
 def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
     """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
     (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
-    weights, check = full_state_dict(policy, args), weight_check(policy, probe, args)
+    weights = full_state_dict(policy, args)
+    check = weight_check(policy, probe, args, weights)
     if args.rank == 0:
         push_weights_to_engine(llm, weights, args.weights_dir)
         return check_weight_sync(llm, check, previous, args, version)
@@ -927,8 +930,7 @@ def learner_autocast(args: Args):
 
 
 def enable_gradient_checkpointing(model):
-    """Hugging Face recomputes activations only in training mode, so the model goes to training mode with every
-    dropout probability 0 (attention dropout is a float attribute): it then computes exactly what eval mode does."""
+    """Training mode (Hugging Face recomputes activations only there) with every dropout 0: eval mode's numbers."""
     for module in model.modules():
         for name, value in list(vars(module).items()):
             if "dropout" in name and isinstance(value, float) or isinstance(module, torch.nn.Dropout) and name == "p":

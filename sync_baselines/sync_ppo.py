@@ -74,11 +74,9 @@ class Args:
 
     # model & data
     model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"  # initial policy and frozen reference: hub id or folder
-    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
-    """sequence-classification reward model sharing the policy's tokenizer; the value model starts as a copy of it"""
+    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"  # shares the policy's tokenizer; the initial value model
     reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0
-    (no reward model; the value model starts from the policy)"""
+    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
     dataset_split: str = "train"  # split of a hub dataset (ignored for local files)
@@ -126,8 +124,7 @@ def per_token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
 
 
 def compute_gae(rewards, values, mask, gamma, lam):
-    """Generalised advantage estimation (Schulman et al., 2016), as the reference code's loop; returns = A + V. Values
-    are 0 off the response, so the episode ends after its last token; the prompt columns' junk is masked out."""
+    """GAE (Schulman et al., 2016) as the reference's loop; returns = A + V; values are 0 after each response."""
     advantages = torch.zeros_like(rewards)
     last_gae = 0.0
     for t in reversed(range(rewards.shape[1])):
@@ -165,8 +162,7 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
 
 
 def effective_sample_size(importance_weights):
-    """Kish's effective sample size of the weights as a fraction of their number, (sum w)^2 / (n sum w^2): 1 when all
-    are equal (paper and behaviour modes), near 1/n when one term carries the batch (Kong, 1992)."""
+    """Kish's effective sample size (Kong, 1992) as a fraction of n: (sum w)^2 / (n sum w^2), 1 if all w are equal."""
     return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
@@ -186,8 +182,7 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
 
 
 def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip):
-    """PPO's clipped loss per token, ratio pi / pi_anchor, times each token's importance weight (both from
-    `off_policy_anchor`): masked mean over the mini-batch's response tokens."""
+    """PPO's clipped loss per token (ratio pi / pi_anchor) times its importance weight: masked mean over the tokens."""
     log_ratio = new_logprobs - anchor_logprobs
     ratio = torch.exp(log_ratio)
     pg_losses, no_gradient = clipped_surrogate(ratio, advantages, cliprange, dual_clip)
@@ -206,8 +201,7 @@ def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advan
 
 
 def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
-    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), masked mean, and the fraction where the clipped term wins.
-    V_old are the values at the start of the step: the clip bounds how far the step's N updates move the critic."""
+    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), V_old the step's start values: masked mean, clip fraction."""
     clipped = old_values + (new_values - old_values).clamp(-cliprange_value, cliprange_value)
     losses_unclipped, losses_clipped = (new_values - returns) ** 2, (clipped - returns) ** 2
     loss = 0.5 * masked_mean(torch.max(losses_unclipped, losses_clipped), mask)
@@ -271,8 +265,7 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     backbone = getattr(reward_model, reward_model.base_model_prefix)
     scores = []
     for rows in chunks(torch.arange(len(input_ids)), micro_batch_size):
-        hidden = backbone(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
-                          use_cache=False).last_hidden_state
+        hidden = backbone(input_ids[rows], attention_mask=attention_mask[rows], use_cache=False).last_hidden_state
         last = attention_mask[rows].sum(dim=1) - 1
         scores.append(reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float())
     return torch.cat(scores)
@@ -283,8 +276,7 @@ NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
 
 
 def extract_answer(text: str) -> Optional[str]:
-    """The number after the first "####" (GSM8K's convention), else the last number in the text, in canonical form
-    ("1,234.00" -> "1234"); None if there is no number."""
+    """The number after "####" (GSM8K's convention), else the text's last number, canonical ("1,234.00" -> "1234")."""
     marked = re.search(r"####\s*(" + NUMBER + ")", text)
     numbers = [marked.group(1)] if marked else re.findall(NUMBER, text)
     try:
@@ -315,8 +307,7 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
-    """Load learner weights into the running engine in place (`collective_rpc` -> the worker's `reload_weights`), then
-    drop the cached prompt KV blocks: they were computed with the old weights."""
+    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale."""
     llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()),
                                                       is_checkpoint_format=True))
     llm.reset_prefix_cache()
@@ -699,28 +690,39 @@ def build_engine(args: Args):
 
 
 @torch.no_grad()
-def weight_check(model, probe, args: Args):
-    """What an engine holding `model`'s weights must answer: the probe's logprobs at temperature 1 (raw logits)."""
+def weight_check(model, probe, args: Args, state_dict=None):
+    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
-    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+    dtype, weights = getattr(torch, args.engine_dtype, None), model.state_dict() if state_dict is None else state_dict
+    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(), {
+        name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype}
+
+
+def bit_checksum(tensor, dtype):
+    """(shape, the bits of every 16th row (of a vector: all) in `dtype` summed as integers): any changed bit shows."""
+    rows = (tensor[::16] if tensor.dim() > 1 else tensor).to(dtype)
+    return tuple(tensor.shape), int(rows.view(torch.int16 if rows.element_size() == 2 else torch.int32).sum())
 
 
 def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
-    """The guard against a silently stale engine (docs/async.md#weight-sync): its probe logprobs must be the learner's
-    up to --engine-dtype's rounding, and differ from the `previous` (learner, engine) check's if the learner's moved."""
-    probe, learner = check
+    """The guard (docs/async.md#weight-sync): the engine holds the learner's weights bit for bit where it shows them,
+    answers the probe as the learner does, and anew once the learner's answer left the anchor in `previous`."""
+    probe, learner, checksums = check
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap, tolerance = (engine - learner).abs().mean().item(), 1e-3 if args.engine_dtype in ("float32", "float") else 0.2
-    moved = previous is not None and (learner - previous[0]).abs().mean().item() > 1e-3
-    unchanged = moved and torch.equal(engine, previous[1])  # still the previous version's weights
-    if not gap <= tolerance or unchanged:
-        stale = "; it answers as it did for the previous version" if unchanged else ""
+    # each worker's model (`collective_rpc` carries the function there); vLLM's CPU backend shows repacked linear layers
+    held = llm.collective_rpc(lambda w: {n: bit_checksum(p, p.dtype) for n, p in w.get_model().named_parameters()})[0]
+    differ = [n for n, c in held.items() if n in checksums and checksums[n][0] == c[0] and checksums[n] != c]
+    gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
+    anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
+    unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
+    if differ or not gap <= tolerance or unchanged:
+        why = (f"{len(differ)} tensors differ from the learner's, e.g. {differ[0]}" if differ else "it answers as it "
+               "did for an earlier version" if unchanged else f"the tolerance of --engine-dtype is {tolerance:g}")
         raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-                           f"to the learner {gap:.1e}; {tolerance:g} is the tolerance of --engine-dtype "
-                           f"{args.engine_dtype}{stale})")
-    return learner, engine
+                           f"to the learner {gap:.1e}; {why})")
+    return anchor, engine
 
 
 def keep_models_eager(*models):
@@ -761,8 +763,7 @@ def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_mod
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` of every row without gradient. Given the loop's `mini_batches`, in its very micro-batches: same
-    rows and shapes, so the values equal bit for bit those of the loop's forward passes with the same weights."""
+    """`token_logprobs` without gradient; given the loop's `mini_batches`, in its micro-batches (so the same bits)."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -785,8 +786,7 @@ def learner_autocast(args: Args):
 
 
 def enable_gradient_checkpointing(model):
-    """Hugging Face recomputes activations only in training mode, so the model goes to training mode with every
-    dropout probability 0 (attention dropout is a float attribute): it then computes exactly what eval mode does."""
+    """Training mode (Hugging Face recomputes activations only there) with every dropout 0: eval mode's numbers."""
     for module in model.modules():
         for name, value in list(vars(module).items()):
             if "dropout" in name and isinstance(value, float) or isinstance(module, torch.nn.Dropout) and name == "p":
@@ -812,7 +812,6 @@ def start_tracking(args: Args):
     """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track."""
     if args.track:
         import wandb
-
         try:
             wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
                        save_code=True)

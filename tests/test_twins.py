@@ -32,11 +32,13 @@ MULTIGPU_CHANGES = {"Args", "check_args", "build_engine", "push_weights_to_engin
 # feature that needs more room goes below the banner, to the multigpu variant, a tool or the docs
 ABOVE_BANNER = {"dpo": 450, "rloo": 520, "grpo_gsm8k": 540, "ppo": 620}
 CEILINGS = {"dpo": 780, "rloo": 870, "grpo_gsm8k": 900, "ppo": 960}
-LOSS = {"dpo": "dpo_loss(", "rloo": "clipped_policy_loss(", "grpo_gsm8k": "grpo_policy_loss(", "ppo": "clipped_policy_loss("}
+LOSS = {"dpo": "dpo_loss(", "rloo": "clipped_policy_loss(", "grpo_gsm8k": "grpo_policy_loss(",
+        "ppo": "clipped_policy_loss("}
 
 COMMON = [
     (name, ASYNC_SCRIPTS) for name in ("build_engine", "generate", "push_weights_to_engine", "weight_check",
-                                       "check_weight_sync", "keep_models_eager", "pad_sequences", "token_logprobs",
+                                       "check_weight_sync", "bit_checksum", "keep_models_eager", "pad_sequences",
+                                       "token_logprobs",
                                        "logprob_gap", "prompt_order", "receive", "chunks", "token_logprobs_no_grad",
                                        "combine_stats", "learner_autocast", "enable_gradient_checkpointing",
                                        "extract_answer", "verify", "model_config", "load_tokenizer", "read_records",
