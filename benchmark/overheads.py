@@ -2,7 +2,7 @@
 
     python benchmark/overheads.py                         # SmolLM2-135M-Instruct, the speed table's DPO step; ~5 min
     python benchmark/overheads.py --num-samples-per-prompt 6 --repeats 10
-    python benchmark/overheads.py --quick --policy P --prompts F --results-dir D   # the test suite's smoke run
+    python benchmark/overheads.py --quick --policy P --neox-policy N --prompts F --results-dir D  # the tests' run
 
 Every piece is the scripts' own function (loaded from async_dpo.py; `tests/test_twins.py` keeps them identical in all
 eight scripts), run on a real engine and learner model with one torch thread per role, as in an async run:
@@ -14,13 +14,27 @@ eight scripts), run on a real engine and learner model with one torch thread per
             guard: the engine's logprobs of the probe)
   generate  our `generate` (a seed per request, the sampled tokens' logprobs) against `llm.generate` with the same
             seeds and no logprobs (the same tokens: only the logprobs differ), and with vLLM's defaults (no seed)
-Each is timed --repeats times, interleaved; the table gives median, min and max. One JSON and one table:
-results/overheads.json, results/overheads.md.
+Each is timed --repeats times, interleaved; the table gives median, min and max.
+
+Then the push paths (issue 43): one policy version W' = W + 1e-3 N(0, 1) into the engine by each public way, timed
+--repeats times, interleaved, on the policy and on a GPT-NeoX model (vLLM serves it through its Transformers backend):
+  (a) reload_weights   `collective_rpc("reload_weights", ...)`, the scripts' push_weights_to_engine
+  (b) load_weights     `collective_rpc(fn)`, fn calling the worker's model's own `load_weights` (TRL, OpenRLHF)
+  (c) in-place copy_   `param.data.copy_` into every engine parameter whose name (after the model's own HF-to-vLLM
+                       renaming) and shape match; the rest, fused q/k/v and gate/up, through `load_weights`
+  (d) floor            the state dict's tensors copied into preallocated tensors of the same shapes, in this process
+A path is correct if, after it, the engine's prompt logprobs of a 32-token probe equal the learner's (float32) with
+W' within 1e-4 and have moved as far as the learner's. One reload runs under cProfile, to split out vLLM's processing
+step. One JSON and one table: results/overheads.json, results/overheads.md.
 """
 
+import cProfile
+import dataclasses
+import gc
 import json
 import os
 import platform
+import pstats
 import queue
 import statistics
 import sys
@@ -56,6 +70,9 @@ class Args:
     """where overheads.json and overheads.md go"""
     work_dir: str = str(REPO / "benchmark" / "work")
     """scratch space (git-ignored) for the speed table's prompt file"""
+    neox_policy: Optional[str] = None
+    """GPT-NeoX model folder for the push paths; None: a random GPT-NeoX of Pythia-160M's shape with the policy's
+    tokenizer, built once under --work-dir"""
     quick: bool = False
     """smoke mode for the test suite: 2 repeats"""
 
@@ -82,6 +99,161 @@ def hand_off_seconds(batch):
     q.put(batch)
     consumer.join()
     return received[0][1] - start
+
+
+# PUSH PATHS (issue 43): every public way to put a policy version into the engine, and the copy they all contain
+SYNC_TOLERANCE = 1e-4  # float32 rounding of the probe's logprobs, engine against learner: up to 7e-5 (SmolLM2)
+
+
+def build_neox(tokenizer_path: str, folder: Path):
+    """A random GPT-NeoX of Pythia-160M's shape (the paper's TL;DR family) with `tokenizer_path`'s tokenizer, made once:
+    the push paths need a model of realistic width served by vLLM's Transformers backend, not trained weights."""
+    if not (folder / "config.json").exists():
+        import torch
+        from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        torch.manual_seed(0)
+        config = GPTNeoXConfig(vocab_size=50304, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                               num_attention_heads=12, rotary_pct=0.25, use_parallel_residual=True,
+                               max_position_embeddings=2048, tie_word_embeddings=False,
+                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                               pad_token_id=tokenizer.pad_token_id)
+        GPTNeoXForCausalLM(config).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def load_weights_push(llm, weights):
+    """(b) The model's own `load_weights` (HF names in, fused q/k/v and gate/up out), as TRL's and OpenRLHF's worker
+    extensions call it; they send one tensor per call, here all go in one."""
+    llm.collective_rpc(lambda worker, weights: worker.get_model().load_weights(weights),
+                       kwargs=dict(weights=list(weights.items())))
+    llm.reset_prefix_cache()
+
+
+def in_place_push(llm, weights, copied: list):
+    """(c) `copy_` into every engine parameter whose name and shape match; the rest through `load_weights`. Appends
+    the names copied to `copied` (the engine runs in this process, so the worker's list is this list)."""
+    def load(worker, weights):
+        model = worker.get_model()
+        params = dict(model.named_parameters())
+        mapper = getattr(model, "hf_to_vllm_mapper", None)  # the Transformers backend's renaming (gpt_neox. -> model.)
+        rest = []
+        for name, tensor in weights:
+            param = params.get(mapper.map_name(name) if mapper else name)
+            if param is not None and param.shape == tensor.shape:
+                param.data.copy_(tensor)
+                copied.append(name)
+            else:
+                rest.append((name, tensor))
+        model.load_weights(rest)
+
+    llm.collective_rpc(load, kwargs=dict(weights=list(weights.items())))
+    llm.reset_prefix_cache()
+
+
+def push_paths(dpo, llm, policy, probe, run, repeats: int):
+    """Time each push path and check that the engine then answers as the learner does (module docstring)."""
+    import torch
+    import torch.nn.functional as F
+    from vllm import SamplingParams
+
+    def engine_logprobs():
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
+        return torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
+
+    def learner_logprobs(weights):
+        policy.load_state_dict(weights)
+        return dpo.weight_check(policy, probe, run)[1]
+
+    # W and W' = W + 1e-3 N(0, 1), tied names (SmolLM2's lm_head and embedding) sharing one tensor as in the learner
+    generator, pairs = torch.Generator().manual_seed(0), {}
+    state = policy.state_dict()
+    for t in state.values():
+        if t.data_ptr() not in pairs:
+            pairs[t.data_ptr()] = t.detach().clone(), t.detach() + 1e-3 * torch.randn(t.shape, generator=generator)
+    before = {name: pairs[t.data_ptr()][0] for name, t in state.items()}
+    after = {name: pairs[t.data_ptr()][1] for name, t in state.items()}
+    learner_before, learner_after = learner_logprobs(before), learner_logprobs(after)
+    shift = (learner_after - learner_before).abs().max().item()
+    if shift < 100 * SYNC_TOLERANCE:
+        sys.exit(f"error: W' moves the learner's probe logprobs by only {shift:.1e}, too little to tell a push")
+    unique = list({t.data_ptr(): t for t in after.values()}.values())
+    floor_copies = [torch.empty_like(t) for t in unique]
+    copied = []
+    paths = {
+        "(a) reload_weights": lambda: dpo.push_weights_to_engine(llm, after),
+        "(b) load_weights": lambda: load_weights_push(llm, after),
+        "(c) in-place copy_": lambda: (copied.clear(), in_place_push(llm, after, copied)),
+        "(d) floor: copy into preallocated tensors": lambda: [d.copy_(t) for d, t in zip(floor_copies, unique)],
+    }
+
+    def restore():
+        """Every engine path starts from W, served correctly, whatever the previous path left half done."""
+        dpo.push_weights_to_engine(llm, before)
+
+    checks = {}
+    for name, push in paths.items():
+        if name.startswith("(d)"):
+            continue
+        restore()
+        served_before, error = engine_logprobs(), None
+        try:
+            push()
+        except Exception as e:  # noqa: BLE001 -- a path that fails is a finding, not a crash: its message is reported
+            error = f"{type(e).__name__}: {e}"
+        served = engine_logprobs()
+        gap, moved = (served - learner_after).abs().max().item(), (served - served_before).abs().max().item()
+        checks[name] = dict(correct=error is None and gap <= SYNC_TOLERANCE and moved >= shift / 2, error=error,
+                            gap_to_learner=gap, moved=moved,
+                            gap_before=(served_before - learner_before).abs().max().item())
+        if name.startswith("(c)"):
+            checks[name].update(copied=len(copied), tensors=len(after),
+                                copied_kinds=sorted({".".join(n.split(".")[-2:]) for n in copied}))
+            # what the engine serves if it computes with the copied tensors, but with its linear layers (the output
+            # layer too) as at their last repack: the CPU backend computes them from packed copies it made at load
+            linears = {f"{n}.weight" for n, m in policy.named_modules() if isinstance(m, torch.nn.Linear)}
+            output = next(n for n, m in policy.named_modules() if m is policy.get_output_embeddings()) + ".weight"
+            mix = {n: after[n] if n in copied and n not in linears else before[n] for n in before}
+            if policy.get_input_embeddings().weight is policy.get_output_embeddings().weight:  # tied
+                mix[output] = mix[next(n for n, m in policy.named_modules() if m is policy.get_input_embeddings())
+                                  + ".weight"]
+            with torch.no_grad():
+                policy.load_state_dict(mix)
+                ids = torch.tensor([probe])
+                logits = F.linear(policy.base_model(input_ids=ids).last_hidden_state, before[output])
+                mixed = F.log_softmax(logits.float(), -1)[0, :-1].gather(-1, ids[0, 1:, None])[:, 0]
+            checks[name]["gap_to_stale_linears"] = (served - mixed).abs().max().item()
+
+    # a path that does not serve W' has no push time to report: it is not timed
+    timed = {name: push for name, push in paths.items() if name not in checks or checks[name]["correct"]}
+    seconds = {name: [] for name in paths}
+    for i in range(repeats + 1):  # round 0 warms each path up and is dropped
+        for name, push in timed.items():
+            if name in checks:
+                restore()
+            start = time.perf_counter()
+            push()
+            if i > 0:
+                seconds[name].append(time.perf_counter() - start)
+
+    # vLLM logs "Reloading and processing weights took ..." once per process, as one number: cProfile splits it
+    restore()
+    profile = cProfile.Profile()
+    start = time.perf_counter()
+    profile.runcall(dpo.push_weights_to_engine, llm, after)
+    profiled = time.perf_counter() - start
+    stats = pstats.Stats(profile).stats
+    processing = sum(entry[3] for (_, _, function), entry in stats.items()
+                     if function == "process_weights_after_loading")
+    copies = sum(entry[2] for (_, _, function), entry in stats.items() if "'copy_'" in function)
+    policy.load_state_dict(before)
+    restore()
+    return dict(seconds=seconds, checks=checks, learner_shift=shift, bytes=sum(t.nbytes for t in unique),
+                parameters=sum(t.numel() for t in unique),
+                reload_profile=dict(total=profiled, processing=processing, tensor_copies=copies))
 
 
 def measure(args: Args):
@@ -166,7 +338,18 @@ def measure(args: Args):
         # the fair comparison: with the same seeds vLLM samples the same tokens with or without logprobs
         if outputs["generate: ours"] != outputs["generate: bare, same seeds"]:
             sys.exit("error: ours and the bare call with the same seeds sampled different tokens")
-    return dict(seconds=seconds, tokens=tokens, policy=inputs.policy, repeats=args.repeats,
+    push = {Path(inputs.policy).name: push_paths(dpo, llm, policy, probe, run, args.repeats)}
+    # the second model gets an engine of its own (the first one freed); its learner model is loaded before it, as
+    # vLLM's Transformers backend patches GPT-NeoX's class when it builds the engine (docs/async.md, decision 12)
+    llm = None
+    gc.collect()
+    neox_path = args.neox_policy or build_neox(inputs.policy, Path(args.work_dir) / "neox-160m-random")
+    neox_run = dataclasses.replace(run, model_name_or_path=str(neox_path))
+    neox = AutoModelForCausalLM.from_pretrained(neox_path, dtype=torch.float32).eval()
+    neox_llm = dpo.build_engine(neox_run)
+    dpo.keep_models_eager(neox)
+    push[Path(neox_path).name] = push_paths(dpo, neox_llm, neox, probe, neox_run, args.repeats)
+    return dict(seconds=seconds, tokens=tokens, policy=inputs.policy, repeats=args.repeats, push_paths=push,
                 parameters=sum(p.numel() for p in policy.parameters()), settings=dict(
                     prompts_per_step=n, num_samples_per_prompt=k, response_length=run.response_length,
                     temperature=run.temperature, torch_threads=1),
@@ -194,8 +377,54 @@ def report(result, results_dir: Path):
         "| call | tokens/s | ours / this call |", "|---|---|---|",
         *[f"| {name} | {rate[name]:.0f} | {rate['generate: ours'] / rate[name]:.3f} |" for name in rate],
     ]
+    lines += push_paths_report(result["push_paths"])
     (results_dir / "overheads.md").write_text("\n".join(lines) + "\n")
     return "\n".join(lines)
+
+
+def push_paths_report(push):
+    """The push paths table: seconds, multiples of the copy floor, and whether the engine then serves W'."""
+    lines = ["", "## Push paths", "",
+             "One policy version W' = W + 1e-3 N(0, 1) pushed into the engine four ways, timed in the same rounds "
+             "after a warm-up (every engine path starts from W, restored by reload_weights, untimed). Correct: the "
+             "engine's prompt logprobs of the 32-token probe equal the learner's (float32) within "
+             f"{SYNC_TOLERANCE:g} and moved as far as the learner's did. x floor: median over median, min over min.",
+             "",
+             "| model | path | median s | min s | x floor (median) | x floor (min) | correct | max logprob gap to "
+             "learner (moved; learner moved) | what happens |", "|---|---|---|---|---|---|---|---|---|"]
+    for model, r in push.items():
+        floor = r["seconds"]["(d) floor: copy into preallocated tensors"]
+        for name, values in r["seconds"].items():
+            check = r["checks"].get(name)
+            timing = values and (f"{statistics.median(values):.3g} | {min(values):.3g} | "
+                                 f"{statistics.median(values) / statistics.median(floor):.1f} | "
+                                 f"{min(values) / min(floor):.1f}")
+            if check is None:
+                lines.append(f"| {model} | {name} | {timing} | - | - | {r['bytes'] / 2**20:.0f} MiB, "
+                             f"{r['parameters'] / 1e6:.3g}M parameters |")
+                continue
+            error = (check["error"] or "")[:110].replace("|", "/")
+            what = "serves W'" if check["correct"] else f"raises {error}" if error else "serves other weights"
+            if "copied" in check:
+                what = (f"copies {check['copied']} of {check['tensors']} tensors in place "
+                        f"({', '.join(check['copied_kinds'])}); " + what + (
+                            "" if check["correct"] else "; then serves W' where it copied, but W in every linear "
+                            f"layer, the output layer too (gap to that mix {check['gap_to_stale_linears']:.1e})"))
+            if check["correct"]:
+                lines.append(f"| {model} | {name} | {timing} | yes | {check['gap_to_learner']:.1e} "
+                             f"({check['moved']:.2g}; {r['learner_shift']:.2g}) | {what} |")
+            else:  # not timed: a wrong push's time is not a push's cost
+                lines.append(f"| {model} | {name} | - | - | - | - | **no** | {check['gap_to_learner']:.1e} "
+                             f"({check['moved']:.2g}; {r['learner_shift']:.2g}) | {what} |")
+    lines += ["", "reload_weights under cProfile, one call (profiling slows its Python parts): processing is "
+              "`process_weights_after_loading` (on CPU, repacking every linear layer for oneDNN), tensor copies are "
+              "`copy_` (the loaders' copies into fresh tensors, then back into the engine's own):", "",
+              "| model | profiled s | processing s (share) | tensor copies s (share) |", "|---|---|---|---|"]
+    for model, r in push.items():
+        p = r["reload_profile"]
+        lines.append(f"| {model} | {p['total']:.3g} | {p['processing']:.3g} ({p['processing'] / p['total']:.0%}) | "
+                     f"{p['tensor_copies']:.3g} ({p['tensor_copies'] / p['total']:.0%}) |")
+    return lines
 
 
 if __name__ == "__main__":

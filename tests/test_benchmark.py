@@ -59,12 +59,16 @@ def test_memory_benchmark_quick_mode_writes_table_breakdown_and_plot(tiny, arith
 
 
 def test_overheads_benchmark_quick_mode_times_every_piece(tiny, tmp_path):
+    import torch
+
     results = tmp_path / "results"
-    proc, _ = run_script("benchmark/overheads.py", tmp_path, "--quick", "--policy", str(tiny / "policy"), "--prompts",
-                         str(tiny / "prompts.jsonl"), "--max-prompt-tokens", "64", "--response-length", "16",
-                         "--results-dir", str(results), "--work-dir", str(tmp_path / "work"), timeout=900)
+    proc, _ = run_script("benchmark/overheads.py", tmp_path, "--quick", "--policy", str(tiny / "policy"),
+                         "--neox-policy", str(tiny / "neox_policy"), "--prompts", str(tiny / "prompts.jsonl"),
+                         "--max-prompt-tokens", "64", "--response-length", "16", "--results-dir", str(results),
+                         "--work-dir", str(tmp_path / "work"), timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    pieces, throughput = (results / "overheads.md").read_text().split("Generation throughput")
+    pieces, rest = (results / "overheads.md").read_text().split("Generation throughput")
+    throughput, push = rest.split("## Push paths")
     rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in pieces.splitlines() if line.startswith("| ")}
     rates = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in throughput.splitlines()
              if line.startswith("| ")}
@@ -76,6 +80,19 @@ def test_overheads_benchmark_quick_mode_times_every_piece(tiny, tmp_path):
     # throughput of every call, and ours against each (ours against itself is 1)
     assert float(rates["generate: ours"][0]) > 0 and float(rates["generate: ours"][1]) == 1.0
     assert 0.2 < float(rates["generate: bare, same seeds"][1]) < 5
+    # the push paths, on both models: the scripts' reload_weights serves W' and costs more than the copy floor
+    push_rows = ([c.strip() for c in line.strip("|").split("|")] for line in push.splitlines())
+    paths = {(cells[0], cells[1]): cells for cells in push_rows if cells[1:] and cells[1].startswith("(")}
+    assert len(paths) == 8, push
+    for model in ("policy", "neox_policy"):
+        reload, floor = paths[model, "(a) reload_weights"], paths[model, "(d) floor: copy into preallocated tensors"]
+        assert reload[6] == "yes" and float(reload[4]) > 1 and float(floor[2]) > 0, (reload, floor)
+        if not torch.cuda.is_available():
+            # vLLM's CPU backend repacks every linear layer after loading and leaves an empty parameter behind: the
+            # model's load_weights cannot reach it, and copies into what it can reach serve a mix of W' and W
+            for name in ("(b) load_weights", "(c) in-place copy_"):
+                assert paths[model, name][6] == "**no**" and "raises" in paths[model, name][8], paths[model, name]
+            assert float(re.search(r"gap to that mix ([\d.e+-]+)", paths[model, "(c) in-place copy_"][8])[1]) < 1e-4
 
 
 def test_learner_cost_quick_mode_gives_every_algorithm_a_finite_ratio(tiny, arithmetic_folder, tmp_path):
