@@ -12,10 +12,12 @@ sync_baselines/sync_rloo.py` shows what asynchrony changes; multigpu/ adds scale
 
 import os
 
-# set before vLLM is imported: the engine lives in this process (weights are handed over as tensors), and float32
-# Triton kernels compute in IEEE float32, not TF32, so a float32 engine's logprobs are the learner's (docs/async.md)
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
+# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
 
 import glob
 import json
@@ -53,7 +55,7 @@ class Args:
     num_mini_batches: int = 1  # N: sequential optimizer steps per generation round (the paper's off-policyness knob)
     learning_rate: float = 3e-6  # AdamW learning rate, decayed linearly to 0
     weight_decay: float = 0.0  # AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)
-    kl_coef: float = 0.05  # the sequence KL's weight: r = score - kl_coef * sum_t (log pi_behaviour - log pi_ref)
+    kl_coef: float = 0.05  # the sequence KL's weight: r = score - kl_coef * sum_t (log pi_anchor - log pi_ref)
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"  # PPO ratio anchor (off_policy_anchor)
     cliprange: float = 0.2  # PPO clip range of the sequence-level ratio pi / pi_anchor
     importance_weight_cap: float = 2.0  # decoupled: each token's pi_old / pi_behaviour is truncated here
@@ -173,7 +175,6 @@ def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advan
             importance_ratio_mean=ratio.mean().item(), importance_ratio_max=ratio.max().item(),
             clipfrac=((ratio - 1.0).abs() > cliprange).float().mean().item(),
             zero_gradient_frac=no_gradient.float().mean().item(), importance_weight_mean=weights.mean().item(),
-            importance_weight_ess=effective_sample_size(weights),
             approx_kl=((ratio - 1.0) - log_ratio).mean().item())  # k3 estimate of KL(anchor || pi)
 
 
@@ -198,10 +199,10 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    """[sum, count] of |learner - vLLM| response-token logprobs, float64 to add up: ~0 means the weight sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
-    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+    return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 # REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
@@ -219,16 +220,16 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     return torch.cat(scores)
 
 
-# a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
-NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+# a number as written in solutions: sign (not the minus of "5-3"), $, thousands commas, decimals, exponent (2.5e3)
+NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
 
 
 def extract_answer(text: str) -> Optional[str]:
-    """The number after "####" (GSM8K's convention), else the text's last number, canonical ("1,234.00" -> "1234")."""
-    marked = re.search(r"####\s*(" + NUMBER + ")", text)
-    numbers = [marked.group(1)] if marked else re.findall(NUMBER, text)
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else the text's last one, canonical."""
+    marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
+    numbers = ([] if marked.group(2) else [marked.group(1)]) if marked else re.findall(NUMBER, text)
     try:
-        value = Decimal(numbers[-1].replace(",", "").replace("$", ""))
+        value = Decimal(re.sub(r"[,$ ]", "", numbers[-1]))
     except (IndexError, InvalidOperation):
         return None
     return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
@@ -315,7 +316,7 @@ def receive(q: queue.Queue, timeout: float, what: str):
     except queue.Empty:
         raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
     if isinstance(item, BaseException):
-        raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from item
+        raise RuntimeError(f"{item} (the generation thread failed while the learner waited for {what})") from item
     return item
 
 
@@ -361,11 +362,8 @@ def main():
     # ASYNC: the generation thread runs ahead by at most K policy versions
     weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
-    thread = threading.Thread(
-        target=generation_thread,
-        args=(llm, reward_model, tokenizer, args, prompt_batches, last_sync, weights_queue, data_queue),
-        daemon=True,  # never keeps a crashed run alive
-    )
+    thread = threading.Thread(target=generation_thread, daemon=True, args=(  # daemon: never keeps a crashed run alive
+        llm, reward_model, tokenizer, args, prompt_batches, last_sync, weights_queue, data_queue))
     thread.start()
 
     start_time = time.time()
@@ -398,8 +396,7 @@ def main():
         rlhf_reward = batch["scores"].to(args.learner_device) - args.kl_coef * kl
         advantages = rloo_advantages(rlhf_reward, args.num_samples_per_prompt)
         stats = {key: [] for key in ("loss", "grad_norm", "importance_ratio_mean", "importance_ratio_max", "clipfrac",
-                                     "zero_gradient_frac", "importance_weight_mean", "importance_weight_ess",
-                                     "approx_kl")}
+                                     "zero_gradient_frac", "importance_weight_mean", "approx_kl")}
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -407,9 +404,9 @@ def main():
                 with learner_autocast(args):
                     per_token = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
                                                args.temperature)
-                if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
-                    stats["gap"] = logprob_gap(per_token, response_mask[rows],
-                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+                if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
+                    stats["gap"] = stats.get("gap", 0) + logprob_gap(per_token, response_mask[rows], [
+                        batch["behaviour_logprobs"][i] for i in rows.tolist()])  # every micro-batch's
                 loss, policy_stats = clipped_policy_loss(per_token, anchor_logprobs[rows], importance_weights[rows],
                                                          advantages[rows], response_mask[rows, 1:], args.cliprange,
                                                          args.dual_clip)
@@ -440,10 +437,10 @@ def main():
             "policy/clipfrac": float(np.mean(stats["clipfrac"])),
             "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
             "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
-            "policy/importance_weight_ess": float(np.mean(stats["importance_weight_ess"])),
+            "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": stats["gap"],
+            "async/behaviour_learner_logprob_gap": (stats["gap"][0] / stats["gap"][1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/eos_rate": batch["eos_rate"],
             "val/response_length": batch["response_length"],
@@ -583,12 +580,13 @@ def load_prompts(args: Args, tokenizer):
     """Prompt ids and answers (None for a reward model) of a JSON(L) file, GSM8K folder or hub split; long ones go."""
     source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
     records = read_records(args, source, args.dataset_split)
-    fields = ("question", "answer") if args.reward == "verifier" else (args.prompt_field,)
-    bad = next((i for i, r in enumerate(records) if not all(isinstance(r.get(f), str) for f in fields)), None)
+    verifier = args.reward == "verifier"
+    fields = ("question", "answer") if verifier else (args.prompt_field,)
+    bad = next((i for i, r in enumerate(records)  # a field missing, not text, or blank (it would drop as too long)
+                if not all(isinstance(r.get(f), str) and r[f].strip() for f in fields)), None)
     if bad is not None:
-        flag = "--prompt-field " if args.reward == "model" else ""
-        sys.exit(f"error: {flag}{' and '.join(map(repr, fields))} is not a text field of record {bad + 1} of {source} "
-                 f"({sorted(records[bad])})")
+        sys.exit(f"error: {'' if verifier else '--prompt-field '}{' and '.join(map(repr, fields))} is blank or not a "
+                 f"text field of record {bad + 1} of {source} ({sorted(records[bad])})")
     texts = [r[args.prompt_field] for r in records] if args.reward == "model" else [
         args.prompt_template.replace("{question}", r["question"]) for r in records]
     if args.reward == "verifier" and args.chat_template:  # the chat template then holds the special tokens
@@ -598,7 +596,6 @@ def load_prompts(args: Args, tokenizer):
     token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"]
     kept = [(ids, answer or None) for ids, answer in zip(token_ids, answers)
             if 0 < len(ids) <= args.max_prompt_tokens and answer is not None]
-    verifier = args.reward == "verifier"
     print(f"{len(kept)} prompts, {len(records) - len(kept)} dropped as longer than --max-prompt-tokens "
           f"{args.max_prompt_tokens}" + (" or without an answer" if verifier else ""))
     if not kept:

@@ -2,16 +2,24 @@
 """async_ppo.py (PPO) scaled out: torchrun learners (DDP, or FSDP2 with --fsdp) split every mini-batch, rank 0 owning
 the engine and logs; `diff async_ppo.py multigpu/async_ppo_multigpu.py` is the lesson; with --async-steps 0 it is sync.
 
-    torchrun --nproc-per-node 3 multigpu/async_ppo_multigpu.py   # the paper's 1 engine + 3 learners on 4 GPUs
+    torchrun --nproc-per-node 3 multigpu/async_ppo_multigpu.py --prompts-per-step 48  # 1+3 GPUs: 3 ranks x 16 prompts
     python multigpu/async_ppo_multigpu.py --save-every 50        # then --resume-from runs/<run>
 """
 
+import ctypes
 import os
 
+if __name__ == "__mp_main__":  # a process of vLLM's engine: multiprocessing's spawn ran this file first, as __mp_main__
+    os.setsid()  # a session of its own: a Ctrl-C or SIGTERM to the run's process group reaches the learner only, which
+    ctypes.CDLL(None).prctl(1, 15)  # saves, then ends the engine; PR_SET_PDEATHSIG: SIGTERM if the learner is killed
 # The engine runs in this process (weights handed over as tensors), but in a process of its own under torchrun, whose
 # torch.distributed world vLLM would take (weights via shared memory); forced, as an inherited 0 breaks torchrun.
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if os.environ.get("WORLD_SIZE", "1") == "1" else "1"
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # else vLLM's float32 Triton attention uses TF32 on a GPU
+# an inherited "high" would turn TF32 on for the learner too; vLLM's bytecode hook would patch model code a learner
+# forward in this process runs; on GPU the V1 model runner, which CI runs on CPU (VLLM_USE_V2_MODEL_RUNNER=1 tries V2)
+os.environ.update(VLLM_FLOAT32_MATMUL_PRECISION="highest", VLLM_USE_BYTECODE_HOOK="0")
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the guard's checksums reach engine processes pickled
 
 import atexit
@@ -49,6 +57,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequence
 from vllm import LLM, SamplingParams
 
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
+WEIGHTS_FILE = threading.Lock()  # held while push_weights_to_engine's file exists; at exit, taken for good
 
 
 @dataclass
@@ -218,7 +227,6 @@ def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advan
             clipfrac=masked_mean(((ratio - 1).abs() > cliprange).float(), mask).item(),
             zero_gradient_frac=masked_mean(no_gradient.float(), mask).item(),
             importance_weight_mean=masked_mean(importance_weights, mask).item(),
-            importance_weight_ess=effective_sample_size(importance_weights[mask.bool()]),
             approx_kl=masked_mean((ratio - 1) - log_ratio, mask).item(),  # k3 estimator, always >= 0
         )
     return loss, stats
@@ -278,10 +286,10 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    """[sum, count] of |learner - vLLM| response-token logprobs, float64 to add up: ~0 means the weight sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
-    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+    return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 # REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
@@ -299,16 +307,16 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     return torch.cat(scores)
 
 
-# a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
-NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+# a number as written in solutions: sign (not the minus of "5-3"), $, thousands commas, decimals, exponent (2.5e3)
+NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
 
 
 def extract_answer(text: str) -> Optional[str]:
-    """The number after "####" (GSM8K's convention), else the text's last number, canonical ("1,234.00" -> "1234")."""
-    marked = re.search(r"####\s*(" + NUMBER + ")", text)
-    numbers = [marked.group(1)] if marked else re.findall(NUMBER, text)
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else the text's last one, canonical."""
+    marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
+    numbers = ([] if marked.group(2) else [marked.group(1)]) if marked else re.findall(NUMBER, text)
     try:
-        value = Decimal(numbers[-1].replace(",", "").replace("$", ""))
+        value = Decimal(re.sub(r"[,$ ]", "", numbers[-1]))
     except (IndexError, InvalidOperation):
         return None
     return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
@@ -335,18 +343,15 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str] = None):
-    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights).
-    An engine in this process takes the tensors themselves; one whose workers run in processes of their own (under
-    torchrun, or tensor-parallel) reads them from a safetensors file in `weights_dir` (--weights-dir; None: /dev/shm,
-    shared memory), the form in which `reload_weights` takes weights across processes."""
+    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights):
+    the tensors themselves into an engine in this process; into one whose workers run in processes of their own
+    (torchrun, tensor-parallel) a safetensors file in `weights_dir` (None: /dev/shm), as `reload_weights` takes them."""
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
         llm.collective_rpc("reload_weights",
                            kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True))
-    else:
-        folder = os.path.join(weights_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()),
-                              f"clean-async-rlhf-{os.getpid()}")
-        try:
-            os.makedirs(folder, exist_ok=True)
+    else:  # a full copy of the weights, in a folder gone once the engine has read it (at exit too: init_distributed)
+        with WEIGHTS_FILE, tempfile.TemporaryDirectory(prefix=f"clean-async-rlhf-{os.getpid()}-", dir=weights_dir or (
+                "/dev/shm" if os.path.isdir("/dev/shm") else None)) as folder:
             # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
             # memory, and vLLM's reload, given only one of the two names, unties them: measured)
             tensors, seen = {}, set()
@@ -356,8 +361,6 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
                 seen.add(tensor.data_ptr())
             safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
             llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
-        finally:  # a full copy of the weights, never left behind
-            shutil.rmtree(folder, ignore_errors=True)
     # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
     llm.reset_prefix_cache()
 
@@ -418,7 +421,7 @@ def receive(q: queue.Queue, timeout: float, what: str):
     except queue.Empty:
         raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
     if isinstance(item, BaseException):
-        raise RuntimeError(f"the generation thread failed while the learner waited for {what}") from item
+        raise RuntimeError(f"{item} (the generation thread failed while the learner waited for {what})") from item
     return item
 
 
@@ -440,8 +443,6 @@ def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
 def main():
     args = tyro.cli(Args)
     check_args(args)
-    if args.replay_from:  # exits with one line unless its samples fit this run
-        check_replay(args)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
     init_distributed(args)  # placement: torchrun's learner processes, rank 0's engine; plain python: rank 0 of 1
@@ -473,8 +474,7 @@ def main():
 
     # models: the policy, its frozen reference, the reward model (beside the engine) and the value model: a copy of the
     # reward model, so early advantages are not a random critic's noise (the verifier has none: the policy, new head)
-    policy = load_causal_lm(os.path.join(resumed["path"], "policy") if resumed else args.model_name_or_path,
-                            args.learner_device)
+    policy = load_causal_lm(f"{resumed['path']}/policy" if resumed else args.model_name_or_path, args.learner_device)
     ref_policy = load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False)
     reward_model = None  # the verifier needs none; only rank 0 generates, and a replay generates nothing
     if args.reward == "model" and args.rank == 0 and not args.replay_from:
@@ -511,11 +511,8 @@ def main():
     spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
     pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
-    thread = threading.Thread(
-        target=generation_thread,
-        args=(llm, reward_model, tokenizer, args, prompt_batches, last_sync, weights_queue, spare_weights, data_queue),
-        daemon=True,  # never keeps a crashed run alive
-    )
+    thread = threading.Thread(target=generation_thread, daemon=True, args=(  # daemon: never keeps a crashed run alive
+        llm, reward_model, tokenizer, args, prompt_batches, last_sync, weights_queue, spare_weights, data_queue))
     if args.rank == 0 and not args.replay_from:
         thread.start()
 
@@ -589,9 +586,9 @@ def main():
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature),
                         get_values(value_model, input_ids[rows], attention_mask[rows]))
                 first_forward = None
-                if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
-                    stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
-                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+                if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
+                    stats["gap"] = stats.get("gap", 0) + logprob_gap(new_logprobs, response_mask[rows], [
+                        batch["behaviour_logprobs"][i] for i in rows.tolist()])  # every micro-batch's
                 pg_loss, policy_stats = clipped_policy_loss(new_logprobs, anchor_logprobs[rows],
                                                             importance_weights[rows], advantages[rows], mask[rows],
                                                             args.cliprange, args.dual_clip)
@@ -610,6 +607,7 @@ def main():
             for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
                 stats.setdefault(key, []).append(value)
         training_time = time.time() - train_start
+        stats["gap"] = gather_rows(stats["gap"][None], args).sum(0)  # every rank's micro-batches: the batch's sums
 
         # ASYNC: version step+1 to the generator if a future batch needs it (every rank: FSDP2 gathers from all shards)
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
@@ -636,11 +634,11 @@ def main():
             "policy/clipfrac": float(np.mean(stats["clipfrac"])),
             "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
             "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
-            "policy/importance_weight_ess": float(np.mean(stats["importance_weight_ess"])),
+            "policy/importance_weight_ess": effective_sample_size(importance_weights[mask.bool()]),  # the batch's
             "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
             "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": stats["gap"],
+            "async/behaviour_learner_logprob_gap": (stats["gap"][0] / stats["gap"][1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "value/clipfrac": float(np.mean(stats["vf_clipfrac"])),
             "value/mean": masked_mean(values, mask).item(),
@@ -673,28 +671,33 @@ def main():
                                        f"the batch of learner step {step + 1 + len(pending)}"))
             path = save_checkpoint(args, step + 1, {"policy": policy, "value_model": value_model}, optimizer,
                                    scheduler, pending, generators, metrics["time/elapsed"])
-            if stop:
-                why = requests[0] if requests else "a signal to another rank"
-                sys.exit(f"{why}: stopped after learner step {step}; continue with --resume-from {path}")
+            if stop:  # rank 0 names the checkpoint, which exists once save_checkpoint returns; the others end silently
+                sys.exit(f"{requests[0] if requests else 'a signal to another rank'}: stopped after learner step "
+                         f"{step}; continue with --resume-from {path}" if args.rank == 0 else 1)
     if args.rank == 0 and not args.replay_from:
         thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
     weights, value_weights = full_state_dict(policy, args), full_state_dict(value_model, args)  # FSDP2: gathered
     if args.world_size > 1:
         dist.destroy_process_group()
-    if args.rank > 0:  # rank 0 saves and reports
-        sys.exit()
+    if args.rank > 0:  # rank 0 saves and reports; the others skip the interpreter's teardown, in which DDP's gloo
+        sys.stdout.flush()  # group can deadlock on the GIL (pytorch/pytorch#56297; seen here: a rank stuck at exit)
+        os._exit(0)
     args.output_dir = save_final(args, unwrap(policy), tokenizer, weights)
     unwrap(value_model).save_pretrained(os.path.join(args.output_dir, "value_model"), state_dict=value_weights)
     print(f"saved the policy to {args.output_dir} and the value model to {args.output_dir}/value_model")
     metrics_file.close()
     writer.close()
     print_summary(args, reward_key)
+    if args.replay_from:  # the numbers above are of the recorded batches: this run generated and scored none
+        print(f"replay of:   {args.replay_from} (trained on its recorded batches: nothing generated or scored here)")
 
 
 # PLUMBING: what a reader may skip: input checks, data files, the engine's set-up and guard, memory, run folder, logs
 def check_args(args: Args):
     """Reject bad flag values with one line naming the flag, before any model is loaded."""
+    if args.replay_from:  # first: a replay's flags must be its recording's, whatever else they are
+        check_replay(args)
     source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
     ranks = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's learner processes
     for bad, message in [
@@ -810,12 +813,13 @@ def load_prompts(args: Args, tokenizer):
     """Prompt ids and answers (None for a reward model) of a JSON(L) file, GSM8K folder or hub split; long ones go."""
     source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
     records = read_records(args, source, args.dataset_split)
-    fields = ("question", "answer") if args.reward == "verifier" else (args.prompt_field,)
-    bad = next((i for i, r in enumerate(records) if not all(isinstance(r.get(f), str) for f in fields)), None)
+    verifier = args.reward == "verifier"
+    fields = ("question", "answer") if verifier else (args.prompt_field,)
+    bad = next((i for i, r in enumerate(records)  # a field missing, not text, or blank (it would drop as too long)
+                if not all(isinstance(r.get(f), str) and r[f].strip() for f in fields)), None)
     if bad is not None:
-        flag = "--prompt-field " if args.reward == "model" else ""
-        sys.exit(f"error: {flag}{' and '.join(map(repr, fields))} is not a text field of record {bad + 1} of {source} "
-                 f"({sorted(records[bad])})")
+        sys.exit(f"error: {'' if verifier else '--prompt-field '}{' and '.join(map(repr, fields))} is blank or not a "
+                 f"text field of record {bad + 1} of {source} ({sorted(records[bad])})")
     texts = [r[args.prompt_field] for r in records] if args.reward == "model" else [
         args.prompt_template.replace("{question}", r["question"]) for r in records]
     if args.reward == "verifier" and args.chat_template:  # the chat template then holds the special tokens
@@ -825,7 +829,6 @@ def load_prompts(args: Args, tokenizer):
     token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"]
     kept = [(ids, answer or None) for ids, answer in zip(token_ids, answers)
             if 0 < len(ids) <= args.max_prompt_tokens and answer is not None]
-    verifier = args.reward == "verifier"
     print(f"{len(kept)} prompts, {len(records) - len(kept)} dropped as longer than --max-prompt-tokens "
           f"{args.max_prompt_tokens}" + (" or without an answer" if verifier else ""))
     if not kept:
@@ -1048,9 +1051,9 @@ def init_distributed(args: Args):
             torch.cuda.set_device(args.learner_device)
         dist.init_process_group("nccl" if num_gpus else "gloo", device_id=torch.device(args.learner_device) if
                                 num_gpus else None, timeout=datetime.timedelta(seconds=args.collective_timeout))
-    # the weights' file (push_weights_to_engine) is a full copy in shared memory: gone at exit, a plain SIGTERM too
+    # at exit (a plain SIGTERM too) a reload in progress removes the weights' file; the lock, kept, lets none start
     args.weights_dir = args.weights_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
-    atexit.register(shutil.rmtree, os.path.join(args.weights_dir, f"clean-async-rlhf-{os.getpid()}"), True)
+    atexit.register(WEIGHTS_FILE.acquire, timeout=60)
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # --save-every's handler replaces this one
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("SIGTERM: stopped"))
 
@@ -1245,8 +1248,8 @@ def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, p
     a .tmp folder and renamed once complete (a kill mid-save leaves the previous one whole); older ones then go."""
     run_dir = os.path.join("runs", args.run_name)
     path = os.path.join(run_dir, f"checkpoint_{step}")
-    if args.rank > 0:  # under DDP rank 0 holds every weight and optimizer state
-        return path
+    if args.rank > 0:  # under DDP rank 0 holds every weight and optimizer state; the others wait until it is saved
+        return from_rank_0(path, args)
     shutil.rmtree(path + ".tmp", ignore_errors=True)
     for name, model in models.items():
         unwrap(model).save_pretrained(os.path.join(path + ".tmp", name))
@@ -1265,7 +1268,7 @@ def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, p
     kept = earlier if args.keep_checkpoints == 0 else earlier[: args.keep_checkpoints - 1]
     for old in set(others) - set(kept):
         shutil.rmtree(old)
-    return path
+    return from_rank_0(path, args)
 
 
 def load_checkpoint(args: Args):
@@ -1273,9 +1276,9 @@ def load_checkpoint(args: Args):
     exits with one line if there is none, or if a flag that changes the training differs from the run's."""
     path = args.resume_from.rstrip("/")
     if not os.path.isfile(os.path.join(path, "state.pt")):
-        saved = [p for p in glob.glob(os.path.join(path, "checkpoint_*")) if not p.endswith(".tmp")]
-        if not saved:
-            sys.exit(f"error: --resume-from {path!r} holds no checkpoint (checkpoint_<step> folders: see --save-every)")
+        saved = [os.path.dirname(p) for p in glob.glob(os.path.join(path, "checkpoint_*[0-9]", "state.pt"))]
+        if not saved:  # e.g. a core's run folder: its checkpoint_<step> folders hold only the policy (save_policy)
+            sys.exit(f"error: --resume-from {path!r} holds no checkpoint (--save-every's; a core script saves none)")
         path = max(saved, key=lambda p: int(p.rsplit("_", 1)[1]))
     file = os.path.join(path, "state.pt")
     try:  # our own file; batches are Python objects
@@ -1326,19 +1329,23 @@ def restore_random_states(state: dict, generators: dict):
 
 
 # RECORD AND REPLAY (docs/multigpu.md#record-and-replay): the batches a run trained on, to train on them again
-def sample_flags(args: Args):
-    """What a replay shares with the recorded run (meta.json): the script, and the flags that shaped the samples."""
+def replay_flags(args: Args):
+    """The script, and the flags a replay must share with its recording (meta.json), grouped by why it must."""
     return {"script": os.path.basename(__file__), **{name: getattr(args, name) for name in (
-        "model_name_or_path", "prompts_per_step", "num_samples_per_prompt", "temperature", "async_steps")}}
+        "model_name_or_path", "prompts_per_step", "num_samples_per_prompt", "temperature", "async_steps",  # samples
+        "response_length", "engine_dtype", "reward", "reward_model_path", "missing_eos_penalty", "dataset_name",
+        "dataset_split", "dataset_config", "prompt_field", "dataset_path", "prompt_template", "chat_template",
+        "max_prompt_tokens", "num_eval_prompts", "eval_every", "micro_batch_memory_gib",  # what no replay runs
+        "micro_batch_size", "learner_dtype", "torch_threads") if hasattr(args, name)}}  # the learner's sums, bitwise
 
 
 def record_batch(args: Args, step: int, batch: dict):
     """--record-samples: learner step `step`'s batch as the learner received it to samples/step_{step:06d}.pt in the
-    run folder, and sample_flags to meta.json; each written as .tmp, renamed once whole: a replay reads no half file."""
+    run folder, and replay_flags to meta.json; each written as .tmp, renamed once whole: a replay reads no half file."""
     folder = os.path.join("runs", args.run_name, "samples")
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "meta.tmp"), "w") as f:
-        json.dump(sample_flags(args), f)
+        json.dump(replay_flags(args), f)
     torch.save(batch, os.path.join(folder, "step.tmp"))
     os.replace(os.path.join(folder, "meta.tmp"), os.path.join(folder, "meta.json"))
     os.replace(os.path.join(folder, "step.tmp"), os.path.join(folder, f"step_{step:06d}.pt"))
@@ -1346,21 +1353,22 @@ def record_batch(args: Args, step: int, batch: dict):
 
 def check_replay(args: Args):
     """--replay-from: exit with one line, before any model loads, unless it holds a batch for every step of this run,
-    recorded by this script with this run's sample_flags."""
-    folder, here = os.path.join(args.replay_from, "samples"), sample_flags(args)
+    recorded by this script with this run's replay_flags (no --micro-batch-size: the recorded one, as a resume)."""
+    folder = os.path.join(args.replay_from, "samples")
     try:
         with open(os.path.join(folder, "meta.json")) as f:
             recorded = json.load(f)
     except (OSError, ValueError):
         sys.exit(f"error: --replay-from {args.replay_from!r} holds no recorded samples (a run folder made with "
                  f"--record-samples has samples/meta.json)")
+    args.micro_batch_size = args.micro_batch_size or recorded.get("micro_batch_size")
     steps = next((i for i in range(args.num_learner_steps)
                   if not os.path.isfile(os.path.join(folder, f"step_{i:06d}.pt"))), args.num_learner_steps)
-    name = next((name for name in here if recorded.get(name) != here[name]), "")
-    flag = "the script" if name == "script" else "--" + name.replace("_", "-")
+    differ = ", ".join(f"{'the script' if k == 'script' else '--' + k.replace('_', '-')} is {v!r} here but was "
+                       f"{recorded.get(k)!r}" for k, v in replay_flags(args).items() if recorded.get(k) != v)
     for bad, message in [
         (args.resume_from or args.save_every, "--replay-from does not go with --resume-from or --save-every yet"),
-        (name, f"--replay-from: {flag} is {here.get(name)!r} here but was {recorded.get(name)!r} in the recorded run"),
+        (differ, f"--replay-from: {differ} in the recorded run, which a replay cannot change (docs/multigpu.md)"),
         (steps < args.num_learner_steps, f"--replay-from {args.replay_from!r} holds {steps} recorded learner steps, "
                                          f"fewer than --num-learner-steps {args.num_learner_steps}"),
     ]:

@@ -10,10 +10,12 @@ learner's weights at the start of every step. `diff async_dpo.py sync_baselines/
 
 import os
 
-# set before vLLM is imported: the engine lives in this process (weights are handed over as tensors), and float32
-# Triton kernels compute in IEEE float32, not TF32, so a float32 engine's logprobs are the learner's (docs/async.md)
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
+# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
 
 import glob
 import json
@@ -129,10 +131,10 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    """[sum, count] of |learner - vLLM| response-token logprobs, float64 to add up: ~0 means the weight sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
-    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+    return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 # REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
@@ -150,16 +152,16 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     return torch.cat(scores)
 
 
-# a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
-NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+# a number as written in solutions: sign (not the minus of "5-3"), $, thousands commas, decimals, exponent (2.5e3)
+NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
 
 
 def extract_answer(text: str) -> Optional[str]:
-    """The number after "####" (GSM8K's convention), else the text's last number, canonical ("1,234.00" -> "1234")."""
-    marked = re.search(r"####\s*(" + NUMBER + ")", text)
-    numbers = [marked.group(1)] if marked else re.findall(NUMBER, text)
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else the text's last one, canonical."""
+    marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
+    numbers = ([] if marked.group(2) else [marked.group(1)]) if marked else re.findall(NUMBER, text)
     try:
-        value = Decimal(numbers[-1].replace(",", "").replace("$", ""))
+        value = Decimal(re.sub(r"[,$ ]", "", numbers[-1]))
     except (IndexError, InvalidOperation):
         return None
     return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
@@ -282,9 +284,9 @@ def main():
                 with learner_autocast(args):
                     per_token = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
                                                args.temperature)
-                if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
-                    stats["gap"] = logprob_gap(per_token, response_mask[rows],
-                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+                if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
+                    stats["gap"] = stats.get("gap", 0) + logprob_gap(per_token, response_mask[rows], [
+                        batch["behaviour_logprobs"][i] for i in rows.tolist()])  # every micro-batch's
                 logprobs = per_token.sum(1)
                 logratio = logprobs - ref_logprobs[rows]
                 loss = dpo_loss(logratio[: len(pairs)], logratio[len(pairs) :], args.beta)
@@ -310,7 +312,7 @@ def main():
             "losses/dpo_loss": float(np.mean(stats["loss"])),
             "policy/chosen_rejected_logratio": float(np.mean(stats["logratio"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": stats["gap"],
+            "async/behaviour_learner_logprob_gap": (stats["gap"][0] / stats["gap"][1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/eos_rate": batch["eos_rate"],
             "val/response_length": batch["response_length"],
@@ -443,12 +445,13 @@ def load_prompts(args: Args, tokenizer):
     """Prompt ids and answers (None for a reward model) of a JSON(L) file, GSM8K folder or hub split; long ones go."""
     source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
     records = read_records(args, source, args.dataset_split)
-    fields = ("question", "answer") if args.reward == "verifier" else (args.prompt_field,)
-    bad = next((i for i, r in enumerate(records) if not all(isinstance(r.get(f), str) for f in fields)), None)
+    verifier = args.reward == "verifier"
+    fields = ("question", "answer") if verifier else (args.prompt_field,)
+    bad = next((i for i, r in enumerate(records)  # a field missing, not text, or blank (it would drop as too long)
+                if not all(isinstance(r.get(f), str) and r[f].strip() for f in fields)), None)
     if bad is not None:
-        flag = "--prompt-field " if args.reward == "model" else ""
-        sys.exit(f"error: {flag}{' and '.join(map(repr, fields))} is not a text field of record {bad + 1} of {source} "
-                 f"({sorted(records[bad])})")
+        sys.exit(f"error: {'' if verifier else '--prompt-field '}{' and '.join(map(repr, fields))} is blank or not a "
+                 f"text field of record {bad + 1} of {source} ({sorted(records[bad])})")
     texts = [r[args.prompt_field] for r in records] if args.reward == "model" else [
         args.prompt_template.replace("{question}", r["question"]) for r in records]
     if args.reward == "verifier" and args.chat_template:  # the chat template then holds the special tokens
@@ -458,7 +461,6 @@ def load_prompts(args: Args, tokenizer):
     token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"]
     kept = [(ids, answer or None) for ids, answer in zip(token_ids, answers)
             if 0 < len(ids) <= args.max_prompt_tokens and answer is not None]
-    verifier = args.reward == "verifier"
     print(f"{len(kept)} prompts, {len(records) - len(kept)} dropped as longer than --max-prompt-tokens "
           f"{args.max_prompt_tokens}" + (" or without an answer" if verifier else ""))
     if not kept:

@@ -11,10 +11,12 @@ the difference.
 
 import os
 
-# set before vLLM is imported: the engine lives in this process (weights are handed over as tensors), and float32
-# Triton kernels compute in IEEE float32, not TF32, so a float32 engine's logprobs are the learner's (docs/async.md)
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
+# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
 
 import glob
 import json
@@ -167,14 +169,14 @@ def grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantag
             "clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
             "zero_gradient_frac": no_gradient[tokens].float().mean().item(),
             "importance_weight_mean": importance_weights[tokens].mean().item(),
-            "importance_weight_ess": effective_sample_size(importance_weights[tokens]),
             "approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
         }
     return masked_sequence_mean(importance_weights * per_token, mask), stats
 
 
 def kl_penalty(new_logprobs, ref_logprobs, mask):
-    """k3 estimate of KL(pi || pi_ref) per token, aggregated like the loss (DeepSeekMath eq. 4): unbiased, >= 0."""
+    """k3 estimate of KL(pi || pi_ref) per token, aggregated like the loss (DeepSeekMath eq. 4): >= 0, unbiased only on
+    samples of pi (here mu's); as a loss, its expected gradient is that of KL(pi_ref || pi), not KL(pi || pi_ref)."""
     log_ratio = (ref_logprobs - new_logprobs) * mask
     return masked_sequence_mean(torch.exp(log_ratio) - log_ratio - 1, mask.float())
 
@@ -200,23 +202,23 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """Mean |learner - vLLM| logprob over response tokens: ~0 on equal weights, so it exposes a broken weight sync."""
+    """[sum, count] of |learner - vLLM| response-token logprobs, float64 to add up: ~0 means the weight sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
-    return (learner_logprobs.detach()[mask] - behaviour).abs().mean().item()
+    return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 # REWARD: a verifier, not a model: 1 if a solution's final number is the reference answer (see `extract_answer`), else 0
-# a number as written in solutions: optional sign (not the minus of "5-3"), optional $, thousands commas, decimals
-NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+# a number as written in solutions: sign (not the minus of "5-3"), $, thousands commas, decimals, exponent (2.5e3)
+NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
 
 
 def extract_answer(text: str) -> Optional[str]:
-    """The number after "####" (GSM8K's convention), else the text's last number, canonical ("1,234.00" -> "1234")."""
-    marked = re.search(r"####\s*(" + NUMBER + ")", text)
-    numbers = [marked.group(1)] if marked else re.findall(NUMBER, text)
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else the text's last one, canonical."""
+    marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
+    numbers = ([] if marked.group(2) else [marked.group(1)]) if marked else re.findall(NUMBER, text)
     try:
-        value = Decimal(numbers[-1].replace(",", "").replace("$", ""))
+        value = Decimal(re.sub(r"[,$ ]", "", numbers[-1]))
     except (IndexError, InvalidOperation):
         return None
     return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
@@ -349,8 +351,7 @@ def main():
         if ref_policy is not None:
             ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
         stats = {key: [] for key in ("loss", "kl", "grad_norm", "importance_ratio_mean", "importance_ratio_max",
-                                     "clipfrac", "zero_gradient_frac", "importance_weight_mean",
-                                     "importance_weight_ess", "approx_kl")}
+                                     "clipfrac", "zero_gradient_frac", "importance_weight_mean", "approx_kl")}
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -358,9 +359,9 @@ def main():
                 with learner_autocast(args):
                     new_logprobs = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
                                                   args.temperature)
-                if "gap" not in stats:  # before any update of this step: the learner holds policy version `step`
-                    stats["gap"] = logprob_gap(new_logprobs, response_mask[rows],
-                                               [batch["behaviour_logprobs"][i] for i in rows.tolist()])
+                if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
+                    stats["gap"] = stats.get("gap", 0) + logprob_gap(new_logprobs, response_mask[rows], [
+                        batch["behaviour_logprobs"][i] for i in rows.tolist()])  # every micro-batch's
                 anchor_logprobs, importance_weights = off_policy_anchor(
                     args.off_policy_correction, None if old_logprobs is None else old_logprobs[rows],
                     behaviour_logprobs[rows], args.importance_weight_cap)
@@ -381,6 +382,9 @@ def main():
             for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
+        # the ESS is the whole batch's: its weights again, from every row's pi_old and mu (the loop's: a micro-batch's)
+        importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs, behaviour_logprobs,
+                                               args.importance_weight_cap)[1]
 
         # TRY NOT TO MODIFY: logging
         grouped_rewards = batch["rewards"].view(-1, k)
@@ -395,10 +399,10 @@ def main():
             "policy/clipfrac": float(np.mean(stats["clipfrac"])),
             "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
             "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
-            "policy/importance_weight_ess": float(np.mean(stats["importance_weight_ess"])),
+            "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": stats["gap"],
+            "async/behaviour_learner_logprob_gap": (stats["gap"][0] / stats["gap"][1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/truncated_rate": batch["truncated_rate"],
             "val/response_length": batch["response_length"],

@@ -55,6 +55,11 @@ def null_prompt(tmp, tiny, arithmetic):
     (tmp / "null.jsonl").write_text("\n".join(lines[:2] + ['{"query": null}'] + lines[2:]) + "\n")
 
 
+def empty_prompt(tmp, tiny, arithmetic):  # once dropped without a word, counted as longer than --max-prompt-tokens
+    lines = (tiny / "prompts.jsonl").read_text().splitlines()
+    (tmp / "empty.jsonl").write_text("\n".join(lines[:2] + ['{"query": ""}'] + lines[2:]) + "\n")
+
+
 def empty_file(tmp, tiny, arithmetic):
     (tmp / "empty.jsonl").write_text("")
 
@@ -88,7 +93,9 @@ BAD_INPUTS = [
     ("async_dpo.py", rm_flags, ("--output-dir", "{tiny}/policy"), nothing,
      "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
     ("async_dpo.py", rm_flags, ("--dataset-name", "{tmp}/null.jsonl"), null_prompt,
-     "--prompt-field 'query' is not a text field of record 3 of {tmp}/null.jsonl"),
+     "--prompt-field 'query' is blank or not a text field of record 3 of {tmp}/null.jsonl"),
+    ("multigpu/async_ppo_multigpu.py", rm_flags, ("--dataset-name", "{tmp}/empty.jsonl"), empty_prompt,
+     "--prompt-field 'query' is blank or not a text field of record 3 of {tmp}/empty.jsonl"),
     ("async_dpo.py", rm_flags, ("--dataset-name", "{tmp}/bad.jsonl"), corrupt_jsonl,
      "{tmp}/bad.jsonl line 3: not valid JSON (Unterminated string"),
     ("async_grpo_gsm8k.py", grpo_flags, ("--dataset-path", "{tmp}/problems"), corrupt_problems,

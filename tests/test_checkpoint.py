@@ -151,8 +151,9 @@ def test_resuming_keeps_the_micro_batch_the_default_chose(tmp_path, monkeypatch)
         grpo.load_checkpoint(grpo.Args(resume_from=str(run_dir), micro_batch_size=8))
 
 
-def test_another_scripts_or_a_damaged_checkpoint_is_refused_in_one_line(tmp_path):
-    """A DPO checkpoint given to RLOO names the script that made it; a cut-short state.pt is named."""
+def test_another_scripts_a_damaged_or_a_core_s_checkpoint_is_refused_in_one_line(tmp_path):
+    """A DPO checkpoint given to RLOO names the script that made it; a cut-short state.pt is named; a core's run folder
+    is told apart (the cores save policy snapshots, which do not resume)."""
     from conftest import load_script
     import torch
 
@@ -167,3 +168,9 @@ def test_another_scripts_or_a_damaged_checkpoint_is_refused_in_one_line(tmp_path
     state.write_bytes(state.read_bytes()[:200])
     with pytest.raises(SystemExit, match=f"error: --resume-from: {re.escape(str(state))} cannot be read"):
         dpo.load_checkpoint(dpo.Args(resume_from=str(run_dir)))
+    # a core's run folder, or one of its policy snapshots (save_policy: checkpoint_<step>/policy, nothing else)
+    core_run = tmp_path / "runs" / "async_rloo__1__1"
+    (core_run / "checkpoint_4" / "policy").mkdir(parents=True)
+    for given in (core_run, core_run / "checkpoint_4"):
+        with pytest.raises(SystemExit, match=r"holds no checkpoint \(--save-every's; a core script saves none\)$"):
+            rloo.load_checkpoint(rloo.Args(resume_from=str(given)))

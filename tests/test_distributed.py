@@ -2,6 +2,9 @@
 the same losses; the engine (rank 0's, in a process of its own) serves exactly the learners' weights; a crash on a
 non-zero rank ends the whole job within seconds, with its traceback. Real engine, tiny models, gloo on CPU."""
 
+import glob
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,21 +18,24 @@ from safetensors.torch import load_file
 from conftest import ENV, REPO, kill_group, read_metrics, run_script
 
 STEPS = 3
-# the multigpu variants, async and sync (--async-steps 0) alternating; FSDP2 on PPO (two sharded models under one
-# optimizer) and RLOO
+# the multigpu variants, async and sync (--async-steps 0) alternating; DDP, and for RLOO and PPO (two sharded models
+# under one optimizer) also FSDP2 (--fsdp): the first micro-batch's pi_old from the training forward under either
+RLOO_KEYS = ("losses/policy_loss", "objective/kl", "policy/approx_kl", "policy/grad_norm")
+PPO_KEYS = ("losses/policy_loss", "losses/value_loss", "objective/kl", "policy/grad_norm")
 CASES = {
     "multigpu/async_dpo_multigpu.py": ("losses/dpo_loss", "objective/kl", "policy/chosen_rejected_logratio",
                                        "policy/grad_norm"),
-    "multigpu/async_rloo_multigpu.py --async-steps 0": ("losses/policy_loss", "objective/kl", "policy/approx_kl",
-                                                        "policy/grad_norm"),
-    "multigpu/async_ppo_multigpu.py": ("losses/policy_loss", "losses/value_loss", "objective/kl", "policy/grad_norm"),
+    "multigpu/async_rloo_multigpu.py --async-steps 0 --fsdp": RLOO_KEYS,
+    "multigpu/async_rloo_multigpu.py": RLOO_KEYS,
+    "multigpu/async_ppo_multigpu.py --fsdp": PPO_KEYS,
+    "multigpu/async_ppo_multigpu.py --async-steps 0": PPO_KEYS,
     "multigpu/async_grpo_gsm8k_multigpu.py --async-steps 0": ("losses/policy_loss", "objective/accuracy",
                                                               "policy/approx_kl", "policy/grad_norm"),
 }
 
 
 def flags(case, tiny, arithmetic_folder):
-    script, *extra = case.split()  # "path --async-steps 0": sync at scale
+    script, *extra = case.split()  # "path --async-steps 0": sync at scale; "path --fsdp": FSDP2, else DDP
     common = (*extra, "--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--prompts-per-step",
               "4",
               "--num-learner-steps", str(STEPS), "--learning-rate", "3e-3", "--seed", "5", "--kv-cache-gib", "0.25",
@@ -40,13 +46,13 @@ def flags(case, tiny, arithmetic_folder):
                 "--num-eval-prompts", "8", "--eval-every", "2", "--temperature", "1.0", "--weight-decay", "0.01")
     common += ("--reward-model-path", str(tiny / "rm"), "--dataset-name", str(tiny / "prompts.jsonl"),
                "--max-prompt-tokens", "64")
-    if "ppo" in script:  # one mini-batch of four prompts, two samples each, FSDP2: each rank's share is two
-        # micro-batches, the first's pi_old and V_old from its training forward, the second's from no-grad passes
-        return (*common, "--num-samples-per-prompt", "2", "--fsdp")
-    if "rloo" in script:  # two mini-batches, FSDP2: each rank's share of the first is one micro-batch, so its training
+    if "ppo" in script:  # one mini-batch of four prompts, two samples each: each rank's share is two micro-batches,
+        # the first's pi_old and V_old from its training forward, the second's from no-grad passes
+        return (*common, "--num-samples-per-prompt", "2")
+    if "rloo" in script:  # two mini-batches: each rank's share of the first is one micro-batch, so its training
         # forward gives pi_old (gathered) and runs before the second's no-grad pass; one process: the first mini-batch's
         # first micro-batch from the training forward, its second from a no-grad pass
-        return (*common, "--num-mini-batches", "2", "--fsdp")
+        return (*common, "--num-mini-batches", "2")
     return common
 
 
@@ -63,10 +69,10 @@ def torchrun(target, cwd, *args, nproc: int = 2, timeout: float = 900):
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), time.time() - start
 
 
-@pytest.mark.parametrize("script", list(CASES))
-def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path, script):
-    args = [*flags(script, tiny, arithmetic_folder)]
-    script = script.split()[0]
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path, case):
+    args = [*flags(case, tiny, arithmetic_folder)]
+    script = case.split()[0]
     one_args = [a for a in args if a != "--fsdp"]  # --fsdp needs two or more processes
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
@@ -80,7 +86,7 @@ def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path,
     one, both = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")  # one run folder: rank 0 logs
     assert [m["step"] for m in both] == list(range(STEPS))
     assert [m["episodes"] for m in both] == [m["episodes"] for m in one]
-    for key in next(keys for case, keys in CASES.items() if case.startswith(script)):
+    for key in CASES[case]:
         assert [m[key] for m in both] == pytest.approx([m[key] for m in one], rel=1e-4, abs=1e-5), key
     # the engine runs in a process of its own under torchrun: its logprobs of the first batch equal the learners'
     # (the weight-sync guard also checked every hand-over, or the run would have stopped)
@@ -105,7 +111,7 @@ def test_a_crash_on_another_rank_ends_the_job_with_its_traceback(tiny, tmp_path)
         "    torch.optim.AdamW.step = step\n"
         "sys.argv = sys.argv[1:]\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    args = [str(REPO / "multigpu/async_rloo_multigpu.py"), *flags("multigpu/async_rloo_multigpu.py", tiny, None)]
+    args = [str(REPO / "multigpu/async_rloo_multigpu.py"), *flags("multigpu/async_rloo_multigpu.py --fsdp", tiny, None)]
     proc, seconds = torchrun(wrapper, tmp_path, *args, timeout=600)
     assert proc.returncode != 0
     assert "RuntimeError: injected failure on rank 1" in proc.stderr
@@ -127,28 +133,64 @@ def test_a_tensor_parallel_engine_serves_the_learners_weights(tiny, tmp_path, mo
     assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4
 
 
+def stop_by_signal(signum, cmd, cwd, after_steps: int):
+    """Start `cmd` (torchrun, or one process) in a session of its own, send `signum` to its process group once
+    `after_steps` learner steps are logged, as a Ctrl-C in a terminal or a cluster's SIGTERM does, and wait until every
+    process of the job has ended. Returns the job's output (stdout and stderr) and the pids the job had."""
+    with open(cwd / "output", "w") as output:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while sum(len(p.read_text().splitlines()) for p in cwd.glob("runs/*/metrics.jsonl")) < after_steps:
+            assert proc.poll() is None and time.time() < deadline, (cwd / "output").read_text()[-3000:]
+            time.sleep(0.2)
+        job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        assert len(job) >= 3  # torchrun or the learner, and the engine's processes (and vLLM's helpers)
+        os.killpg(proc.pid, signum)  # torchrun hands it to every rank's process group
+        assert proc.wait(timeout=120) != 0
+        _, alive = psutil.wait_procs(job, timeout=5)  # the engine's processes end with the job, not later
+        assert not alive, [p.cmdline()[:3] for p in alive]
+    finally:
+        kill_group(proc)
+    return (cwd / "output").read_text(), [p.pid for p in job]
+
+
 def test_a_sigterm_without_save_every_ends_the_engine_process_and_the_weights_folder_with_the_job(tiny, tmp_path):
     """Issue 30: a SIGTERM to a torchrun job without --save-every stops it at once, yet through `finally` and atexit:
     the engine's own process ends with the job (not 8-40 s later) and no copy of the weights stays in --weights-dir."""
     rloo = "multigpu/async_rloo_multigpu.py"
     (tmp_path / "shm").mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(REPO / rloo),
-           *flags(rloo, tiny, None), "--num-learner-steps", "1000", "--weights-dir", str(tmp_path / "shm")]
-    with open(tmp_path / "stderr", "w") as stderr:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=stderr,
-                                start_new_session=True)
-    try:
-        deadline = time.time() + 600
-        while not list(tmp_path.glob("runs/*/metrics.jsonl")) or not read_metrics(tmp_path):
-            assert proc.poll() is None and time.time() < deadline, (tmp_path / "stderr").read_text()[-3000:]
-            time.sleep(1)
-        job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        assert len(job) >= 4  # torchrun, two learners, the engine's process (and vLLM's helpers)
-        proc.send_signal(signal.SIGTERM)  # torchrun hands it to every rank
-        proc.wait(timeout=120)
-        gone, alive = psutil.wait_procs(job, timeout=5)
-        assert not alive, [p.cmdline()[:3] for p in alive]
-        assert not list((tmp_path / "shm").iterdir())
-        assert "SIGTERM: stopped at once; no checkpoint (--save-every 0)" in (tmp_path / "stderr").read_text()
-    finally:
-        kill_group(proc)
+           *flags(f"{rloo} --fsdp", tiny, None), "--num-learner-steps", "1000", "--weights-dir", str(tmp_path / "shm")]
+    output, _ = stop_by_signal(signal.SIGTERM, cmd, tmp_path, after_steps=1)
+    assert not list((tmp_path / "shm").iterdir())
+    assert "SIGTERM: stopped at once; no checkpoint (--save-every 0)" in output
+
+
+@pytest.mark.parametrize("launch", ["torchrun", "tensor-parallel"])
+def test_a_signal_to_the_process_group_saves_the_checkpoint_it_announces(tiny, tmp_path, monkeypatch, launch):
+    """Issue 42: a Ctrl-C (SIGINT) or SIGTERM to the whole process group with --save-every reaches the learners only
+    (vLLM's engine processes have a session of their own), so the learner takes the batches in flight from the engine,
+    saves, and names the checkpoint once (rank 0, after writing it); no copy of the weights stays in /dev/shm, and the
+    engine's processes end with the job. The checkpoint resumes: the resumed run is then stopped the other way."""
+    rloo = "multigpu/async_rloo_multigpu.py"
+    cmd = [*([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"] if launch == "torchrun" else
+             [sys.executable]), str(REPO / rloo), *flags(rloo, tiny, None), "--num-learner-steps", "1000",
+           "--save-every", "2"]
+    if launch == "tensor-parallel":  # one learner, the engine's two workers in processes of their own
+        monkeypatch.setitem(ENV, "VLLM_CPU_OMP_THREADS_BIND", "0|1")
+        cmd += ["--engine-tensor-parallel-size", "2"]
+    checkpoint = None
+    for signum in (signal.SIGINT, signal.SIGTERM):  # the first checkpoint is due after 2 steps
+        resume = ["--resume-from", checkpoint] if checkpoint else []
+        output, pids = stop_by_signal(signum, cmd + resume, tmp_path, int(checkpoint.split("_")[-1]) + 1 if
+                                      checkpoint else 2)
+        announced = re.findall(r"continue with --resume-from (\S+)", output)
+        assert len(announced) == 1, output[-3000:]  # rank 0's line; the other rank ends without one
+        assert f"{signum.name}: stopped after learner step" in output
+        if checkpoint:
+            assert f"resuming from {checkpoint}" in output
+        checkpoint = announced[0]
+        assert (tmp_path / checkpoint / "state.pt").exists()  # the one it announces, complete
+        assert int(checkpoint.split("_")[-1]) >= 3  # a stop's own, after the one due at step 2
+        assert not [path for pid in pids for path in glob.glob(f"/dev/shm/clean-async-rlhf-{pid}-*")]

@@ -58,6 +58,13 @@ def gsm8k_folder(tmp_path_factory):
     ("The total is $2,500.", "2500"),  # a sentence-final period is not a decimal point
     ("costs 0.25 each", "0.25"),
     ("#### the answer is 42", "42"),  # a marker without a number falls back to the last number
+    ("#### 1 000", "1000"),  # thousands grouped by spaces, after the marker only
+    ("#### 2.5e3", "2500"),  # an exponent
+    ("it is 1.2E-2", "0.012"),
+    ("#### 12,34", None),  # neither thousands nor a decimal point: refused, not read as 12 or 34
+    ("#### 1,000,00", None),
+    ("#### 5e999999999", None),  # an exponent of at most three digits: no billion-digit integer
+    ("Answer: 3 500 apples", "500"),  # no space grouping outside the marker
     ("I do not know.", None),
     ("", None),
 ])

@@ -148,8 +148,10 @@ def test_rloo_weights_each_token_and_clips_each_sequence_by_hand():
     assert new.grad.flatten().tolist() == pytest.approx([-1.5, -2.0, -0.5, 0.0, 0.0, 0.0])
     assert stats["importance_ratio_max"] == pytest.approx(1.5)
     assert stats["clipfrac"] == stats["zero_gradient_frac"] == 0.5
-    # the weight statistics are over the five response tokens: mean 7 / 5, ESS 7^2 / (5 * 11.5)
-    assert (stats["importance_weight_mean"], stats["importance_weight_ess"]) == pytest.approx((1.4, 49 / 57.5))
+    # the weight statistics are over the five response tokens: mean 7 / 5, ESS 7^2 / (5 * 11.5) (which the scripts log
+    # for the whole batch, from its weights, not per micro-batch)
+    assert stats["importance_weight_mean"] == pytest.approx(1.4) and "importance_weight_ess" not in stats
+    assert rloo.effective_sample_size(weights[mask.bool()]) == pytest.approx(49 / 57.5)
 
 
 def test_rloo_decoupled_is_paper_when_the_sampler_is_the_learner():
@@ -236,25 +238,42 @@ def test_defaults_are_the_papers_loss_without_dual_clip(script):
     assert tyro.cli(script.Args, args=["--dual-clip", "3"]).dual_clip == 3.0
 
 
+@pytest.mark.parametrize("gradient_checkpointing", [False, True], ids=["eager", "checkpointed"])
+@pytest.mark.parametrize("model_name", ["llama", "neox"])
 @pytest.mark.parametrize("learner_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("algo", ["grpo_gsm8k", "rloo", "ppo"])
-def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_grad_pass_bit_for_bit(tiny, algo,
-                                                                                                   learner_dtype):
+def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_grad_pass_bit_for_bit(
+        tiny, algo, learner_dtype, model_name, gradient_checkpointing):
     """The multigpu variants take pi_old of their first mini-batch (no update yet) from its own training forward,
     detached, instead of the no-grad pass their cores make (RLOO and PPO of its first micro-batch only, run
     before the others' no-grad passes, as their rewards need pi_old of every row before the first loss; PPO its values
     V_old too): the update is the same only if the two are equal bit for bit, in the loop's micro-batches, under either
-    --learner-dtype."""
+    --learner-dtype, on a Llama and a GPT-NeoX (Pythia) model, and with --gradient-checkpointing, which runs the models
+    in training mode (its dropouts set to 0) and their layers through torch.utils.checkpoint."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     # the shortcut lives in the multigpu variants (the cores do the plain no-grad passes), loaded here as one process
     script = load_script(f"multigpu/async_{algo}_multigpu.py")
-    tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
-    model = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
+    prefix = "neox_" if model_name == "neox" else ""
+    tokenizer = AutoTokenizer.from_pretrained(tiny / f"{prefix}policy")
+    # dropout in the config, which only --gradient-checkpointing's training mode could turn on (Pythia's and the tiny
+    # models' are 0): the helper must set every dropout to 0, or the two passes draw different masks
+    dropout = dict(attention_dropout=0.1, hidden_dropout=0.1) if model_name == "neox" else dict(attention_dropout=0.1)
+    model = AutoModelForCausalLM.from_pretrained(tiny / f"{prefix}policy", dtype=torch.float32, **dropout).eval()
+    value_model = None
+    if algo == "ppo":  # the critic: the reward model's weights, trained, as in the variant's main
+        value_model = AutoModelForSequenceClassification.from_pretrained(tiny / f"{prefix}rm", num_labels=1,
+                                                                         dtype=torch.float32, **dropout).eval()
+        value_model.config.pad_token_id = tokenizer.pad_token_id  # as the variant's main: its forward pools at padding
+    for trained in filter(None, (model, value_model)):
+        if gradient_checkpointing:  # as the variant's main does for --gradient-checkpointing
+            script.enable_gradient_checkpointing(trained)
+        assert trained.is_gradient_checkpointing == trained.training == gradient_checkpointing
     prompts = [tokenizer(f"Natalia sold {n} clips").input_ids for n in range(6)]
     responses = [tokenizer(" to her friends" * (1 + n % 3)).input_ids for n in range(6)]
     ids, attn, resp = script.pad_sequences(prompts, responses, tokenizer.pad_token_id, "cpu")
-    args = script.Args(learner_device="cpu", learner_dtype=learner_dtype, micro_batch_size=4, temperature=0.7)
+    args = script.Args(learner_device="cpu", learner_dtype=learner_dtype, micro_batch_size=4, temperature=0.7,
+                       gradient_checkpointing=gradient_checkpointing)
     mini_batches = script.chunks(torch.tensor([4, 1, 5, 0, 3, 2]), 6)  # shuffled rows, as PPO's epochs
     no_grad = script.token_logprobs_no_grad(model, ids, attn, resp, args, mini_batches)
     assert not script.token_logprobs_no_grad(model, ids, attn, resp, args, mini_batches[1:]).any()  # none: no pass
@@ -265,8 +284,6 @@ def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_gra
         trained = trained[0] if algo == "ppo" else trained
         assert trained.requires_grad and torch.equal(trained.detach(), no_grad[rows])
     if algo == "ppo":  # V_old: the value model's no-grad pass (the loop's, inline) against its training forward
-        value_model = AutoModelForSequenceClassification.from_pretrained(tiny / "rm", num_labels=1).eval()
-        value_model.config.pad_token_id = tokenizer.pad_token_id  # as the variant's main: its forward pools at padding
         for rows in script.chunks(mini_batches[0], args.micro_batch_size):
             with torch.no_grad(), script.learner_autocast(args):
                 values = script.get_values(value_model, ids[rows], attn[rows])
@@ -280,3 +297,17 @@ def test_effective_sample_size_is_kish_s_fraction(script):
     assert ess(torch.ones(8)) == pytest.approx(1.0)
     assert ess(torch.tensor([1.0, 0.0, 0.0, 0.0])) == pytest.approx(0.25)  # one term carries the batch: 1/n
     assert ess(torch.tensor([2.0, 1.0, 1.0, 0.0])) == pytest.approx(16 / (4 * 6))
+
+
+def test_the_logprob_gap_adds_up_over_micro_batches_and_ranks(script):
+    """logprob_gap gives [sum |learner - vLLM|, tokens] of its rows, so the logged gap (their ratio, summed over every
+    micro-batch before the step's first update and over the ranks) is the mean over all those tokens, however the rows
+    are split: here a 1-token and a 3-token response, whose mean gaps (0.5 and 0.1) a mean of means would weigh alike."""
+    learner = torch.tensor([[-1.5, 0.0, 0.0, 0.0], [-1.0, -2.0, -3.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])  # prompt token, then the response; column t = token t+1
+    behaviour = [[-1.0], [-0.9, -2.1, -3.1]]
+    parts = [script.logprob_gap(learner[i : i + 1], mask[i : i + 1], behaviour[i : i + 1]) for i in range(2)]
+    whole = script.logprob_gap(learner, mask, behaviour)
+    assert whole.dtype == torch.float64 and whole.tolist() == pytest.approx([0.8, 4.0])
+    assert (parts[0] + parts[1]).tolist() == pytest.approx(whole.tolist())
+    assert (whole[0] / whole[1]).item() == pytest.approx(0.2)  # not (0.5 + 0.1) / 2

@@ -16,7 +16,7 @@ import torch
 
 from conftest import ENV, REPO, kill_group, load_script, read_metrics
 
-ASYNC, SYNC = "async_ppo.py", "sync_baselines/sync_ppo.py"
+ASYNC, SYNC, MULTIGPU = "async_ppo.py", "sync_baselines/sync_ppo.py", "multigpu/async_ppo_multigpu.py"
 
 
 @pytest.fixture(scope="module")
@@ -134,10 +134,12 @@ BAD_INPUTS = [
 
 @pytest.fixture(scope="module")
 def runs(tiny, tmp_path_factory):
-    """K=1 (ratio to vLLM's logprobs) and K=2 (decoupled) async runs (5 steps), a sync run with N=2 and the paper's
-    loss (4 steps), and the bad-input runs, all in parallel."""
+    """K=1 (ratio to vLLM's logprobs) and K=2 (decoupled, two micro-batches) async runs (5 steps), the K=2 run again on
+    the multigpu variant, a sync run with N=2 and the paper's loss (4 steps), and the bad-input runs, all in parallel."""
+    k2 = ("--num-learner-steps", "5", "--async-steps", "2", "--off-policy-correction", "decoupled",
+          "--micro-batch-size", "4")
     jobs = {"k1": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "1", "--off-policy-correction", "behaviour")),
-            "k2": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "2", "--off-policy-correction", "decoupled")),
+            "k2": (ASYNC, k2), "k2_multigpu": (MULTIGPU, k2),
             "sync": (SYNC, ("--num-learner-steps", "4", "--num-mini-batches", "2"))}
     jobs.update({f"bad{i}": (script, ("--num-learner-steps", "2", *flags))
                  for i, (script, flags, _) in enumerate(BAD_INPUTS)})
@@ -212,10 +214,16 @@ def test_behaviour_mode_ratio_and_kl_are_those_of_the_policy_that_sampled(runs):
     assert all(m["policy/importance_weight_mean"] == 1.0 for m in metrics)
 
 
-def test_decoupled_mode_clips_around_the_learner_and_weights_by_the_staleness(runs):
-    metrics = metrics_of(runs, "k2")
+@pytest.mark.parametrize("name", ["k2", "k2_multigpu"])
+def test_decoupled_mode_clips_around_the_learner_and_weights_by_the_staleness(runs, name):
+    metrics = metrics_of(runs, name)
+    # two micro-batches: the core takes pi_old of both from no-grad passes, the multigpu variant that of the first from
+    # its training forward and that of the second from a no-grad pass; the first update's ratio is 1 only if the
+    # no-grad passes give every row of the loop what its training forward computes, at the row's place
+    assert "micro-batch 4 of 8 sequences" in runs[name][2]
     for m in metrics:  # N = 1: the only update is the first, where pi = pi_old bit for bit
-        assert m["policy/importance_ratio_max"] == 1.0 and m["policy/clipfrac"] == 0.0
+        assert m["policy/importance_ratio_max"] == 1.0 and m["policy/approx_kl"] == 0.0  # no token's ratio below 1
+        assert m["policy/clipfrac"] == 0.0 and m["policy/zero_gradient_frac"] == 0.0
     # the truncated weight pi_old / mu: 1 while the learner still holds the sampling version, not once it moved on
     assert metrics[0]["policy/importance_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert abs(metrics[-1]["policy/importance_weight_mean"] - 1.0) > 1e-3

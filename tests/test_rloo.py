@@ -113,9 +113,13 @@ def test_behaviour_mode_takes_the_ratio_to_the_policy_that_sampled(async_runs):
 
 def test_paper_mode_ratio_is_exactly_one_at_the_first_update_however_stale(async_runs):
     metrics = async_runs["k2"][2]  # N=1: each step's only update is its first
+    # pi_old from a no-grad pass, pi from the update's forwards, both in two micro-batches: the ratio is 1 only if the
+    # no-grad pass gives every row of the loop what its training forward computes, at the row's place
+    assert "micro-batch 4 of 8 sequences" in async_runs["k2"][1].stdout
     assert metrics[-1]["async/staleness"] == 2 and metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
     for m in metrics:  # recomputed in the very micro-batches of the update: equal bit for bit
         assert m["policy/importance_ratio_max"] == 1.0 and m["policy/importance_ratio_mean"] == 1.0
+        assert m["policy/approx_kl"] == 0.0  # the sequences' log-ratios are 0, not merely rounded away by exp
         assert m["policy/clipfrac"] == 0.0 and m["policy/zero_gradient_frac"] == 0.0
 
 
@@ -136,17 +140,29 @@ def test_the_multigpu_variant_s_shortcut_trains_exactly_as_the_core(async_runs):
 
 def test_decoupled_mode_weights_each_token_of_stale_steps_only(tiny, tmp_path):
     """--off-policy-correction decoupled at K = 2: the weights min(pi_old / mu, cap) are per token; at step 0 the engine
-    and the learner hold the same weights, so they are all 1 up to the float gap; later they spread, within the cap."""
-    proc, _ = run_script(ASYNC, tmp_path, *common_flags(
-        tiny, "--num-learner-steps", "4", "--async-steps", "2", "--num-mini-batches", "2", "--off-policy-correction",
-        "decoupled", "--importance-weight-cap", "1.5", "--output-dir", str(tmp_path / "model")))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    metrics = read_metrics(tmp_path)
+    and the learner hold the same weights, so they are all 1 up to the float gap; later they spread, within the cap.
+    Their effective sample size and the logprob gap are the whole batch's: one sequence per micro-batch logs what the
+    whole mini-batch at once logs (a mean of per-micro-batch values, as before, would not)."""
+    metrics = {}
+    for micro_batch_size in ("1", "4"):  # 4: the whole mini-batch (8 sequences in N = 2)
+        cwd = tmp_path / f"m{micro_batch_size}"
+        cwd.mkdir()
+        proc, _ = run_script(ASYNC, cwd, *common_flags(
+            tiny, "--num-learner-steps", "4", "--async-steps", "2", "--num-mini-batches", "2",
+            "--off-policy-correction", "decoupled", "--importance-weight-cap", "1.5",
+            "--micro-batch-size", micro_batch_size))
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        metrics[micro_batch_size] = read_metrics(cwd)
+    metrics, one = metrics["4"], metrics["1"]
     assert metrics[0]["policy/importance_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert metrics[0]["policy/importance_weight_ess"] == pytest.approx(1.0, abs=1e-6)
     for m in metrics[1:]:  # a version or two stale: the tokens' weights differ, none above the cap
         assert m["policy/importance_weight_ess"] < 1.0 and m["policy/importance_weight_mean"] <= 1.5
         assert math.isfinite(m["losses/policy_loss"]) and math.isfinite(m["policy/grad_norm"])
+    # the same samples (steps 0-2 from version 0, step 3 from a version 1 equal to rounding): the same numbers
+    for key in ("policy/importance_weight_ess", "async/behaviour_learner_logprob_gap"):
+        assert [m[key] for m in one] == pytest.approx([m[key] for m in metrics], rel=1e-4, abs=1e-9), key
+    assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
 
 
 def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_path):
