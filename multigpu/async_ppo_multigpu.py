@@ -798,7 +798,7 @@ def read_records(args: Args, source: str, split: str):
         return list(datasets.load_dataset(source, args.dataset_config, split=split))
     with open(source) as f:
         text, records = f.read(), []
-    for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.splitlines(), 1):
+    for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.split("\n"), 1):
         try:
             value = json.loads(chunk) if chunk.strip() else []
         except json.JSONDecodeError as e:

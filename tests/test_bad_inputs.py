@@ -28,8 +28,8 @@ def grpo_flags(tiny, folder, *extra):
             "--kv-cache-gib", "0.25", *extra)
 
 
-def corrupt_jsonl(tmp, tiny, arithmetic):
-    lines = (tiny / "prompts.jsonl").read_text().splitlines()
+def corrupt_jsonl(tmp, tiny, arithmetic):  # line 1 holds a raw U+2028 in a string: valid JSON, one line to an editor
+    lines = ['{"query": "a line\u2028separator"}'] + (tiny / "prompts.jsonl").read_text().splitlines()[1:]
     (tmp / "bad.jsonl").write_text("\n".join(lines[:2] + ['{"query": "cut off'] + lines[2:]) + "\n")
 
 
