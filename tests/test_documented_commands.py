@@ -44,7 +44,8 @@ from conftest import REPO, load_script
 
 ALGOS = ("dpo", "rloo", "ppo", "grpo_gsm8k")
 ALGORITHM_SCRIPTS = [f"{prefix}{algo}{suffix}.py" for prefix, suffix in
-                     (("async_", ""), ("sync_baselines/sync_", ""), ("multigpu/async_", "_multigpu")) for algo in ALGOS]
+                     (("async_", ""), ("sync_baselines/sync_", ""), ("multigpu/async_", "_multigpu")) for algo in ALGOS
+                     ] + ["async_grpo_gsm8k_inflight.py"]
 MULTIGPU = [f"multigpu/async_{algo}_multigpu.py" for algo in ALGOS]
 DOCS = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
 SCRIPTS = ALGORITHM_SCRIPTS + sorted(str(p.relative_to(REPO)) for folder in ("benchmark", "tools")

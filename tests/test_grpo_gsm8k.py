@@ -244,7 +244,7 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("script", [ASYNC, SYNC])
+@pytest.mark.parametrize("script", [ASYNC, SYNC, "async_grpo_gsm8k_inflight.py"])
 @pytest.mark.parametrize("flags,message", BAD_INPUTS)
 def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, arithmetic_folder, tmp_path, cli, script,
                                                                  flags, message):

@@ -27,6 +27,7 @@ from conftest import ENV, REPO, read_metrics, run_script
 ALGOS = ("dpo", "rloo", "ppo", "grpo_gsm8k")
 PAIRS = {algo: (f"async_{algo}.py", f"sync_baselines/sync_{algo}.py") for algo in ALGOS}
 MULTIGPU = {algo: f"multigpu/async_{algo}_multigpu.py" for algo in ALGOS}
+INFLIGHT = "async_grpo_gsm8k_inflight.py"  # the GRPO core with in-flight weight updates (issue 45)
 ASYNC_SCRIPTS = [pair[0] for pair in PAIRS.values()]
 REWARD_MODEL_SCRIPTS = ["async_dpo.py", "async_rloo.py", "async_ppo.py"]
 ASYNC_ONLY = {"generation_thread", "receive"}
@@ -34,6 +35,10 @@ ASYNC_ONLY = {"generation_thread", "receive"}
 # the ranks' shares of a batch, the thread's resume and spare copies, and the signal handling that saves a checkpoint
 MULTIGPU_CHANGES = {"Args", "check_args", "build_engine", "push_weights_to_engine", "sync_engine", "generation_thread",
                     "token_logprobs_no_grad", "stop_requests", "get_values", "main", "start_tracking", "save_final"}
+# what in-flight weight updates change in the GRPO core: the flags and their checks, step-by-step decoding with each
+# token's version, the in-flight push and guard, the thread that swaps, the engine's scheduling, the loop's metrics
+INFLIGHT_CHANGES = {"Args", "check_args", "generate", "produce_batch", "push_weights_to_engine", "check_weight_sync",
+                    "generation_thread", "build_engine", "main"}
 # the reading budgets of a core (../STYLE.md, habit 11): lines above the PLUMBING banner, and of the whole file; a
 # feature that needs more room goes below the banner, to the multigpu variant, a tool or the docs
 ABOVE_BANNER = {"dpo": 450, "rloo": 520, "grpo_gsm8k": 540, "ppo": 620}
@@ -145,6 +150,15 @@ def test_the_multigpu_variant_is_the_core_plus_scale_out(algo):
     assert set(changed) <= MULTIGPU_CHANGES, f"changed outside the list: {sorted(set(changed) - MULTIGPU_CHANGES)}"
 
 
+def test_the_in_flight_variant_is_the_grpo_core_plus_in_flight_updates():
+    core, variant = functions(PAIRS["grpo_gsm8k"][0]), functions(INFLIGHT)
+    assert set(core) == set(variant)
+    changed = sorted(name for name in core if core[name] != variant[name])
+    assert set(changed) <= INFLIGHT_CHANGES, f"changed outside the list: {sorted(set(changed) - INFLIGHT_CHANGES)}"
+    lines = {path: len((REPO / path).read_text().splitlines()) for path in (PAIRS["grpo_gsm8k"][0], INFLIGHT)}
+    assert lines[INFLIGHT] <= lines[PAIRS["grpo_gsm8k"][0]] + 70, lines  # a diff a reader reads in one sitting
+
+
 @pytest.mark.parametrize("name,scripts", COMMON, ids=[f"{name}-{len(scripts)}" for name, scripts in COMMON])
 def test_common_helpers_are_identical_across_algorithms(name, scripts):
     sources = {script: functions(script).get(name) for script in scripts}
@@ -167,7 +181,7 @@ def test_the_learner_side_of_the_hand_off_is_the_same_in_every_async_script():
 def test_every_file_reads_in_the_same_order_and_points_at_its_docs(algo):
     """Args, the algorithm, reward, generation, `main()`, then one PLUMBING banner and what a reader may skip; line 1
     names the docs page; the file ends by calling `main()`."""
-    for path in (*PAIRS[algo], MULTIGPU[algo]):
+    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT] * (algo == "grpo_gsm8k")):
         source = (REPO / path).read_text()
         assert source.startswith("# docs: docs/"), path
         assert (REPO / source.split()[2].split("#")[0]).exists(), path

@@ -1,0 +1,174 @@
+"""In-flight weight updates (async_grpo_gsm8k_inflight.py, issue 45) on the real CPU engine and tiny models.
+
+What the variant promises: each sampled token records the policy version whose weights computed it; under
+`--in-flight-kv recompute` its logprob is then exactly that version's, under `keep` the old weights' KV shows in it;
+`--in-flight fixed` swaps at declared decoding steps, so a seeded run is reproducible bit for bit; `--in-flight off`
+is the core, step by step.
+"""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import load_script, read_metrics, run_script
+
+CORE, INFLIGHT = "async_grpo_gsm8k.py", "async_grpo_gsm8k_inflight.py"
+
+
+def run_side_by_side(tmp_path, runs, flags):
+    """{name: (script, extra flags)} run two at a time (2 cores), each in tmp_path/name; returns their metrics."""
+    for name in runs:
+        (tmp_path / name).mkdir()
+    with ThreadPoolExecutor(2) as pool:
+        done = {name: pool.submit(run_script, script, tmp_path / name, *flags, *extra,
+                                  "--output-dir", str(tmp_path / name / "model"))
+                for name, (script, extra) in runs.items()}
+    for name, future in done.items():
+        proc, _ = future.result()
+        assert proc.returncode == 0, f"{name}: {proc.stderr[-4000:]}"
+    return {name: read_metrics(tmp_path / name) for name in runs}
+
+
+def untimed(metrics):
+    return [{key: value for key, value in m.items() if not key.startswith("time/")} for m in metrics]
+
+
+def evaluations(folder):
+    lines = next((folder / "runs").glob("*/eval.jsonl")).read_text().splitlines()
+    return untimed([json.loads(line) for line in lines])
+
+
+def same_weights(a, b):
+    a, b = (load_file(folder / "model" / "model.safetensors") for folder in (a, b))
+    return a.keys() == b.keys() and all(a[key].equal(b[key]) for key in a)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny, arithmetic_folder, tmp_path_factory):
+    """The core and `off` (same flags, the core's correction); `fixed` twice (K = 2, a boundary every 4 decoding steps,
+    so two versions enter each batch); `asap` with recomputed KV. Three learner steps of two mini-batches each."""
+    tmp_path = tmp_path_factory.mktemp("inflight")
+    flags = ("--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--num-learner-steps", "3",
+             "--num-mini-batches", "2", "--learning-rate", "3e-3", "--seed", "3", "--sample-every", "2",
+             "--dataset-path", str(arithmetic_folder), "--max-prompt-tokens", "256", "--prompts-per-step", "16",
+             "--num-samples-per-prompt", "4", "--temperature", "1.0", "--num-eval-prompts", "8", "--eval-every", "2",
+             "--kv-cache-gib", "0.25")
+    fixed = (INFLIGHT, ("--in-flight", "fixed", "--in-flight-chunk", "4", "--async-steps", "2"))
+    metrics = run_side_by_side(tmp_path, {
+        "core": (CORE, ()), "off": (INFLIGHT, ("--in-flight", "off", "--off-policy-correction", "paper")),
+        "fixed": fixed, "fixed_again": fixed,
+        "asap": (INFLIGHT, ("--in-flight", "asap", "--in-flight-kv", "recompute"))}, flags)
+    return metrics, tmp_path
+
+
+def test_off_is_the_core_step_by_step(runs):
+    """The variant decodes step by step (vLLM's add_request/step) where the core calls LLM.generate; with no swap the
+    samples, losses, evaluations and saved weights are the core's, bit for bit."""
+    metrics, folder = runs
+    core, off = untimed(metrics["core"]), untimed(metrics["off"])
+    assert len({m["losses/policy_loss"] for m in core}) > 1, "the loss never changed: the test would prove nothing"
+    for step, (c, o) in enumerate(zip(core, off, strict=True)):
+        assert set(o) - set(c) == {"async/token_staleness_mean", "async/token_staleness_max",
+                                   "async/mixed_version_share"}, step
+        differ = sorted(key for key in c if c[key] != o[key])
+        assert not differ, f"step {step}: " + ", ".join(f"{key} {c[key]!r} != {o[key]!r}" for key in differ)
+        assert o["async/token_staleness_mean"] == o["async/token_staleness_max"] == o["async/staleness"]
+        assert o["async/mixed_version_share"] == 0
+    assert evaluations(folder / "core") == evaluations(folder / "off")
+    assert same_weights(folder / "core", folder / "off")
+
+
+def test_fixed_boundaries_are_reproducible_and_take_versions_in_flight(runs):
+    metrics, folder = runs
+    first, again = untimed(metrics["fixed"]), untimed(metrics["fixed_again"])
+    assert first == again
+    assert evaluations(folder / "fixed") == evaluations(folder / "fixed_again")
+    assert same_weights(folder / "fixed", folder / "fixed_again")
+    # batches 1 and 2 start with an older version and take newer ones at decoding steps 4 and 8: fresher tokens
+    assert all(m["async/mixed_version_share"] > 0 for m in first[1:])
+    assert all(m["async/token_staleness_mean"] < m["async/staleness"] or m["async/staleness"] == 0 for m in first)
+    assert any(m["async/token_staleness_mean"] < m["async/staleness"] for m in first)
+    assert all(m["async/token_staleness_max"] <= m["async/staleness"] for m in first)
+
+
+def test_asap_with_recomputed_kv_runs_and_reports_consistent_provenance(runs):
+    """asap swaps whenever a version has arrived (timing decides where): only what holds in any case is asserted."""
+    asap = runs[0]["asap"]
+    assert [m["step"] for m in asap] == [0, 1, 2]
+    for m in asap:
+        assert 0 <= m["async/token_staleness_mean"] <= m["async/token_staleness_max"] <= m["async/staleness"]
+        assert 0 <= m["async/mixed_version_share"] <= 1
+
+
+def test_each_token_records_the_version_that_sampled_it_and_the_kv_it_kept(tiny):
+    """One batch on the real engine, version 1 loaded after decoding step 4: tokens 0-3 of every sequence are version
+    0's (their logprobs the learner's under version 0), the rest version 1's. With recomputed KV their logprobs are
+    exactly version 1's; with kept KV the old weights' keys and values show in them (the gap `keep` costs)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    inflight = load_script(INFLIGHT)
+    policy = str(tiny / "policy")
+    args = inflight.Args(model_name_or_path=policy, engine_device="cpu", learner_device="cpu", kv_cache_gib=0.25,
+                         max_prompt_tokens=96, response_length=24, temperature=1.0, num_samples_per_prompt=2,
+                         prompts_per_step=4, seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
+    llm = inflight.build_engine(args)
+    inflight.keep_models_eager(model)
+    prompts = [tokenizer(f"Problem: what is {a} plus {a + 3}?\n\nSolution:").input_ids for a in range(4)]
+    weights = [{name: t.detach().clone() for name, t in model.state_dict().items()}]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    ids = torch.tensor([prompts[0]])
+    (-inflight.token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0).sum()).backward()
+    optimizer.step()
+    weights.append({name: t.detach().clone() for name, t in model.state_dict().items()})
+
+    def learner_logprobs(version, prompt, response):
+        model.load_state_dict(weights[version])
+        ids = torch.tensor([prompt + response])
+        mask = torch.tensor([[0] * len(prompt) + [1] * len(response)])
+        with torch.no_grad():
+            return inflight.token_logprobs(model, ids, torch.ones_like(ids), mask, 1.0)[0, len(prompt) - 1:]
+
+    gaps = {}
+    for kv in ("keep", "recompute"):
+        inflight.push_weights_to_engine(llm, weights[0])  # version 0, prefix cache reset
+
+        def between_steps(decoding_steps, kv=kv):
+            if decoding_steps == 4:
+                inflight.push_weights_to_engine(llm, weights[1], kv)
+            return int(decoding_steps >= 4)
+
+        tokens, logprobs, versions = inflight.generate(llm, prompts, args, 0, between_steps)
+        long = [i for i, t in enumerate(tokens) if len(t) > 6]
+        assert len(long) >= 2, "too few sequences outlive the swap: the test would prove little"
+        after = []
+        for i, (t, lp, v) in enumerate(zip(tokens, logprobs, versions)):
+            assert v == [0] * min(4, len(t)) + [1] * (len(t) - 4), (i, v)
+            prompt = prompts[i // 2]
+            old, new, lp = learner_logprobs(0, prompt, t), learner_logprobs(1, prompt, t), torch.tensor(lp)
+            assert (lp[:4] - old[:4]).abs().max() < 1e-4, (kv, i)  # before the swap: version 0 exactly
+            after += (lp[4:] - new[4:]).abs().tolist()
+            if kv == "recompute":
+                assert max((lp[4:] - new[4:]).abs().tolist(), default=0) < 1e-4, i  # after: version 1 exactly
+                assert i not in long or (lp[4:] - old[4:]).abs().max() > 1e-3, i  # and not version 0
+        gaps[kv] = max(after)
+    print(f"largest logprob gap to the sampling version after the swap: {gaps}")
+    assert gaps["keep"] > 1e-3, "keep showed no trace of the old weights' KV: did it recompute?"
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--in-flight", "fixed", "--async-steps", "0"), "--in-flight fixed needs --async-steps >= 1"),
+    (("--in-flight-chunk", "0"), "--in-flight-chunk must be >= 1, got 0"),
+])
+def test_bad_in_flight_flags_fail_with_one_message_before_the_engine_starts(tiny, arithmetic_folder, tmp_path, cli,
+                                                                          flags, message):
+    proc = cli(INFLIGHT, tmp_path, "--model-name-or-path", str(tiny / "policy"), "--dataset-path",
+               str(arithmetic_folder), "--num-learner-steps", "2", *flags)
+    assert proc.returncode != 0
+    assert f"error: {message}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "Initializing a V1 LLM engine" not in proc.stderr + proc.stdout
