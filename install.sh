@@ -17,6 +17,15 @@ case "$target" in
     cpu|gpu) ;;
     *) echo "usage: bash install.sh [cpu|gpu]" >&2; exit 2 ;;
 esac
+if [ "$target" = gpu ]; then
+    # vllm==0.32.0 from PyPI is a CUDA 13 build on torch 2.13.0 (its wheel asks for the cu13 builds of
+    # nvidia-cutlass-dsl and humming-kernels); CUDA 13.x needs driver >= 580 on Linux (NVIDIA's CUDA 13 release notes)
+    driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1) || true
+    if ! [ "${driver%%.*}" -ge 580 ] 2>/dev/null; then
+        echo "error: vllm 0.32.0 (CUDA 13) needs an NVIDIA driver >= 580; found: ${driver:-none (nvidia-smi failed)}" >&2
+        exit 1
+    fi
+fi
 echo "== installing for $target"
 python -m pip install --upgrade-strategy only-if-needed ".[$target,dev]"
 if [ "$target" = cpu ]; then

@@ -443,7 +443,7 @@ def main():
     keep_models_eager(policy, ref_policy)
     if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
         last_sync = sync_engine(llm, policy, probe, args, args.start_step)
-        restore_random_states(resumed, generators)
+        restore_random_states(resumed, generators, args.learner_device)
     else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
         check = weight_check(policy, probe, args, full_state_dict(policy, args))
         last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 and not args.replay_from else None
@@ -538,12 +538,9 @@ def main():
             # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
             weights = full_state_dict(policy, args)
             check = weight_check(policy, probe, args, weights)
-            if args.rank == 0:
-                weights = copy_for_engine(weights, spare_weights, args)
-                if torch.cuda.is_available():  # vLLM runs each thread on a CUDA stream of its own: finish the copies
-                    torch.cuda.synchronize()
-                weights_queue.put((step + 1, weights, check))
-            del weights  # not needed while training: the other ranks' gathered weights, rank 0's reference
+            if args.rank == 0:  # a copy into CPU memory is complete on return: no CUDA stream to synchronise
+                weights_queue.put((step + 1, copy_for_engine(weights, spare_weights, args), check))
+            del weights  # not needed while training (FSDP2: rank 0's gathered copy); the engine's is in the queue
 
         # TRY NOT TO MODIFY: logging
         grouped_rewards = batch["rewards"].view(-1, k)
@@ -794,7 +791,9 @@ def build_engine(args: Args):
     """The engine; on GPU it takes 30% (the learner beside it) or 90% of the memory the models left free."""
     share = args.gpu_memory_utilization
     if share is None and args.engine_device != "cpu":
-        free, total = torch.cuda.mem_get_info(args.engine_device)
+        # asked only by a process that uses the engine's GPU (the engine, or models there): asking makes a CUDA context
+        ours = args.world_size * args.engine_tensor_parallel_size == 1 or torch.cuda.memory_reserved(args.engine_device)
+        free, total = torch.cuda.mem_get_info(args.engine_device) if ours else (1, 1)  # else: nothing of ours there
         share = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
     kv_cache_gib = args.kv_cache_gib or (1.0 if args.engine_device == "cpu" else None)
     return LLM(
@@ -858,30 +857,21 @@ def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
     copies what it loads into its own parameters (measured: overwriting it leaves the engine's logprobs unchanged)."""
     try:
         spare = spare_weights.get_nowait()
-    except queue.Empty:  # an engine that reads a file (torchrun, tensor-parallel) needs no copy on its GPU
-        device = "cpu" if args.world_size > 1 or args.engine_tensor_parallel_size > 1 else args.engine_device
-        return {name: t.detach().to(device, copy=True) for name, t in weights.items()}
+    except queue.Empty:  # in CPU memory, as in the core: K+1 copies on the engine's GPU left Pythia-2.8b no room
+        return {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
     for name, t in weights.items():
         spare[name].copy_(t.detach())
     return spare
 
 
 def check_hand_off_room(policy, args: Args):
-    """Rank 0, vLLM started: room for the hand-off's weights (one copy in --weights-dir, K+1 on the engine's GPU)."""
+    """Rank 0, vLLM started: room in --weights-dir for the weights' file an engine in other processes reads."""
     size = sum(t.numel() * t.element_size() for t in unwrap(policy).state_dict().values())
-    if args.rank == 0 and (args.world_size > 1 or args.engine_tensor_parallel_size > 1):
-        free = shutil.disk_usage(args.weights_dir).free
-        if size > free:
-            sys.exit(f"error: the weights ({size / 2**30:.2f} GiB) reach the engine through {args.weights_dir}, which "
-                     f"has {free / 2**30:.2f} GiB free: run the container with --ipc=host or a larger --shm-size, or "
-                     f"give --weights-dir a folder with room")
-    elif args.rank == 0 and args.engine_device.startswith("cuda"):
-        need, free = size * (args.async_steps + 1), torch.cuda.mem_get_info(args.engine_device)[0]
-        print(f"hand-off: at most {need / 2**30:.2f} GiB of weight copies on {args.engine_device}, "
-              f"{free / 2**30:.2f} GiB free there with vLLM started")
-        if need > free:
-            sys.exit(f"error: no room on {args.engine_device} for the hand-off's {need / 2**30:.2f} GiB: give "
-                     f"--gpu-memory-utilization a lower share than vLLM took")
+    free = shutil.disk_usage(args.weights_dir).free
+    if args.rank == 0 and (args.world_size > 1 or args.engine_tensor_parallel_size > 1) and size > free:
+        sys.exit(f"error: the weights ({size / 2**30:.2f} GiB) reach the engine through {args.weights_dir}, which has "
+                 f"{free / 2**30:.2f} GiB free: run the container with --ipc=host or a larger --shm-size, or give "
+                 f"--weights-dir a folder with room")
 
 
 def keep_models_eager(*models):
@@ -980,6 +970,16 @@ def init_distributed(args: Args):
     atexit.register(WEIGHTS_FILE.acquire, timeout=60)
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # --save-every's handler replaces this one
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("SIGTERM: stopped"))
+    # a run killed mid-hand-off (SIGKILL, OOM) leaves its weights' folder: in node-local /dev/shm, a dead pid's goes
+    for name in os.listdir("/dev/shm") if os.path.realpath(args.weights_dir) == os.path.realpath("/dev/shm") else ():
+        pid, path = re.fullmatch(r"clean-async-rlhf-(\d{1,9})-\w+", name), os.path.join("/dev/shm", name)
+        try:  # once 10 min old (a hand-off takes seconds; the pids of another container, --ipc=host, are unseen here)
+            if pid and time.time() - os.path.getmtime(path) > 600:
+                os.kill(int(pid[1]), 0)  # signal 0 sends nothing: it asks whether the process exists
+        except ProcessLookupError:  # it does not (PermissionError: it does, another user's)
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive, or the folder went meanwhile
+            pass
 
 
 def wrap_model(model, args: Args, trained: bool = True):
@@ -1195,8 +1195,8 @@ def save_checkpoint(args: Args, step: int, models: dict, optimizer, scheduler, p
         unwrap(model).save_pretrained(os.path.join(path + ".tmp", name))
     torch.save(dict(step=step, args=dict(vars(args)), optimizer=optimizer.state_dict(), pending=list(pending),
                     scheduler=scheduler.state_dict(), python=random.getstate(), numpy=np.random.get_state(),
-                    torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available()
-                    else None, generators={name: g.bit_generator.state for name, g in generators.items()},
+                    torch=torch.get_rng_state(), generators={n: g.bit_generator.state for n, g in generators.items()},
+                    cuda=torch.cuda.get_rng_state(args.learner_device) if args.learner_device != "cpu" else None,
                     elapsed=elapsed, logs={name: os.path.getsize(os.path.join(run_dir, name))
                                            for name in ("metrics.jsonl", "eval.jsonl")}),
                os.path.join(path + ".tmp", "state.pt"))
@@ -1258,13 +1258,13 @@ def resume_run_folder(resumed: dict, start_step: int):
     return run_name
 
 
-def restore_random_states(state: dict, generators: dict):
+def restore_random_states(state: dict, generators: dict, device: str):
     """Python's, NumPy's and torch's global random states, and the learner's own generators, as saved."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None:
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"], device)  # the learner's GPU alone: the others are not this rank's
     for name, generator in generators.items():
         generator.bit_generator.state = state["generators"][name]
 
