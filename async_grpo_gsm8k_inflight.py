@@ -57,7 +57,7 @@ class Args:
     scale_rewards: bool = True  # divide centred rewards by the group std (DeepSeekMath); --no-scale-rewards: Dr. GRPO
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "decoupled"
     """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md);
-    `paper` assumes one behaviour policy per batch, which in-flight updates break (docs/grpo_gsm8k.md)"""
+    `paper` takes a batch as sampled by the learner's policy; in flight its tokens mix versions (docs/grpo_gsm8k.md)"""
     cliprange: float = 0.2  # PPO clip range of the token-level ratio pi / pi_anchor
     importance_weight_cap: float = 2.0  # decoupled: the weight pi_old / pi_behaviour is truncated here
     dual_clip: Optional[float] = None  # dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip
@@ -344,8 +344,10 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last
                 return version
 
             if unprobed:  # the engine is idle again: the in-flight version's probe, and keep's stale blocks dropped
+                start = time.time()
                 push_weights_to_engine(llm, None)
                 last_sync, unprobed = check_weight_sync(llm, unprobed[1], last_sync, args, unprobed[0]), None
+                times["time_weight_sync"] += time.time() - start
             while version < step - args.async_steps:  # the i-K rule
                 load(in_flight=False)
             start_version, evaluation, loading = version, None, sum(times.values())

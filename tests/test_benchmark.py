@@ -1,6 +1,7 @@
 """benchmark/: the --quick mode of every benchmark command runs end to end on tiny models, so the pipeline
 cannot rot."""
 
+import json
 import re
 
 from conftest import run_script
@@ -170,3 +171,30 @@ def test_corrections_toy_gradient_is_exact_and_its_report_is_written(tmp_path):
     value = (lambda mode, column: float(rows[mode][column].split(" ± ")[0]))
     assert value("on-policy", 1) < 0.25  # relative error of the on-policy expectation: sampling noise only
     assert value("behaviour", 3) > 0.1 and value("paper", 3) == 0.0  # the clip drops whole sequences
+
+
+def test_inflight_benchmark_runs_pairs_resumes_and_refuses_a_mixed_table(tiny, arithmetic_folder, tmp_path):
+    """benchmark/inflight.py on the tiny policy: the core and `fixed` for one seed, then a rerun that runs nothing, and
+    one with other flags, which must refuse rather than mix its runs into the table."""
+    flags = ("--policy", str(tiny / "policy"), "--dataset-path", str(arithmetic_folder), "--no-chat-template",
+             "--settings", "core", "fixed", "--seeds", "1", "--num-learner-steps", "3", "--warmup-steps", "1",
+             "--response-length", "16", "--max-prompt-tokens", "256", "--chunk", "4", "--num-eval-prompts", "4", "--results-dir", str(tmp_path),
+             "--work-dir", str(tmp_path / "work"))
+    proc, _ = run_script("benchmark/inflight.py", tmp_path, *flags, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (tmp_path / "inflight.md").read_text().split("Per run:")[0]
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    assert {"core", "fixed"} <= set(rows) and (tmp_path / "inflight.png").stat().st_size > 0
+    fixed = json.loads((tmp_path / "inflight" / "fixed__seed1.json").read_text())
+    assert any(m["async/mixed_version_share"] > 0 for m in fixed["metrics"])  # versions did enter in flight
+    assert rows["core"].split(" | ")[-1].startswith("1.000 [1.000-1.000]")  # the core against itself
+    again, _ = run_script("benchmark/inflight.py", tmp_path, *flags, timeout=300)
+    assert again.returncode == 0 and "== " not in again.stdout  # nothing rerun
+    other, _ = run_script("benchmark/inflight.py", tmp_path, *flags, "--chunk", "8", timeout=300)
+    assert other.returncode != 0 and "was made with other flags" in other.stderr
+    gap, _ = run_script("benchmark/inflight.py", tmp_path, *flags, "--kv-gap", "--kv-swap-step", "4",
+                        "--learning-rate", "0.01", timeout=600)
+    assert gap.returncode == 0, gap.stderr[-3000:]
+    measured = json.loads((tmp_path / "inflight_kv.json").read_text())
+    assert measured["recompute"]["max_gap"] < 1e-4 < measured["keep"]["mean_gap"]  # recomputed KV: version 1 exactly
+    assert "| keep |" in (tmp_path / "inflight_kv.md").read_text()
