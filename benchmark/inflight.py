@@ -15,6 +15,7 @@ that the settings differ in when weights reach the engine and nothing else.
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -62,8 +63,8 @@ class Args:
 def command(args: Args, setting: str, seed: int, output_dir: Path):
     script, flags = SETTINGS[setting]
     flags = [*flags, "--in-flight-chunk", str(args.chunk)] if setting == "fixed" else flags
-    return [sys.executable, str(REPO / script), "--model-name-or-path", args.policy, "--dataset-path",
-            args.dataset_path, *["--chat-template"] * args.chat_template, "--prompt-template", args.prompt_template,
+    return [sys.executable, str(REPO / script), "--model-name-or-path", os.path.abspath(args.policy),
+            "--dataset-path", os.path.abspath(args.dataset_path), *["--chat-template"] * args.chat_template, "--prompt-template", args.prompt_template,
             "--prompts-per-step", str(args.prompts_per_step),
             "--num-samples-per-prompt", "4", "--response-length", str(args.response_length), "--learning-rate",
             str(args.learning_rate), "--num-learner-steps", str(args.num_learner_steps), "--async-steps", "1",
@@ -128,7 +129,7 @@ def report(args: Args):
              f"{' in its chat template' if '--chat-template' in cmd else ''}, {flag('--prompts-per-step')} problem(s) "
              f"x 4 samples per step, responses of at most {flag('--response-length')} tokens")
     lines = ["In-flight weight updates vs the core at K = 1 (issue 45). Produced by `python benchmark/inflight.py"
-             f"{' '.join(['', *results[-1].get('benchmark_flags', [])])}`: {setup}, {flag('--num-learner-steps')} learner steps at learning rate "
+             f"{shlex.join(['', *results[-1].get('benchmark_flags', [])])[2:]}`: {setup}, {flag('--num-learner-steps')} learner steps at learning rate "
              f"{flag('--learning-rate')}, K = 1, decoupled correction, one torch thread per role. Mean ± std over "
              "seeds; s/step is each run's median after the warm-up; 'vs core' pairs each run with the core run of its "
              "seed; the shares are of s/step.", "",
