@@ -6,6 +6,7 @@ Noukhov et al. (2025), Sec. 3, in miniature on this machine.
     python benchmark/staleness_paper.py --time-budget-hours 2       # the sweep, until 2 h are used; rerun to go on
     python benchmark/staleness_paper.py --report-only               # rebuild staleness_paper.md / .png
     python benchmark/staleness_paper.py --gate-search --scripts-dir S   # issue 41: find a gate that over-optimises
+    python benchmark/staleness_paper.py --gate rm-e1__u512__kl0.01 --time-budget-hours 2  # issue 41's sweep on a gate
     python benchmark/staleness_paper.py --quick --algorithms dpo --results-dir D --work-dir W   # the tests' smoke run
 
 The paper's protocol, and what stands for each part of it here:
@@ -63,6 +64,9 @@ COMMON_FLAGS = ["--model-name-or-path", "{sft}", "--reward", "model", "--reward-
                 "--dataset-path", "{prompts}", "--missing-eos-penalty", "{penalty}", "--max-prompt-tokens", "96",
                 "--temperature", "0.7", "--torch-threads", "1", "--sample-every", "1000000", "--keep-checkpoints", "0"]
 SYNC_N = (1, 4, 16, 32)
+# issue 41's sweep on a gate candidate's miniature (--gate): the paper's N (Fig. 4: 1-16) and 32; a superset of SYNC_N,
+# so the report lists every sweep's settings in this order
+GATE_SYNC_N = (1, 2, 4, 8, 16, 32)
 ASYNC_K = (1, 4, 8)
 CORRECTIONS = ("paper", "behaviour")
 QUICK_SETTINGS = ["sync-1", "sync-2", "async-1", "async-1-paper"]
@@ -71,11 +75,19 @@ RANKED = ("sync-16", "sync-32", "async-4", "async-8")
 KL_GRID = 20  # points of the common KL range at which curves are compared
 
 
-def settings_of(algo: str):
-    """sync-N, then async-K (DPO) or async-K-<correction>, in table order."""
+def settings_of(algo: str, sync_n=SYNC_N):
+    """sync-N for each N of sync_n, then async-K (DPO) or async-K-<correction>, in table order."""
     if ALGORITHMS[algo]["corrections"]:
-        return [f"sync-{n}" for n in SYNC_N] + [f"async-{k}-{c}" for c in CORRECTIONS for k in ASYNC_K]
-    return [f"sync-{n}" for n in SYNC_N] + [f"async-{k}" for k in ASYNC_K]
+        return [f"sync-{n}" for n in sync_n] + [f"async-{k}-{c}" for c in CORRECTIONS for k in ASYNC_K]
+    return [f"sync-{n}" for n in sync_n] + [f"async-{k}" for k in ASYNC_K]
+
+
+def sweep_of(gate: Optional[str]):
+    """The first sweep, or the sweep on gate candidate `gate`'s miniature (--gate): the name of its result folder,
+    report and plots, its N, and the one learning rate its report reads."""
+    if gate is None:
+        return "staleness_paper", SYNC_N, LEARNING_RATE
+    return f"staleness_paper__{gate}", GATE_SYNC_N, GATE_CANDIDATES[gate]["lr"]
 
 
 @dataclass
@@ -139,6 +151,10 @@ class Args:
     over-optimises; one result file per run in staleness_gate/, resumable, reported in staleness_gate.md"""
     gate_candidates: Optional[List[str]] = None
     """gate candidates to run (None: all of GATE_CANDIDATES, in their order)"""
+    gate: Optional[str] = None
+    """issue 41's sweep on this GATE_CANDIDATES key's miniature (its proxy, updates, evaluation period, learning rate
+    and --kl-coef / --beta), sync-N over GATE_SYNC_N; results in staleness_paper__<gate>/, report
+    staleness_paper__<gate>.md"""
 
 
 # GOLD, WIN-RATE AND THE PROXY REWARD MODEL
@@ -332,13 +348,15 @@ def load_rm(folder: Path):
 
 # SWEEP: one subprocess per (algorithm, setting, learning rate, seed), then the evaluation of each of its checkpoints
 def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed: int):
-    return Path(args.results_dir) / "staleness_paper" / f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
+    name = f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
+    return Path(args.results_dir) / sweep_of(args.gate)[0] / name
 
 
 def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, seed: int, path: Path,
             rm_dir: Optional[Path] = None, overrides: Optional[dict] = None, extra: Optional[dict] = None):
-    """One run and the evaluation of its checkpoints. The gate search passes its own proxy (rm_dir; prep then holds
-    its missing-EOS penalty), flag overrides ({"--kl-coef": "0.01"}) and fields to record (extra)."""
+    """One run and the evaluation of its checkpoints. A run on a gate candidate's miniature (the gate search, --gate)
+    passes its own proxy (rm_dir; prep then holds its missing-EOS penalty), flag overrides ({"--kl-coef": "0.01"}) and
+    fields to record (extra)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -355,7 +373,7 @@ def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, see
             flags[flags.index(flag) + 1] = str(value)
         else:
             flags += [flag, str(value)]
-    cwd = work / "runs" / path.stem
+    cwd = work / "runs" / path.parent.name / path.stem  # two sweeps' runs of the same name never share a folder
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
     script = Path(args.scripts_dir) / spec[script_key]
@@ -454,6 +472,17 @@ def gate_rm(args: Args, prep, rm_spec: dict):
     return folder, dict(prep, **json.loads(stats_file.read_text()))
 
 
+def gate_miniature(args: Args, prep, name: str, algo: str):
+    """A run of `algo` on gate candidate `name`'s miniature (the gate search, --gate): the prep with its proxy's
+    missing-EOS penalty, and run_one's rm_dir, the one flag override the algorithm reads and the fields to record."""
+    cand = GATE_CANDIDATES[name]
+    rm_dir, rm_prep = gate_rm(args, prep, cand["rm"])
+    reads = "--beta" if algo == "dpo" else "--kl-coef"
+    return rm_prep, dict(rm_dir=rm_dir, overrides={f: v for f, v in cand["flags"].items() if f == reads},
+                         extra=dict(gate_candidate=name, gate_spec=cand, scripts_dir=args.scripts_dir,
+                                    rm_stats={k: v for k, v in rm_prep.items() if k.startswith("rm_")}))
+
+
 def may_start(args: Args, path: Path, invocation_start: float, durations: list, new_runs: int) -> bool:
     """Whether this invocation may start the run of `path`: within --max-runs, and its longest run so far would still
     end within --time-budget-hours (the sweep and the gate search share this rule)."""
@@ -489,20 +518,15 @@ def gate_search(args: Args, prep):
                 if claimed is None:
                     continue
                 try:
-                    rm_dir, rm_prep = gate_rm(args, prep, cand["rm"])
+                    rm_prep, miniature = gate_miniature(args, prep, name, algo)
                     if rm_prep["rm_gold_correlation"] < GATE_MIN_CORRELATION:
                         (out / f"{name}__skipped.json").write_text(json.dumps(dict(
                             gate_candidate=name, gate_spec=cand, reason="proxy uninformative",
-                            rm_stats={k: v for k, v in rm_prep.items() if k.startswith("rm_")}), indent=1))
+                            rm_stats=miniature["extra"]["rm_stats"]), indent=1))
                         print(f"== {name}: proxy uninformative (gold correlation {rm_prep['rm_gold_correlation']:.2f} "
                               f"< {GATE_MIN_CORRELATION}), skipped", flush=True)
                         break
-                    reads = "--beta" if algo == "dpo" else "--kl-coef"
-                    overrides = {f: v for f, v in cand["flags"].items() if f == reads}
-                    record = dict(gate_candidate=name, gate_spec=cand, scripts_dir=args.scripts_dir,
-                                  rm_stats={k: v for k, v in rm_prep.items() if k.startswith("rm_")})
-                    durations.append(run_one(run_args, rm_prep, algo, "sync-1", cand["lr"], seed, path, rm_dir=rm_dir,
-                                             overrides=overrides, extra=record))
+                    durations.append(run_one(run_args, rm_prep, algo, "sync-1", cand["lr"], seed, path, **miniature))
                     new_runs += 1
                 finally:
                     claimed.unlink(missing_ok=True)
@@ -634,14 +658,15 @@ def mean_ci(values):
     return m, t95.get(len(values) - 1, 1.96) * sd / math.sqrt(len(values))
 
 
-def load_results(results_dir: Path):
-    """{(algorithm, setting): [runs at LEARNING_RATE]}, and {(algorithm, rate): [sync-1 runs]} (the gate)."""
+def load_results(results_dir: Path, name: str, learning_rate: float):
+    """{(algorithm, setting): [runs at learning_rate]}, and {(algorithm, rate): [sync-1 runs]} (the gate), from the
+    result folder `name` (sweep_of)."""
     runs, gate = defaultdict(list), defaultdict(list)
-    for path in sorted((results_dir / "staleness_paper").glob("*__*__lr*__seed*.json")):
+    for path in sorted((results_dir / name).glob("*__*__lr*__seed*.json")):
         r = json.loads(path.read_text())
         if r["setting"] == "sync-1":
             gate[(r["algorithm"], r["learning_rate"])].append(r)
-        if r["learning_rate"] == LEARNING_RATE:
+        if r["learning_rate"] == learning_rate:
             runs[(r["algorithm"], r["setting"])].append(r)
     return runs, gate
 
@@ -649,7 +674,7 @@ def load_results(results_dir: Path):
 def scores_of(runs, algo):
     """Per setting, each seed's shortfall against the same seed's sync-1 run, over the KL range that every run of the
     algorithm reaches."""
-    found = [s for s in settings_of(algo) + ["sync-2"] if runs.get((algo, s))]
+    found = [s for s in settings_of(algo, GATE_SYNC_N) if runs.get((algo, s))]
     if not runs.get((algo, "sync-1")):
         return None, {}
     kl_max = min(reach(r["curve"]) for s in found for r in runs[(algo, s)])
@@ -671,7 +696,7 @@ def final_drops(runs, algo):
     base_final = {r["seed"]: r["curve"][-1]["win_rate"] for r in runs.get((algo, "sync-1"), [])}
     return {s: {r["seed"]: base_final[r["seed"]] - r["curve"][-1]["win_rate"] for r in runs[(algo, s)]
                 if r["seed"] in base_final}
-            for s in settings_of(algo) + ["sync-2"] if s != "sync-1" and runs.get((algo, s)) and base_final}
+            for s in settings_of(algo, GATE_SYNC_N) if s != "sync-1" and runs.get((algo, s)) and base_final}
 
 
 def ranked_mean(per_setting, algo):
@@ -710,12 +735,15 @@ def excursions(runs, algo, floor):
     bound = max(reach(r["curve"]) for r in runs[(algo, "sync-1")])
     return bound, {s: sorted((r["seed"], reach(r["curve"]), min(p["win_rate"] for p in r["curve"]))
                              for r in runs[(algo, s)])
-                   for s in settings_of(algo) + ["sync-2"] if s != "sync-1" and runs.get((algo, s))}
+                   for s in settings_of(algo, GATE_SYNC_N) if s != "sync-1" and runs.get((algo, s))}
 
 
-def report(results_dir: Path):
-    runs, gate = load_results(results_dir)
-    prep_path = results_dir / "staleness_paper" / "prep.json"
+def report(results_dir: Path, candidate: Optional[str] = None):
+    """<name>.md and its plots (name, N and learning rate: sweep_of(candidate)), from the result files alone."""
+    name, _, learning_rate = sweep_of(candidate)
+    invocation = "--report-only" + (f" --gate {candidate}" if candidate else "")
+    runs, gate = load_results(results_dir, name, learning_rate)
+    prep_path = results_dir / name / "prep.json"
     prep = json.loads(prep_path.read_text()) if prep_path.exists() else None
     ci = lambda mc: f"{mc[0]:+.3f} ± {mc[1]:.3f}" if not math.isnan(mc[1]) else f"{mc[0]:+.3f}"
     plain = lambda mc: f"{mc[0]:.3f} ± {mc[1]:.3f}" if not math.isnan(mc[1]) else f"{mc[0]:.3f}"
@@ -726,10 +754,12 @@ def report(results_dir: Path):
              "SFT policy (held-out problems, T=0.7, ties half) versus KL(pi || pi_sft). The paper's statement, as its "
              "Fig. 4 caption puts it: \"Online DPO is more robust to off-policyness than PPO, RLOO\" (N in "
              "{1, 2, 4, 8, 16}), judged by where each N's final point lands in win-rate and KL.",
-             "Produced by `python benchmark/staleness_paper.py --report-only` from the result files (see its "
+             f"Produced by `python benchmark/staleness_paper.py {invocation}` from the result files (see its "
              "docstring). Every ± is a 95% CI over seeds. A difference is *separated* (bold) when its two-sided t-test "
              "(paired by seed, or Welch's between algorithms) survives a Holm-Bonferroni correction over the family "
-             "each table names: Holm p < 0.05.", ""]
+             "each table names: Holm p < 0.05.",
+             *([f"Miniature: gate candidate `{candidate}` of GATE_CANDIDATES (issue 41), "
+                f"{GATE_CANDIDATES[candidate]}."] if candidate else []), ""]
     # the SFT policy against itself: update 0 of every run is the SFT policy, each run seed on its own draws
     starts = sorted({r["seed"]: r["curve"][0]["win_rate"] for rs in runs.values() for r in rs}.items())
     floor = min(w for _, w in starts) if starts else float("nan")
@@ -747,7 +777,7 @@ def report(results_dir: Path):
     verdicts = {}
     if gate:
         lines += ["Gate (sync-1): the proxy reward and the gold along the run, per learning rate; the rate every "
-                  f"algorithm uses is marked * ({LEARNING_RATE:g}). Over-optimisation shows as proxy rising while gold "
+                  f"algorithm uses is marked * ({learning_rate:g}). Over-optimisation shows as proxy rising while gold "
                   "peaks and falls: the last columns give the update where the seeds' mean gold peaks, the fall of "
                   "gold from there to the end and the proxy's rise over the same stretch (paired by seed); "
                   "over-optimised = the fall's CI above 0 while the proxy rises.", "",
@@ -758,15 +788,15 @@ def report(results_dir: Path):
             mean = lambda key: " ".join(f"{sum(r['curve'][i][key] for r in rs) / len(rs):.3f}"
                                         for i in range(len(rs[0]["curve"])))
             o = over_optimisation(rs)
-            if lr == LEARNING_RATE:
+            if lr == learning_rate:
                 verdicts[algo] = o
-            lines.append(f"| {algo} | {lr:g}{' *' if lr == LEARNING_RATE else ''} | {len(rs)} | {mean('proxy')} | "
+            lines.append(f"| {algo} | {lr:g}{' *' if lr == learning_rate else ''} | {len(rs)} | {mean('proxy')} | "
                          f"{mean('gold')} | {mean('win_rate')} | "
                          f"{sum(r['curve'][-1]['kl'] for r in rs) / len(rs):.2f} | {o['peak_gold']:.3f} "
                          f"({o['peak_update']}) | {ci(o['gold_fall'])} | {ci(o['proxy_rise'])} | "
                          f"{o['verdict']} |")
         if verdicts and not any(o["over_optimised"] for o in verdicts.values()):
-            lines += ["", f"At {LEARNING_RATE:g} no algorithm over-optimises: sync-1's gold rises with the proxy to "
+            lines += ["", f"At {learning_rate:g} no algorithm over-optimises: sync-1's gold rises with the proxy to "
                       "the end (or falls by less than its CI). In this regime staleness can only slow a run down, "
                       "not make it land worse, so the paper's ranking is **undetermined here**: the tables below "
                       "measure speed of progress, not robustness to over-optimisation."]
@@ -878,9 +908,9 @@ def report(results_dir: Path):
                   "|---|---|---|---|---|---|"]
         lines += [f"| {algo} | {k} | {a} of {n} | {b} of {m} | {pv(p)} | {pv(h)} |"
                   for (algo, k, a, n, b, m), p, h in zip(pairs, tests, holm(tests))]
-    (results_dir / "staleness_paper.md").write_text("\n".join(lines) + "\n")
+    (results_dir / f"{name}.md").write_text("\n".join(lines) + "\n")
     if runs or gate:
-        plot(runs, gate, results_dir)
+        plot(runs, gate, results_dir, name)
     return lines
 
 
@@ -992,10 +1022,10 @@ def mean_curve(rs):
             for points in zip(*[r["curve"] for r in rs])]
 
 
-def plot(runs, gate, results_dir: Path):
-    """staleness_paper.png: win-rate vs KL, one row per algorithm (sync N | async under paper | under behaviour);
-    staleness_paper_final.png: each setting's final point, as the paper's Fig. 4;
-    staleness_paper_gate.png: proxy and gold along the sync-1 runs."""
+def plot(runs, gate, results_dir: Path, name: str):
+    """<name>.png: win-rate vs KL, one row per algorithm (sync N | async under paper | under behaviour);
+    <name>_final.png: each setting's final point, as the paper's Fig. 4;
+    <name>_gate.png: proxy and gold along the sync-1 runs."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1006,7 +1036,7 @@ def plot(runs, gate, results_dir: Path):
         fig, axes = plt.subplots(len(algos), 3, figsize=(12, 3.0 * len(algos)), squeeze=False, sharey="row")
         for row, algo in zip(axes, algos):
             for col, ax in enumerate(row):
-                for setting in settings_of(algo) + ["sync-2"]:
+                for setting in settings_of(algo, GATE_SYNC_N):
                     kind, value, correction = base.parse_setting(setting)
                     column = 0 if kind == "sync" else 1 + CORRECTIONS.index(correction or "paper")
                     if not runs.get((algo, setting)) or (column != col and setting != "sync-1"):
@@ -1031,12 +1061,12 @@ def plot(runs, gate, results_dir: Path):
         for ax in axes[-1]:
             ax.set_xlabel("KL(pi || pi_sft)")
         fig.tight_layout()
-        fig.savefig(results_dir / "staleness_paper.png", dpi=110)
+        fig.savefig(results_dir / f"{name}.png", dpi=110)
         plt.close(fig)
     if algos:  # the paper's Fig. 4: where each setting's final point lands, one panel per algorithm
         fig, axes = plt.subplots(1, len(algos), figsize=(4.2 * len(algos), 3.4), squeeze=False)
         for ax, algo in zip(axes[0], algos):
-            for setting in settings_of(algo) + ["sync-2"]:
+            for setting in settings_of(algo, GATE_SYNC_N):
                 if not runs.get((algo, setting)):
                     continue
                 kind, value, correction = base.parse_setting(setting)
@@ -1054,7 +1084,7 @@ def plot(runs, gate, results_dir: Path):
             ax.legend(fontsize=6)
         axes[0][0].set_ylabel("final gold win-rate vs SFT")
         fig.tight_layout()
-        fig.savefig(results_dir / "staleness_paper_final.png", dpi=110)
+        fig.savefig(results_dir / f"{name}_final.png", dpi=110)
         plt.close(fig)
     if gate:
         keys = sorted(gate)
@@ -1071,7 +1101,7 @@ def plot(runs, gate, results_dir: Path):
             ax.set_title(f"{algo} sync-1, lr {lr:g}", fontsize=9)
             ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(results_dir / "staleness_paper_gate.png", dpi=110)
+        fig.savefig(results_dir / f"{name}_gate.png", dpi=110)
         plt.close(fig)
 
 
@@ -1085,10 +1115,25 @@ def quick_settings(args: Args):
     """--quick: tiny everything (only fields left at their defaults shrink)."""
     args.settings = [s for s in (args.settings or QUICK_SETTINGS) if s in QUICK_SETTINGS]
     args.seeds = args.seeds[:1]
-    quick = dict(num_updates=4, eval_every_updates=2, num_train_problems=128, num_eval_problems=8, sft_max_steps=10,
-                 eval_samples=2, mini_batch_prompts=2, response_length=32, rm_samples=2, rm_epochs=1)
+    replace_defaults(args, num_updates=4, eval_every_updates=2, num_train_problems=128, num_eval_problems=8,
+                     sft_max_steps=10, eval_samples=2, mini_batch_prompts=2, response_length=32, rm_samples=2,
+                     rm_epochs=1)
+
+
+def gate_settings(args: Args):
+    """--gate NAME: the candidate's run length and learning rate. Applied after --quick, whose tiny run length then
+    stands (only fields left at their defaults change)."""
+    if args.gate not in GATE_CANDIDATES:
+        sys.exit(f"error: unknown --gate {args.gate}; known: {list(GATE_CANDIDATES)}")
+    cand = GATE_CANDIDATES[args.gate]
+    replace_defaults(args, num_updates=cand["updates"], eval_every_updates=cand["eval_every"],
+                     learning_rates=[cand["lr"]])
+
+
+def replace_defaults(args: Args, **values):
+    """Set the fields still at their defaults to these values: a flag given on the command line wins."""
     defaults = Args()
-    for name, value in quick.items():
+    for name, value in values.items():
         if getattr(args, name) == getattr(defaults, name):
             setattr(args, name, value)
 
@@ -1098,12 +1143,14 @@ def check(args: Args):
     unknown = [a for a in args.algorithms if a not in ALGORITHMS]
     if unknown:
         sys.exit(f"error: unknown --algorithms {unknown}; known: {list(ALGORITHMS)} (GRPO: benchmark/staleness.py)")
-    known = {s for a in ALGORITHMS for s in settings_of(a)} | set(QUICK_SETTINGS)
+    if args.gate and args.gate_search:
+        sys.exit("error: --gate runs the sweep on a chosen candidate, --gate-search looks for one: pass one of them")
+    known = {s for a in ALGORITHMS for s in settings_of(a, GATE_SYNC_N)}  # holds QUICK_SETTINGS
     if args.settings is not None and [s for s in args.settings if s not in known]:
         sys.exit(f"error: unknown --settings {[s for s in args.settings if s not in known]}; known: {sorted(known)}")
     if args.rm_samples < 2 or args.rm_samples % 2:
         sys.exit("error: --rm-samples must be even and >= 2 (disjoint pairs per problem)")
-    for s in args.settings or [s for a in args.algorithms for s in settings_of(a)]:
+    for s in args.settings or [s for a in args.algorithms for s in settings_of(a, sweep_of(args.gate)[1])]:
         n = base.setting_flags(s)[1]
         if args.eval_every_updates % n or args.num_updates % args.eval_every_updates:
             sys.exit(f"error: --eval-every-updates {args.eval_every_updates} must be a multiple of N of {s} and "
@@ -1114,9 +1161,12 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     if args.quick:
         quick_settings(args)
+    if args.gate is not None:
+        gate_settings(args)
     check(args)
     results_dir = Path(args.results_dir)
-    (results_dir / "staleness_paper").mkdir(parents=True, exist_ok=True)
+    sweep_name, sync_n, _ = sweep_of(args.gate)
+    (results_dir / sweep_name).mkdir(parents=True, exist_ok=True)
     if args.gate_search:
         if not args.report_only:
             gate_search(args, prepare(args))
@@ -1125,10 +1175,12 @@ if __name__ == "__main__":
     if not args.report_only:
         invocation_start, durations, new_runs = time.time(), [], 0
         prep = prepare(args)
-        (results_dir / "staleness_paper" / "prep.json").write_text(json.dumps(prep, indent=1))
+        if args.gate:  # the prep of the candidate's proxy: its stats and missing-EOS penalty
+            prep = gate_rm(args, prep, GATE_CANDIDATES[args.gate]["rm"])[1]
+        (results_dir / sweep_name / "prep.json").write_text(json.dumps(prep, indent=1))
         # seed-major: a partial sweep has one complete seed of every setting before it starts the next seed
         todo = [(seed, algo, lr, setting) for seed in ([] if args.prep_only else args.seeds) for algo in args.algorithms
-                for lr in args.learning_rates for setting in args.settings or settings_of(algo)
+                for lr in args.learning_rates for setting in args.settings or settings_of(algo, sync_n)
                 if runnable(algo, setting)]
         for seed, algo, lr, setting in todo:
             path = result_path(args, algo, setting, lr, seed)
@@ -1137,15 +1189,16 @@ if __name__ == "__main__":
                 continue
             if not may_start(args, path, invocation_start, durations, new_runs):
                 break
-            claimed = base.claim(Path(args.work_dir), path.stem)
+            claimed = base.claim(Path(args.work_dir), f"{sweep_name}/{path.stem}")
             if claimed is None:
                 print(f"== {path.stem}: being run by another invocation, skipped", flush=True)
                 continue
             try:
                 if path.exists() and not args.force:
                     continue
-                durations.append(run_one(args, prep, algo, setting, lr, seed, path))
+                miniature = gate_miniature(args, prep, args.gate, algo)[1] if args.gate else {}
+                durations.append(run_one(args, prep, algo, setting, lr, seed, path, **miniature))
                 new_runs += 1
             finally:
                 claimed.unlink(missing_ok=True)
-    print("\n".join(report(results_dir)))
+    print("\n".join(report(results_dir, args.gate)))

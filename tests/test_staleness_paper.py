@@ -14,8 +14,14 @@ sys.path.insert(0, str(REPO / "tools"))
 import make_arithmetic  # noqa: E402
 
 
-def test_paper_protocol_quick_mode_trains_on_the_proxy_and_reports_win_rate_against_kl(tmp_path):
-    results, work = tmp_path / "results", tmp_path / "work"
+@pytest.fixture(scope="module")
+def quick_work(tmp_path_factory):
+    """One --work-dir for the quick runs of this file: the prep (data, SFT policy, proxy) is built once."""
+    return tmp_path_factory.mktemp("quick_work")
+
+
+def test_paper_protocol_quick_mode_trains_on_the_proxy_and_reports_win_rate_against_kl(tmp_path, quick_work):
+    results, work = tmp_path / "results", quick_work
     flags = ("--quick", "--algorithms", "rloo", "--results-dir", str(results), "--work-dir", str(work))
     proc, _ = run_script("benchmark/staleness_paper.py", tmp_path, *flags, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -63,6 +69,42 @@ def test_paper_protocol_quick_mode_trains_on_the_proxy_and_reports_win_rate_agai
     assert again.returncode == 0, again.stderr[-4000:]
     assert "== rloo" not in again.stdout and "[prep" not in again.stdout
     assert (results / "staleness_paper.md").read_text() == table
+
+
+def test_gate_sweep_quick_mode_runs_on_the_candidates_miniature(tmp_path, quick_work):
+    """--gate NAME (issue 41): the sweep on a gate candidate's miniature, with its proxy and the flag override RLOO
+    reads, in its own result folder and report; --quick's tiny run length replaces the candidate's."""
+    paper = load_script("benchmark/staleness_paper.py")
+    name = "rm-e1__u512__kl0.01"
+    results, work = tmp_path / "results", quick_work
+    flags = ("--quick", "--gate", name, "--algorithms", "rloo", "--settings", "sync-1", "sync-2",
+             "--results-dir", str(results), "--work-dir", str(work))
+    proc, _ = run_script("benchmark/staleness_paper.py", tmp_path, *flags, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    folder = results / f"staleness_paper__{name}"
+    names = sorted(p.name for p in folder.glob("*__seed*.json"))
+    assert names == ["rloo__sync-1__lr0.0001__seed1.json", "rloo__sync-2__lr0.0001__seed1.json"]
+    assert not (results / "staleness_paper").exists()  # the first sweep's folder is not touched
+    prep = json.loads((folder / "prep.json").read_text())  # the candidate's proxy: its own pairs and penalty
+    for n in names:
+        r = json.loads((folder / n).read_text())
+        flag = lambda f: r["command"][r["command"].index(f) + 1]
+        assert r["gate_candidate"] == name and r["gate_spec"] == paper.GATE_CANDIDATES[name]
+        assert flag("--reward-model-path") == str(work / "gate_rm" / "epochs1") and flag("--kl-coef") == "0.01"
+        assert "--beta" not in r["command"] and float(flag("--missing-eos-penalty")) == prep["missing_eos_penalty"]
+        assert [p["updates"] for p in r["curve"]] == [0, 2, 4]
+
+    report = results / f"staleness_paper__{name}.md"
+    table = report.read_text()
+    assert f"--report-only --gate {name}" in table and "| rloo | sync-2 | 0." in table
+    for suffix in ("", "_final", "_gate"):
+        assert (results / f"staleness_paper__{name}{suffix}.png").stat().st_size > 1000
+    report.unlink()  # --report-only --gate rebuilds it from the result files alone
+    again, _ = run_script("benchmark/staleness_paper.py", tmp_path, "--report-only", "--gate", name,
+                          "--results-dir", str(results), timeout=300)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert report.read_text() == table
 
 
 def test_gold_score_gives_partial_credit_by_distance_and_a_format_term():
