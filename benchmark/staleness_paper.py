@@ -1063,8 +1063,8 @@ def plot(runs, gate, results_dir: Path, name: str):
         fig.tight_layout()
         fig.savefig(results_dir / f"{name}.png", dpi=110)
         plt.close(fig)
-    if algos:  # the paper's Fig. 4: where each setting's final point lands, one panel per algorithm
-        fig, axes = plt.subplots(1, len(algos), figsize=(4.2 * len(algos), 3.4), squeeze=False)
+    if algos:  # the paper's Fig. 4: where each setting's final point lands, one panel per algorithm, then all three
+        fig, axes = plt.subplots(1, len(algos) + 1, figsize=(4.2 * (len(algos) + 1), 3.4), squeeze=False)
         for ax, algo in zip(axes[0], algos):
             for setting in settings_of(algo, GATE_SYNC_N):
                 if not runs.get((algo, setting)):
@@ -1082,6 +1082,17 @@ def plot(runs, gate, results_dir: Path, name: str):
             ax.set_xlabel("final KL(pi || pi_sft)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6)
+        both = axes[0][-1]  # the paper's own panel: every algorithm's sync-N final points, N along each line
+        for algo, marker in zip(algos, "osD^v"):
+            points = [(n, *(sum(r["curve"][-1][key] for r in rs) / len(rs) for key in ("kl", "win_rate")))
+                      for n in GATE_SYNC_N for rs in [runs.get((algo, f"sync-{n}"))] if rs]
+            both.plot([kl for _, kl, _ in points], [win for _, _, win in points], marker=marker, label=algo)
+            for n, kl, win in points:
+                both.annotate(f"{n}", (kl, win), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        both.set_title("sync-N final points (means), N marked", fontsize=9)
+        both.set_xlabel("final KL(pi || pi_sft)")
+        both.grid(alpha=0.3)
+        both.legend(fontsize=7)
         axes[0][0].set_ylabel("final gold win-rate vs SFT")
         fig.tight_layout()
         fig.savefig(results_dir / f"{name}_final.png", dpi=110)
