@@ -915,14 +915,16 @@ def report(results_dir: Path, candidate: Optional[str] = None):
 
 
 def algorithm_comparison(what, per_seed, ci, pv):
-    """The ranking by a per-seed mean over RANKED, and Welch's t between each pair with Holm over the pairs."""
+    """The algorithms in order of a per-seed mean over RANKED, Welch's t between each pair with Holm over the pairs,
+    and the ranking those tests support: only the separated pairs (issue 41: a ranking only where Holm separates)."""
     ranking = {a: v for a, v in per_seed.items() if v}
     if not ranking:
         return []
     order = sorted(ranking, key=lambda a: sum(ranking[a]) / len(ranking[a]))
     lines = ["", f"Per algorithm, the {what} averaged over {', '.join(RANKED)} (async under `paper`) per seed, "
-             "smallest first. The paper's claim: DPO more robust than PPO and RLOO.", "",
-             f"| rank | algorithm | mean {what} | seeds |",
+             "smallest first (an order of means, not a ranking: that is the tests' line below). The paper's claim: DPO "
+             "more robust than PPO and RLOO.", "",
+             f"| order | algorithm | mean {what} | seeds |",
              "|---|---|---|---|"]
     lines += [f"| {i + 1} | {a} | {ci(mean_ci(ranking[a]))} | {len(ranking[a])} |" for i, a in enumerate(order)]
     pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
@@ -933,7 +935,9 @@ def algorithm_comparison(what, per_seed, ci, pv):
         diff = sum(ranking[a]) / len(ranking[a]) - sum(ranking[b]) / len(ranking[b])
         verdict = "separated" if h < 0.05 else "not separated"
         lines.append(f"- {a} vs {b}: {diff:+.3f}, t = {t:.2f} (df {df:.1f}), p = {pv(p)}, Holm p = {pv(h)}: {verdict}")
-    return lines
+    separated = [f"{a} ahead of {b}" for (a, b), h in zip(pairs, holm([t[2] for t in tests])) if h < 0.05]
+    return lines + ["", f"Ranking the tests support (smaller {what} ahead): "
+                    f"{'; '.join(separated) if separated else 'none, no pair is separated'}."]
 
 
 # TESTS: plain Python, so the report needs no statistics package (tests/test_staleness_paper.py checks them)

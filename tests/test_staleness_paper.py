@@ -245,6 +245,9 @@ def test_algorithm_comparison_holm_over_the_pairs():
     a_b = next(line for line in lines if line.startswith("- a vs b"))
     p = paper.t_test_p(3.0, 8)
     assert f"t = -3.00 (df 8.0), p = {p:.3f}, Holm p = {3 * p:.3f}: not separated" in a_b and p < 0.05 < 3 * p
+    assert lines[-1] == "Ranking the tests support (smaller drop ahead): none, no pair is separated."
+    apart = dict(per_seed, b=[v + 0.05 for v in per_seed["b"]])  # now a vs b and c vs b separate
+    assert paper.algorithm_comparison("drop", apart, str, str)[-1].endswith("a ahead of b; c ahead of b.")
 
 
 def test_gate_verdict_over_optimisation_against_rise_and_collapse(tmp_path):
