@@ -730,12 +730,13 @@ def chunks(rows: torch.Tensor, size: int):
 
 
 def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
-    """--micro-batch-size, None resolved for `sequences` of at most `length` tokens (see docs/benchmarks.md)."""
+    """--micro-batch-size, None resolved: the most of `sequences` (<= `length` tokens) --micro-batch-memory-gib holds,
+    at least 1, on CPU and GPU alike (on a GPU the multigpu variant sizes it from free memory; docs/benchmarks.md)."""
     config = model_config("--model-name-or-path", args.model_name_or_path)
     layer = 48 * config.hidden_size + 16 * getattr(config, "intermediate_size", 4 * config.hidden_size)
     gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
     fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
-    size = args.micro_batch_size or (fits if args.learner_device == "cpu" else 8)
+    size = args.micro_batch_size or fits
     print(f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
           f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})")
     return size

@@ -110,7 +110,7 @@ class Args:
     micro_batch_size: Optional[int] = None
     """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
     CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
-    micro_batch_memory_gib: float = 4.0  # GiB one micro-batch's activations may take when --micro-batch-size is None
+    micro_batch_memory_gib: Optional[float] = None  # GiB for one micro-batch (None: 4 on CPU, on GPU what's free)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
     learner_dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype; weights and optimizer stay float32
     fsdp: bool = False
@@ -532,7 +532,8 @@ def check_args(args: Args):
          "--save-every and --resume-from do not work with --fsdp yet (the final model is saved); use DDP"),
         (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens) < 1,
          "--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1"),
-        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
+        (args.micro_batch_size is not None and args.micro_batch_size < 1
+         or args.micro_batch_memory_gib is not None and args.micro_batch_memory_gib <= 0,
          "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
         (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
         (args.reward == "verifier" and "{question}" not in args.prompt_template,
@@ -798,15 +799,38 @@ def chunks(rows: torch.Tensor, size: int):
 
 
 def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
-    """--micro-batch-size, None resolved for `sequences` of at most `length` tokens (see docs/benchmarks.md)."""
+    """--micro-batch-size, None resolved for this rank's `sequences` of at most `length` tokens: the most whose
+    activations and logits fit --micro-batch-memory-gib (None: 4 on CPU, on a GPU what the models leave of it,
+    learner_gpu_budget), the same on every rank; on CPU at least 1 (docs/benchmarks.md#the-micro-batch-default)."""
     config = model_config("--model-name-or-path", args.model_name_or_path)
     layer = 48 * config.hidden_size + 16 * getattr(config, "intermediate_size", 4 * config.hidden_size)
     gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
-    fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
-    size = args.micro_batch_size or (fits if args.learner_device == "cpu" else 8)
+    budget = args.micro_batch_memory_gib or (4.0 if args.learner_device == "cpu" else
+                                             learner_gpu_budget(args, config, trained_models))
+    fits = torch.tensor(min(sequences, int(budget / gib)), device=args.learner_device if args.world_size > 1 else "cpu")
+    if args.world_size > 1:  # the ranks may see different free memory, but must run the same micro-batches
+        dist.all_reduce(fits, op=dist.ReduceOp.MIN)
+    if fits.item() < 1 and args.micro_batch_size is None and args.learner_device != "cpu":
+        sys.exit(f"error: one sequence of {length} tokens needs ~{gib:.2f} GiB of activations and logits, more than "
+                 f"the {budget:.2f} GiB {args.learner_device} leaves them (docs/benchmarks.md#the-micro-batch-default)")
+    size = args.micro_batch_size or max(1, fits.item())
     print(f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
-          f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})")
+          f"--micro-batch-memory-gib {budget:.3g})")
     return size
+
+
+def learner_gpu_budget(args: Args, config, trained_models: int):
+    """GiB for one micro-batch on this learner GPU: 90% of its free memory less 16 bytes a trained parameter (float32
+    weights, gradients, AdamW; DDP's buckets 4 more) and 4 a reference one (/ ranks under FSDP2), the reward model and
+    vLLM if the engine shares the GPU."""
+    with torch.device("meta"):  # the policy's size from its config: nothing allocated
+        size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    ddp, shared = args.world_size > 1 and not args.fsdp, args.learner_device == args.engine_device
+    models = size * (trained_models * (16 + 4 * ddp) + 4) / (args.world_size if args.fsdp else 1)
+    models += 4 * size * shared * (getattr(args, "reward", None) == "model")  # a reward model of the policy's size
+    free, total = torch.cuda.mem_get_info(args.learner_device)
+    engine = shared * ((args.gpu_memory_utilization or 0) * total or 0.3 * (free - models))  # as build_engine sizes it
+    return (0.9 * free - models - engine) / 2**30
 
 
 @torch.no_grad()
@@ -961,13 +985,10 @@ def any_rank(flag: bool, args: Args) -> bool:
 
 
 def gradient_sync(model, last: bool):
-    """Average gradients over the ranks once per mini-batch, in its last micro-batch's backward pass (DDP's no_sync
-    must wrap the forward pass too)."""
-    if isinstance(model, DDP) and not last:
-        return model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(last)
-    return contextlib.nullcontext()
+    """Average gradients over the ranks: DDP once per mini-batch, in its last micro-batch's backward pass (no_sync must
+    wrap the forward pass too); FSDP2 in every micro-batch's, each layer's gradient reduce-scattered into this rank's
+    shard as it is made, so that no rank holds an unsharded gradient (docs/benchmarks.md, GPU memory per layout)."""
+    return model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()
 
 
 # RUN FOLDER: the run's name, tracking, checkpoints (all a stopped run needs to go on where it stopped), signals, the

@@ -108,6 +108,8 @@ BAD_INPUTS = [
      "--track: wandb did not start"),
     ("multigpu/async_rloo_multigpu.py", rm_flags, ("--fsdp",), nothing,
      "--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more"),
+    ("multigpu/async_dpo_multigpu.py", rm_flags, ("--micro-batch-memory-gib", "0"), nothing,  # its default is None
+     "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
 ]
 
 

@@ -4,7 +4,7 @@ cannot rot."""
 import json
 import re
 
-from conftest import run_script
+from conftest import REPO, run_script
 
 
 def test_speed_benchmark_quick_mode_writes_table_and_plot(tiny, tmp_path):
@@ -198,3 +198,19 @@ def test_inflight_benchmark_runs_pairs_resumes_and_refuses_a_mixed_table(tiny, a
     measured = json.loads((tmp_path / "inflight_kv.json").read_text())
     assert measured["recompute"]["max_gap"] < 1e-4 < measured["keep"]["mean_gap"]  # recomputed KV: version 1 exactly
     assert "| keep |" in (tmp_path / "inflight_kv.md").read_text()
+
+
+def test_gpu_fit_table_is_what_the_variants_compute_and_every_paper_config_fits_under_fsdp2(tmp_path):
+    """Issue 44: benchmark/results/gpu_fit.md is the variants' own choice of micro-batch on an 80 GiB card (the tool
+    re-run gives the committed table, to the character), and each paper configuration fits some 1 + 3 layout: every
+    row's FSDP2 cell holds a micro-batch of at least 1, and a config the estimate cannot fit is refused, not run."""
+    proc, _ = run_script("benchmark/gpu_fit.py", tmp_path, "--results-dir", str(tmp_path / "results"), "--work-dir",
+                         str(tmp_path / "work"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (tmp_path / "results" / "gpu_fit.md").read_text()
+    assert table == (REPO / "benchmark" / "results" / "gpu_fit.md").read_text()
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith(("| DPO", "| RLOO", "| PPO", "| GRPO"))]
+    assert len(rows) == 12
+    assert all(re.match(r"\d+ of \d+ \(", row[-1]) and int(row[-1].split()[0]) >= 1 for row in rows)
+    ppo_28b = next(row for row in rows if row[0] == "| PPO" and row[1] == "Pythia-2.8b")
+    assert ppo_28b[3].startswith("**refused**") and ppo_28b[5].startswith("**refused**")  # 1 GPU, 1 + 3 DDP

@@ -100,6 +100,39 @@ def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path,
         "model.embed_tokens.weight"])
 
 
+FSDP2_WORKER = """
+import sys, types
+import torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+from conftest import load_script
+from transformers import AutoModelForCausalLM
+variant = load_script(sys.argv[2])
+dist.init_process_group("gloo")
+model = variant.wrap_model(AutoModelForCausalLM.from_pretrained(sys.argv[3]),
+                           types.SimpleNamespace(world_size=2, fsdp=True, learner_device="cpu"))
+ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(dist.get_rank()))
+for last in (False, True):  # two micro-batches of one mini-batch
+    with variant.gradient_sync(model, last=last):
+        model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+    grads = [(p.grad is not None and p.grad.to_local().shape == p.to_local().shape) for p in model.parameters()]
+    print(f"rank {dist.get_rank()} last={last}: {sum(grads)} of {len(grads)} gradients in shards", flush=True)
+    assert all(grads)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("script", list(dict.fromkeys(case.split()[0] for case in CASES)))
+def test_fsdp2_reduce_scatters_every_micro_batch_so_no_rank_holds_an_unsharded_gradient(tiny, tmp_path, script):
+    """Issue 44: under --fsdp the gradients of a mini-batch's first micro-batch are already reduce-scattered into each
+    rank's shard (with gradient sync off until the last one, FSDP2 would hold an unsharded float32 gradient, 4 bytes a
+    parameter per trained model on every rank: what made the paper's Pythia-2.8b PPO command not fit 80 GB)."""
+    worker = tmp_path / "fsdp2_worker.py"
+    worker.write_text(FSDP2_WORKER)
+    proc, _ = torchrun(worker, tmp_path, str(REPO / "tests"), script, str(tiny / "policy"), timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stdout.count("gradients in shards") == 4, proc.stdout
+
+
 def test_a_crash_on_another_rank_ends_the_job_with_its_traceback(tiny, tmp_path):
     """Rank 1 raises in its first optimizer step; rank 0 must not wait in a collective until --collective-timeout."""
     wrapper = tmp_path / "crash_rank_1.py"

@@ -89,7 +89,7 @@ def test_bfloat16_autocast_runs_the_learner_in_bfloat16_with_float32_weights(dpo
 
 def test_the_default_micro_batch_is_the_whole_mini_batch_when_it_fits_the_memory_budget(dpo, tiny, capsys):
     """--micro-batch-size None: the whole mini-batch under a large budget, the most sequences that fit under a small
-    one (at least 1), 8 on a GPU; an explicit size always wins. One printed line gives the choice and the estimate."""
+    one (at least 1), on CPU and GPU alike; an explicit size always wins. One printed line gives the choice and the estimate."""
     def choose(sequences=16, length=100, **flags):
         args = dpo.Args(model_name_or_path=str(tiny / "policy"), learner_device=flags.pop("device", "cpu"), **flags)
         args.micro_batch_size = dpo.choose_micro_batch_size(args, sequences, length)
@@ -103,8 +103,51 @@ def test_the_default_micro_batch_is_the_whole_mini_batch_when_it_fits_the_memory
     assert choose(length=20, micro_batch_memory_gib=5.5 * per_sequence)[0] == 16  # shorter sequences: all fit again
     assert choose(micro_batch_size=3, micro_batch_memory_gib=0.001) == (
         3, "micro-batch 3 of 16 sequences (est. 0.01 GiB of --micro-batch-memory-gib 0.001)")
-    assert choose(device="cuda:1")[0] == 8
+    # on a GPU the core keeps the same budget (issue 44: a constant 8 did not fit Pythia-2.8b); the variant sizes it
+    assert choose(micro_batch_memory_gib=5.5 * per_sequence, device="cuda:1")[0] == 5
     assert choose(micro_batch_size=32, device="cuda:1")[0] == 32
+
+
+def test_the_multigpu_variant_sizes_the_gpu_micro_batch_from_free_memory_less_the_models(tiny, capsys, monkeypatch):
+    """Issue 44: with no --micro-batch-memory-gib, a learner GPU's budget is 90% of its free memory less 16 bytes per
+    trained parameter (+4 for DDP's buckets), 4 for the reference, all over the ranks under FSDP2, and beside the engine
+    the reward model and vLLM's share; a sequence that does not fit even alone is refused in one line. The device
+    query is the one thing replaced (no GPU here): free and total memory of an 80 GiB card."""
+    variant = load_script("multigpu/async_dpo_multigpu.py")
+    free, total = 79.0 * 2**30, 80.0 * 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, total))
+    size = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(
+        tiny / "policy").parameters())
+    config = variant.model_config("--model-name-or-path", str(tiny / "policy"))
+
+    def budget(**flags):
+        args = variant.Args(model_name_or_path=str(tiny / "policy"), **{"engine_device": "cuda:0",
+                                                                         "learner_device": "cuda:1", **flags})
+        return variant.learner_gpu_budget(args, config, 1) * 2**30
+
+    assert budget() == pytest.approx(0.9 * free - 20 * size)  # weights, gradients, AdamW; the reference
+    assert budget(world_size=3) == pytest.approx(0.9 * free - 24 * size)  # DDP: a bucket copy of each gradient
+    assert budget(world_size=3, fsdp=True) == pytest.approx(0.9 * free - 20 * size / 3)  # FSDP2: all sharded
+    shared = 0.9 * free - 24 * size - 0.3 * (free - 24 * size)  # one GPU: the reward model, then vLLM's 30%
+    assert budget(learner_device="cuda:0") == pytest.approx(shared)
+    assert budget(learner_device="cuda:0", gpu_memory_utilization=0.5) == pytest.approx(0.9 * free - 24 * size - 0.5 *
+                                                                                         total)
+    per_sequence = 100 * (2 * 1.27 * (48 * 128 + 16 * 256) + 16 * 512)  # bytes, as in the test above
+    args = variant.Args(model_name_or_path=str(tiny / "policy"), engine_device="cuda:0", learner_device="cuda:1")
+    assert variant.choose_micro_batch_size(args, 10**9, 100) == int(budget() / per_sequence)
+    assert variant.choose_micro_batch_size(args, 16, 100) == 16  # the whole mini-batch when it fits
+    assert "of --micro-batch-memory-gib 71.1)" in capsys.readouterr().out  # the budget it resolved, in GiB
+    args.micro_batch_memory_gib = 2.5 * per_sequence / 2**30  # a given budget wins over the free memory
+    assert variant.choose_micro_batch_size(args, 16, 100) == 2
+    free = 20 * size / 0.9  # nothing left beside the models: even one sequence does not fit
+    args.micro_batch_memory_gib = None
+    with pytest.raises(SystemExit, match=r"error: one sequence of 100 tokens needs ~0.00 GiB of activations and "
+                                         r"logits, more than the -?0.00 GiB cuda:1 leaves them"):
+        variant.choose_micro_batch_size(args, 16, 100)
+    args.micro_batch_size = 1  # an explicit size is the user's call
+    assert variant.choose_micro_batch_size(args, 16, 100) == 1
+    args = variant.Args(model_name_or_path=str(tiny / "policy"), learner_device="cpu", micro_batch_size=None)
+    assert variant.choose_micro_batch_size(args, 16, 100) == 16  # on CPU: 4 GiB, as the core
 
 
 def test_chunks_and_combined_statistics(dpo):
