@@ -272,6 +272,8 @@ def test_gate_verdict_over_optimisation_against_rise_and_collapse(tmp_path):
     assert row("ppo").endswith("| 0.600 (0) | +0.020 ± 0.005 | +0.400 ± 0.000 | from the start |")
     assert row("dpo", "0.0003").endswith("| collapse |")
     assert "undetermined here" not in table  # said only when no algorithm over-optimises
+    # from the start counts: a proxy exploited at once is over-optimisation too (the gate of issue 41 is such)
+    assert "sync-1 over-optimises (dpo, ppo; not rloo): its gold falls by more than its CI" in table
 
 
 def test_excursions_leave_sync_1_kl_range_and_fisher_compares_the_corrections(tmp_path):
