@@ -121,11 +121,12 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("script", list(dict.fromkeys(case.split()[0] for case in CASES)))
-def test_fsdp2_reduce_scatters_every_micro_batch_so_no_rank_holds_an_unsharded_gradient(tiny, tmp_path, script):
+def test_fsdp2_reduce_scatters_every_micro_batch_so_no_rank_holds_an_unsharded_gradient(tiny, tmp_path):
     """Issue 44: under --fsdp the gradients of a mini-batch's first micro-batch are already reduce-scattered into each
     rank's shard (with gradient sync off until the last one, FSDP2 would hold an unsharded float32 gradient, 4 bytes a
-    parameter per trained model on every rank: what made the paper's Pythia-2.8b PPO command not fit 80 GB)."""
+    parameter per trained model on every rank: what made the paper's Pythia-2.8b PPO command not fit 80 GB). The four
+    variants share `wrap_model` and `gradient_sync` letter for letter (test_twins.py): one copy tested covers them."""
+    script = "multigpu/async_ppo_multigpu.py"
     worker = tmp_path / "fsdp2_worker.py"
     worker.write_text(FSDP2_WORKER)
     proc, _ = torchrun(worker, tmp_path, str(REPO / "tests"), script, str(tiny / "policy"), timeout=300)
