@@ -1,7 +1,8 @@
-"""GPU smoke test: the first run a person with one GPU makes, in about 10 minutes. `benchmark/gpu_smoke.sh` runs this.
+r"""GPU smoke test: the first run a person with one GPU makes, in about 14 minutes. `benchmark/gpu_smoke.sh` runs this.
 
     bash benchmark/gpu_smoke.sh                      # on a GPU: Pythia-160m DPO/RLOO/PPO, Qwen2.5-0.5B GRPO on GSM8K
-    PYTHIA=/models/pythia-160m QWEN=/models/Qwen2.5-0.5B-Instruct GSM8K=/data/gsm8k bash benchmark/gpu_smoke.sh
+    PYTHIA=/models/pythia-160m QWEN=/models/Qwen2.5-0.5B-Instruct PYTHIA_BIG=/models/pythia-2.8b GSM8K=/data/gsm8k \
+        bash benchmark/gpu_smoke.sh                  # offline (of PYTHIA_BIG only config.json is read)
     bash benchmark/gpu_smoke.sh --only torch         # only the part that needs torch and transformers (no vLLM)
     bash benchmark/gpu_smoke.sh --cpu                # the same checks on CPU with tiny models built here (~4 min)
 
@@ -11,14 +12,17 @@ sequences of the scripts' default lengths) through forward, backward and an Adam
 micro-batch computed with gradients equal those computed without (the scripts rely on it: the PPO ratio of the first
 update is 1);
 (c) how far TF32 matmuls move those logprobs, beside the weight-sync guard's float32 tolerance of 1e-4 (the learner
-must run them in IEEE float32, torch's default). When vLLM is importable the logprobs are those of the scripts' own
-`token_logprobs`, else of a copy of it below (the same few lines of torch).
+must run them in IEEE float32, torch's default); (d) a DPO learner's peak at Pythia-2.8b (random weights from its
+config) for micro-batches 2 and 8, beside the estimate the multigpu variants choose their micro-batch with. When vLLM
+is importable the logprobs are those of the scripts' own `token_logprobs`, else of a copy of it below (the same few
+lines of torch).
 
 The run part starts the real scripts as subprocesses with a few learner steps and reads their metrics.jsonl: async
 DPO, RLOO and PPO on Pythia-160m with a tiny random reward model (a GPT-NeoX classifier with Pythia's tokenizer, built
-here) and prompts made from GSM8K questions; the engine in a process of its own (`torchrun --nproc-per-node 2
-multigpu/async_dpo_multigpu.py`, the path docs/multigpu.md describes; it needs 2 GPUs, so on one GPU it is SKIP,
-see docs/benchmarks.md); async GRPO on GSM8K with Qwen2.5-0.5B-Instruct.
+here) and prompts made from GSM8K questions; DPO again with vLLM's float32 Triton kernels in TF32 (the guard's gap
+must move); the engine in a process of its own (`torchrun --nproc-per-node 1` and `2 multigpu/async_dpo_multigpu.py`,
+the path docs/multigpu.md describes; 2 ranks need 2 GPUs, so on one GPU that one is SKIP, see docs/benchmarks.md);
+async GRPO on GSM8K with Qwen2.5-0.5B-Instruct.
 A run PASSes when it exits 0, its step-0 gap between the engine's and the learner's logprobs (both of policy version 0)
 is below 1e-4 (float32), and every metric it logged is finite. Whether the reward rose (mean of the second half of the
 steps above that of the first) is reported, not judged: a few steps with a random reward model prove nothing.
@@ -49,6 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
 GUARD_TOLERANCE = 1e-4  # the weight-sync guard's float32 tolerance (check_weight_sync in every script)
 TORCH_ROWS = ("learner memory", "grad == no-grad", "TF32 sensitivity")
+FIT_SIZES = (2, 8)  # the micro-batches of the peak-vs-estimate check
 
 
 # ------------------------------------------------------------------------------------------------ the torch part
@@ -79,9 +84,10 @@ def scripts_token_logprobs():
         return local_token_logprobs, f"a copy of token_logprobs (async_grpo_gsm8k.py did not import: {e!r:.120})"
 
 
-def torch_worker(specs: list, device: str, out: str):
+def torch_worker(specs: list, device: str, out: str, fit: list):
     """The torch part, in a process of its own: for each (name, model, prompt tokens, response tokens, micro-batch
-    size) of `specs` in turn, the three measurements; writes {name: result} as JSON."""
+    size) of `specs` in turn, the three measurements, then the peak-vs-estimate one for `fit` (name, model, prompt
+    tokens, response tokens); writes {name: result} as JSON."""
     import gc
 
     import torch
@@ -95,6 +101,9 @@ def torch_worker(specs: list, device: str, out: str):
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
         Path(out).write_text(json.dumps(results))
+    results["fit"] = (measure_fit(token_logprobs, *fit[1:], device) if importlib.util.find_spec("vllm") else
+                      dict(skip="the estimate is the multigpu variant's, which imports vLLM (not installed)"))
+    Path(out).write_text(json.dumps(results))
 
 
 def measure(token_logprobs, model_path: str, prompt_tokens: int, response_tokens: int, micro_batch_size: int,
@@ -169,18 +178,137 @@ def measure(token_logprobs, model_path: str, prompt_tokens: int, response_tokens
     return result
 
 
-def torch_rows(specs: list, ctx) -> list:
+def variant_estimate(model_path: str, length: int) -> tuple:
+    """(fixed GiB, GiB per sequence of `length` tokens) by the DPO multigpu variant's own functions, for a learner GPU
+    of its own (1 + 1): `learner_gpu_budget`'s models (16 bytes a trained parameter, 4 a frozen reference one) and
+    `choose_micro_batch_size`'s activations and logits. Only the device query is answered (80 GiB free: the models'
+    term does not depend on it); the per-sequence figure is read from the variant's line for a huge budget."""
+    import contextlib
+    import dataclasses
+    import io
+    from unittest import mock
+
+    spec = importlib.util.spec_from_file_location("smoke_variant", REPO / "multigpu" / "async_dpo_multigpu.py")
+    variant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(variant)
+    args = variant.Args(model_name_or_path=model_path, learner_device="cuda:1", engine_device="cuda:0", world_size=1)
+    with mock.patch("torch.cuda.mem_get_info", lambda device=None: (80 * GIB, 80 * GIB)):
+        fixed = 0.9 * 80 - variant.learner_gpu_budget(args, variant.model_config("--model-name-or-path", model_path), 1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        size = variant.choose_micro_batch_size(dataclasses.replace(args, learner_device="cpu",
+                                                                   micro_batch_memory_gib=1e6), 10**6, length)
+    return fixed, float(re.search(r"est\. ([\d.]+) GiB", printed.getvalue()).group(1)) / size
+
+
+def measure_fit(token_logprobs, model_path: str, prompt_tokens: int, response_tokens: int, device: str) -> dict:
+    """(d) A DPO learner's peak memory beside the multigpu variants' estimate of it (issue 44), at micro-batches 2 and
+    8: the policy (float32, AdamW) and its frozen reference, built from the model's config with random weights (only
+    config.json is read), two steps per size, the peak of the second (the optimizer's state is there, as at every
+    step after the first). GPU: `torch.cuda.max_memory_allocated`. CPU: the tensors resident before the step plus the
+    process's RSS growth during it (its peak reset through /proc/self/clear_refs; RSS follows tensors as the smoke
+    sets MALLOC_MMAP_THRESHOLD_ for this process)."""
+    import copy
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    length = prompt_tokens + response_tokens
+    fixed, per_sequence = variant_estimate(model_path, length)
+    result = dict(model=model_path, length=length, fixed_gib=fixed, per_sequence_gib=per_sequence, sizes={})
+    torch.manual_seed(0)
+    with torch.device(device):
+        policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=torch.float32).eval()
+    reference = copy.deepcopy(policy).requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-7, eps=1e-5)
+    result["parameters"] = sum(p.numel() for p in policy.parameters())
+    if device.startswith("cuda"):
+        result["card_gib"] = torch.cuda.get_device_properties(device).total_memory / GIB
+    vocab = min(policy.config.vocab_size, policy.get_input_embeddings().weight.shape[0])
+    for size in FIT_SIZES:
+        input_ids = torch.randint(0, vocab, (size, length), device=device)
+        response_mask = torch.zeros_like(input_ids)
+        response_mask[:, prompt_tokens:] = 1
+        row = result["sizes"][str(size)] = dict(estimate_gib=fixed + size * per_sequence, oom=None)
+        for measured in (False, True):
+            if measured:
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats(device)
+                else:
+                    resident = sum(t.numel() * t.element_size() for t in [
+                        *policy.parameters(), *reference.parameters(),
+                        *(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))])
+                    before = proc_status_kib("VmRSS")
+                    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current RSS
+            try:
+                logprobs = token_logprobs(policy, input_ids, torch.ones_like(input_ids), response_mask, 0.7)
+                (-logprobs.sum() / response_mask[:, 1:].sum()).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)  # the scripts' zero_grad: no gradient held between steps
+                del logprobs
+            except torch.cuda.OutOfMemoryError as e:
+                row["oom"] = str(e).splitlines()[0]
+                optimizer.zero_grad(set_to_none=True)
+                break
+        if row["oom"] is None and device.startswith("cuda"):
+            torch.cuda.synchronize()
+            row["peak_gib"] = torch.cuda.max_memory_allocated(device) / GIB
+        elif row["oom"] is None:
+            row["peak_gib"] = (resident + (proc_status_kib("VmHWM") - before) * 1024) / GIB
+        del input_ids, response_mask
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return result
+
+
+def proc_status_kib(field: str) -> int:
+    """A memory field of /proc/self/status (VmRSS, VmHWM), in KiB."""
+    return int(re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
+
+
+def fit_row(name: str, r: dict) -> dict:
+    """The peak-vs-estimate row: PASS if at every size the measured peak is within the estimate (the micro-batch the
+    variants choose fits), or the step ran out of memory where the estimate is above the card too."""
+    row, cells, ok = dict(check=f"torch: peak vs estimate ({name})"), [], True
+    if "skip" in r:
+        return dict(row, status="SKIP", note=r["skip"])
+    for size, m in r["sizes"].items():
+        if m["oom"]:
+            fits = m["estimate_gib"] > r.get("card_gib", float("inf"))
+            cells.append(f"M {size}: out of memory, estimate {m['estimate_gib']:.3g} GiB "
+                         f"{'above' if fits else 'WITHIN'} the {r.get('card_gib', 0):.0f} GiB card")
+        else:
+            fits = m["peak_gib"] <= m["estimate_gib"]
+            cells.append(f"M {size}: peak {m['peak_gib']:.3g} GiB, estimate {m['estimate_gib']:.3g} "
+                         f"({m['peak_gib'] / m['estimate_gib']:.2f} of it)")
+        ok = ok and fits
+    small, large = (r["sizes"][str(s)] for s in FIT_SIZES)
+    if "peak_gib" in small and "peak_gib" in large:
+        slope = (large["peak_gib"] - small["peak_gib"]) / (FIT_SIZES[1] - FIT_SIZES[0])
+        cells.append(f"per sequence {slope:.3g} GiB measured, {r['per_sequence_gib']:.3g} estimated "
+                     f"({r['per_sequence_gib'] / slope:.2f}x)" if slope > 0 else f"per sequence {slope:.3g} GiB")
+    head = (f"{r['parameters'] / 1e6:.1f}M parameters x {r['length']} tokens, fixed {r['fixed_gib']:.3g} GiB "
+            f"(policy + AdamW + reference)")
+    return dict(row, status="PASS" if ok else "FAIL", note=f"{head}; " + "; ".join(cells),
+                peak="; ".join(f"{s['peak_gib']:.3g}" for s in r["sizes"].values() if "peak_gib" in s) + " GiB")
+
+
+def torch_rows(specs: list, ctx, fit: tuple) -> list:
     """Run the torch part for every (name, model, prompt tokens, response tokens) in one child process (vLLM, when
-    imported for the scripts' token_logprobs, is imported once); three table rows per model."""
+    imported for the scripts' token_logprobs, is imported once): three table rows per model, then one for `fit`."""
     out, log = ctx.work / "torch_part.json", ctx.work / "torch_part.log"
     specs = [(name, model, prompt, response, 8) for name, model, prompt, response in specs]  # the default micro-batch
     for name, model, prompt, response, size in specs:
         print(f"== torch part, {name}: {model}, micro-batch {size} x {prompt}+{response} tokens", flush=True)
+    print(f"== torch part, peak vs estimate, {fit[0]}: {fit[1]} (random weights), micro-batches {FIT_SIZES}",
+          flush=True)
+    env = {**ctx.env, "MALLOC_MMAP_THRESHOLD_": "65536"} if ctx.device == "cpu" else ctx.env  # freed tensors leave RSS
     start = time.time()
     with open(log, "w") as f:
         try:
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--torch-worker", json.dumps(specs),
-                                   ctx.device, str(out)], env=ctx.env, stdout=f, stderr=subprocess.STDOUT,
+                                   ctx.device, str(out), json.dumps(fit)], env=env, stdout=f, stderr=subprocess.STDOUT,
                                   timeout=ctx.args.timeout)
             returncode = proc.returncode
         except subprocess.TimeoutExpired:
@@ -215,6 +343,8 @@ def torch_rows(specs: list, ctx) -> list:
                              + ("TF32 ON, the learner is not exact" if r["tf32_default"] else "off, exact float32"))
         else:
             tf32.update(status="PASS", note="not applicable on CPU (TF32 is a GPU matmul mode)")
+    rows.append(fit_row(fit[0], results["fit"]) if "fit" in results else dict(
+        check=f"torch: peak vs estimate ({fit[0]})", status="FAIL", note=f"exit {returncode}: {tail(log)}"))
     return rows
 
 
@@ -283,22 +413,26 @@ def descendants(root: int, seen: dict):
         below = {pid for pid, parent in parents.items() if parent in tree} - tree
         tree |= below
         grew = bool(below)
-    for pid in tree - {root} - set(seen):
+    for pid in tree - {root}:  # again each time: vLLM names its processes (setproctitle) once they have started
         try:
-            seen[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
-            pass
+            continue
+        if command.strip() or pid not in seen:  # a zombie's is empty: keep what it was
+            seen[pid] = command
 
 
-def run_check(name: str, cmd: list, reward_key: str, ctx, skip: Optional[str] = None, min_processes: int = 1) -> dict:
-    """Run one script in a folder of its own, then judge its metrics.jsonl (and, given `min_processes`, that the run
-    started at least that many processes: an engine in a process of its own is one more)."""
+def run_check(name: str, cmd: list, reward_key: str, ctx, skip: Optional[str] = None, min_processes: int = 1,
+              env: Optional[dict] = None) -> dict:
+    """Run one script in a folder of its own (`env`: variables on top of the smoke's), then judge its metrics.jsonl
+    (and, given `min_processes`, that the run started at least that many processes: an engine in a process of its
+    own is one more)."""
     row = dict(check=name)
     if skip:
         return dict(row, status="SKIP", note=skip)
     if importlib.util.find_spec("vllm") is None:
         return dict(row, status="FAIL", note="vLLM is not installed (bash install.sh), or run --only torch")
-    cwd = ctx.work / re.sub(r"[^a-z0-9]+", "_", name).strip("_")
+    cwd = ctx.work / re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
     (cwd / "command.txt").write_text(" ".join(cmd) + "\n")
@@ -307,7 +441,8 @@ def run_check(name: str, cmd: list, reward_key: str, ctx, skip: Optional[str] = 
     start = time.time()
     timed_out, processes, polls = False, {}, 0
     with open(log, "w") as f, GpuMemoryPoller() as gpu:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=ctx.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, env={**ctx.env, **(env or {})}, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         while True:  # wait4: this child's own peak RSS (the largest of it and the children it waited for)
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
@@ -349,7 +484,7 @@ def run_check(name: str, cmd: list, reward_key: str, ctx, skip: Optional[str] = 
         problems.append(f"exit {returncode}: {tail(log)}")
     if metrics:
         gap = metrics[0].get("async/behaviour_learner_logprob_gap")
-        row["gap"] = "n/a" if gap is None else f"{gap:.1e}"
+        row["gap"], row["gap_value"] = "n/a" if gap is None else f"{gap:.1e}", gap
         if gap is None or not gap < GUARD_TOLERANCE:
             problems.append(f"step-0 logprob gap {gap} is not < {GUARD_TOLERANCE:g}")
         bad = sorted({k for m in metrics for k, v in m.items()
@@ -374,12 +509,31 @@ def run_check(name: str, cmd: list, reward_key: str, ctx, skip: Optional[str] = 
     if min_processes > 1 and len(processes) + 1 < min_processes and os.path.isdir("/proc"):
         problems.append(f"{len(processes) + 1} processes seen, fewer than the {min_processes} expected")
     engines = sum("EngineCore" in c for c in processes.values())
+    if min_processes > 1 and not engines and not problems:
+        problems.append("no process named EngineCore was seen: the engine ran in the learner's process")
     row.update(status="FAIL" if problems else "PASS",
                note="; ".join(problems) or f"{len(metrics)} steps of {script}; reward: {reward_key}" + (
                    f"; {len(processes) + 1} processes" + f" ({engines} named EngineCore)" * bool(engines)
                    if min_processes > 1 else ""))
     print(f"   {row['status']} in {seconds:.0f} s" + (f": {row['note']}" if problems else ""), flush=True)
     return row
+
+
+def tf32_check(ieee: dict, tf32: dict, cpu: bool) -> dict:
+    """Judge the run with `TRITON_F32_DEFAULT=tf32` (the scripts keep an inherited value) against the same run in IEEE
+    float32: on a GPU vLLM's Triton attention then rounds its inputs to TF32, so the step-0 gap between the engine's and
+    the learner's logprobs must grow, or the weight-sync guard stop the run; on CPU (no Triton) it must not move."""
+    if ieee["status"] != "PASS" or tf32["status"] != "PASS" and "weight sync failed" not in tf32.get("note", ""):
+        return dict(tf32, status="FAIL", note=f"nothing to compare: IEEE run {ieee['status']}, TF32 run "
+                                              f"{tf32['status']}: {tf32.get('note', '')}")
+    if "weight sync failed" in tf32["note"]:
+        moved, note = True, "the weight-sync guard stopped the run: " + tf32["note"]
+    else:
+        moved = tf32["gap_value"] > ieee["gap_value"]
+        note = f"step-0 gap {tf32['gap_value']:.2e} with TF32, {ieee['gap_value']:.2e} in IEEE float32"
+    ok = tf32.get("gap_value") == ieee["gap_value"] if cpu else moved
+    return dict(tf32, status="PASS" if ok else "FAIL",
+                note=note + (" (CPU: no Triton, so the variable must change nothing)" if cpu else ""))
 
 
 # ------------------------------------------------------------------------------------------------ models and data
@@ -478,7 +632,7 @@ class Context:
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
-        return torch_worker(json.loads(sys.argv[2]), sys.argv[3], sys.argv[4])
+        return torch_worker(json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu", action="store_true", help="run on CPU with tiny models built here (~4 min)")
@@ -501,8 +655,9 @@ def main():
     if ctx.steps < 3:
         sys.exit("error: --steps must be >= 3 (with K = 1 the first weight sync is before the batch of step 2)")
     # local folders as absolute paths: every run starts in a folder of its own
-    pythia, qwen = (os.path.abspath(p) if os.path.isdir(p) else p for p in (
-        os.environ.get("PYTHIA", "EleutherAI/pythia-160m"), os.environ.get("QWEN", "Qwen/Qwen2.5-0.5B-Instruct")))
+    pythia, qwen, pythia_big = (os.path.abspath(p) if os.path.isdir(p) else p for p in (
+        os.environ.get("PYTHIA", "EleutherAI/pythia-160m"), os.environ.get("QWEN", "Qwen/Qwen2.5-0.5B-Instruct"),
+        os.environ.get("PYTHIA_BIG", "EleutherAI/pythia-2.8b")))  # PYTHIA_BIG: only its config.json is read
     gsm8k = Path(os.environ.get("GSM8K", str(REPO / "data" / "gsm8k"))).resolve()
     env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
            "TOKENIZERS_PARALLELISM": "false"}
@@ -510,7 +665,7 @@ def main():
         env["OMP_NUM_THREADS"] = "1"  # one thread per role, as the scripts' --torch-threads 1
         env["CUDA_VISIBLE_DEVICES"] = ""  # CPU mode means CPU, even on a machine with a GPU
         env.setdefault("HF_HUB_OFFLINE", "1")
-    elif all(os.path.isdir(p) for p in (pythia, qwen)):
+    elif all(os.path.isdir(p) for p in (pythia, qwen, pythia_big)):
         env.setdefault("HF_HUB_OFFLINE", "1")  # all local: never ask the hub
     ctx.env = env
 
@@ -545,7 +700,9 @@ def main():
     rows = []
     if args.only in ("all", "torch"):
         # the scripts' default lengths: DPO/RLOO/PPO 512 prompt + 53 response tokens, GRPO 512 + 512
-        rows += torch_rows([("pythia", pythia, 512, 53), ("qwen", qwen, 512, 512)], ctx)
+        # and the learner's peak at Pythia-2.8b (the paper's largest; on CPU the tiny policy) beside the estimate
+        fit = ("pythia", pythia) if args.cpu else ("pythia-2.8b", pythia_big)
+        rows += torch_rows([("pythia", pythia, 512, 53), ("qwen", qwen, 512, 512)], ctx, (*fit, 512, 53))
     if args.only in ("all", "runs"):
         if not args.cpu:
             print(f"== tiny reward model for {pythia}", flush=True)
@@ -561,18 +718,20 @@ def main():
         for algo in [a for a in ("dpo", "rloo", "ppo") if a in runs]:
             rows.append(run_check(f"{algo} (pythia)", [*python, str(REPO / f"async_{algo}.py"), *rm_flags],
                                   "objective/scores", ctx))
-        # the engine in a process of its own: under torchrun with 2 learner ranks (docs/multigpu.md). Two NCCL ranks
-        # need two GPUs, and one process keeps its engine in-process (the multigpu scripts force
-        # VLLM_ENABLE_V1_MULTIPROCESSING=0 when WORLD_SIZE is 1), so on one GPU this path cannot run yet
-        skip = None if args.cpu or num_gpus >= 2 else (
-            "needs 2 GPUs: the engine gets a process of its own only under torchrun with >= 2 ranks (or a "
-            "tensor-parallel engine), and 2 NCCL ranks cannot share 1 GPU")
-        torchrun = [*python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        if "own-process" in runs:  # torchrun's agent, 2 ranks, and at least 1 process for the engine: 4
-            rows.append(run_check("dpo engine in own process (torchrun 2)",
-                                  [*torchrun, str(REPO / "multigpu" / "async_dpo_multigpu.py"), *rm_flags,
+        if "dpo" in runs:  # the same run with vLLM's float32 Triton kernels in TF32: the guard's gap must see it
+            ieee = next(row for row in rows if row["check"] == "dpo (pythia)")
+            rows.append(tf32_check(ieee, run_check("dpo (pythia), engine TF32", [*python, str(REPO / "async_dpo.py"),
+                                                   *rm_flags], "objective/scores", ctx,
+                                                   env={"TRITON_F32_DEFAULT": "tf32"}), args.cpu))
+        # the engine in a process of its own: under torchrun, with 1 learner rank (one GPU: rank 0 shares it with the
+        # engine, a process group of one) and with 2 (docs/multigpu.md). Two NCCL ranks cannot share a GPU
+        torchrun = [*python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+        for ranks in (1, 2) if "own-process" in runs else ():  # torchrun's agent, the ranks, >= 1 engine process
+            skip = None if args.cpu or num_gpus >= ranks else f"needs {ranks} GPUs: 2 NCCL ranks cannot share 1 GPU"
+            rows.append(run_check(f"dpo engine in own process (torchrun {ranks})",
+                                  [*torchrun, str(ranks), str(REPO / "multigpu" / "async_dpo_multigpu.py"), *rm_flags,
                                    "--collective-timeout", "600"], "objective/scores", ctx, skip=skip,
-                                  min_processes=4))
+                                  min_processes=2 + ranks))
         grpo = (["--model-name-or-path", qwen, "--dataset-path", str(problems), "--prompt-template", "{question}",
                  "--max-prompt-tokens", "128", "--response-length", "16", "--prompts-per-step", "2",
                  "--learning-rate", "1e-3", "--kv-cache-gib", "0.25"] if args.cpu else

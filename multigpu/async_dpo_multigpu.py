@@ -14,9 +14,9 @@ import os
 if __name__ == "__mp_main__":  # a process of vLLM's engine: multiprocessing's spawn ran this file first, as __mp_main__
     os.setsid()  # a session of its own: a Ctrl-C or SIGTERM to the run's process group reaches the learner only, which
     ctypes.CDLL(None).prctl(1, 15)  # saves, then ends the engine; PR_SET_PDEATHSIG: SIGTERM if the learner is killed
-# The engine runs in this process (weights handed over as tensors), but in a process of its own under torchrun, whose
-# torch.distributed world vLLM would take (weights via shared memory); forced, as an inherited 0 breaks torchrun.
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if os.environ.get("WORLD_SIZE", "1") == "1" else "1"
+# The engine runs in this process (weights handed over as tensors), but under torchrun (one rank too) in a process of
+# its own, as vLLM would take torchrun's torch.distributed world (weights via shared memory); forced: 0 breaks torchrun
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if "TORCHELASTIC_RUN_ID" in os.environ else "0"
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # else vLLM's float32 Triton attention uses TF32 on a GPU
 # an inherited "high" would turn TF32 on for the learner too; vLLM's bytecode hook would patch model code a learner
 # forward in this process runs; on GPU the V1 model runner, which CI runs on CPU (VLLM_USE_V2_MODEL_RUNNER=1 tries V2)
@@ -497,7 +497,7 @@ def main():
         thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
     weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
-    if args.world_size > 1:
+    if dist.is_initialized():
         dist.destroy_process_group()
     if args.rank > 0:  # rank 0 saves and reports; the others skip the interpreter's teardown, in which DDP's gloo
         sys.stdout.flush()  # group can deadlock on the GIL (pytorch/pytorch#56297; seen here: a rank stuck at exit)
@@ -768,7 +768,7 @@ def check_hand_off_room(policy, args: Args):
     """Rank 0, vLLM started: room in --weights-dir for the weights' file an engine in other processes reads."""
     size = sum(t.numel() * t.element_size() for t in unwrap(policy).state_dict().values())
     free = shutil.disk_usage(args.weights_dir).free
-    if args.rank == 0 and (args.world_size > 1 or args.engine_tensor_parallel_size > 1) and size > free:
+    if args.rank == 0 and ("TORCHELASTIC_RUN_ID" in os.environ or args.engine_tensor_parallel_size > 1) and size > free:
         sys.exit(f"error: the weights ({size / 2**30:.2f} GiB) reach the engine through {args.weights_dir}, which has "
                  f"{free / 2**30:.2f} GiB free: run the container with --ipc=host or a larger --shm-size, or give "
                  f"--weights-dir a folder with room")
@@ -889,7 +889,7 @@ def init_distributed(args: Args):
     if num_gpus == 0:  # on CPU the KV cache is sized in GiB (see build_engine); the fraction is unused
         args.kv_cache_gib = 1.0 if args.kv_cache_gib is None else args.kv_cache_gib
         args.gpu_memory_utilization = args.gpu_memory_utilization or 0.1
-    if args.world_size > 1:
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun, one rank too
         if num_gpus:  # before the group: NCCL's communicators and FSDP2's default mesh use the current device
             torch.cuda.set_device(args.learner_device)
         dist.init_process_group("nccl" if num_gpus else "gloo", device_id=torch.device(args.learner_device) if
