@@ -274,17 +274,18 @@ def evaluate_policy(policy, sft, tokenizer, task, eval_set, args: Args, seed: in
                 response_length=sum(map(len, samples)) / len(samples))
 
 
-def train_sft(args: Args, tokenizer, task, train, eval_set, out_dir: Path, log):
+def train_sft(args: Args, tokenizer, task, train, eval_set, out_dir: Path, log, hidden_size: int = 128):
     """SFT of a small Llama on prompt + worked answer + EOS, stopped once greedy held-out accuracy reaches the
-    target."""
+    target. `hidden_size` (a multiple of 64) widens it: staleness_paper.py's scale axis."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     # head_dim 64: vLLM's CPU attention needs head_dim >= 32; tied embeddings keep the tiny model tiny
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+    heads = hidden_size // 64
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=heads, head_dim=64,
+                         max_position_embeddings=256, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id)
     model = LlamaForCausalLM(config)
     prompts, _ = encode(tokenizer, train)
