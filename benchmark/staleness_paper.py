@@ -7,6 +7,7 @@ Noukhov et al. (2025), Sec. 3, in miniature on this machine.
     python benchmark/staleness_paper.py --report-only               # rebuild staleness_paper.md / .png
     python benchmark/staleness_paper.py --gate-search --scripts-dir S   # issue 41: find a gate that over-optimises
     python benchmark/staleness_paper.py --gate rm-e1__u512__kl0.01 --time-budget-hours 2  # issue 41's sweep on a gate
+    python benchmark/staleness_paper.py --gate rm-e1__u512__kl0.01 --policy-width 256   # its scale axis: a wider policy
     python benchmark/staleness_paper.py --quick --algorithms dpo --results-dir D --work-dir W   # the tests' smoke run
 
 The paper's protocol, and what stands for each part of it here:
