@@ -393,3 +393,14 @@ def test_scale_report_drops_by_width_and_whether_the_largest_n_shrinks_with_size
     (tmp_path / f"staleness_paper__{gate}__w512" / f"dpo__sync-16__lr{lr:g}__seed3.json").unlink()
     lines = paper.scale_report(tmp_path, gate)
     assert not any(line.startswith("- dpo:") for line in lines) and any(line.startswith("- ppo:") for line in lines)
+    # the family is the planned one: DPO compared alone is still corrected for PPO's comparison to come
+    for setting in ("sync-1", "sync-4", "sync-16"):
+        for seed in (1, 2, 3):
+            (tmp_path / f"staleness_paper__{gate}__w512" / f"ppo__{setting}__lr{lr:g}__seed{seed}.json").unlink()
+    write_seed3 = tmp_path / f"staleness_paper__{gate}__w512" / f"dpo__sync-16__lr{lr:g}__seed3.json"
+    curve = [dict(updates=64 * i, kl=i / 4, win_rate=w, gold=0.6, proxy=0.0) for i, w in enumerate(
+        rise[:-1] + [rise[-1] + 0.005])]
+    write_seed3.write_text(json.dumps(dict(algorithm="dpo", setting="sync-16", learning_rate=lr, seed=3, curve=curve)))
+    lines = paper.scale_report(tmp_path, gate)
+    dpo = next(line for line in lines if line.startswith("- dpo:"))
+    assert f"Holm p = {2 * p_dpo:.3f}" in dpo or (2 * p_dpo < 0.001 and "Holm p = <0.001" in dpo), dpo
