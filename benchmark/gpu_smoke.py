@@ -213,7 +213,7 @@ def measure_fit(token_logprobs, model_path: str, prompt_tokens: int, response_to
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    length = prompt_tokens + response_tokens
+    length, cuda = prompt_tokens + response_tokens, device.startswith("cuda")
     fixed, per_sequence = variant_estimate(model_path, length)
     result = dict(model=model_path, length=length, fixed_gib=fixed, per_sequence_gib=per_sequence, sizes={})
     torch.manual_seed(0)
@@ -222,7 +222,7 @@ def measure_fit(token_logprobs, model_path: str, prompt_tokens: int, response_to
     reference = copy.deepcopy(policy).requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-7, eps=1e-5)
     result["parameters"] = sum(p.numel() for p in policy.parameters())
-    if device.startswith("cuda"):
+    if cuda:
         result["card_gib"] = torch.cuda.get_device_properties(device).total_memory / GIB
     vocab = min(policy.config.vocab_size, policy.get_input_embeddings().weight.shape[0])
     for size in FIT_SIZES:
@@ -232,7 +232,7 @@ def measure_fit(token_logprobs, model_path: str, prompt_tokens: int, response_to
         row = result["sizes"][str(size)] = dict(estimate_gib=fixed + size * per_sequence, oom=None)
         for measured in (False, True):
             if measured:
-                if device.startswith("cuda"):
+                if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats(device)
                 else:
@@ -251,13 +251,13 @@ def measure_fit(token_logprobs, model_path: str, prompt_tokens: int, response_to
                 row["oom"] = str(e).splitlines()[0]
                 optimizer.zero_grad(set_to_none=True)
                 break
-        if row["oom"] is None and device.startswith("cuda"):
+        if row["oom"] is None and cuda:
             torch.cuda.synchronize()
             row["peak_gib"] = torch.cuda.max_memory_allocated(device) / GIB
         elif row["oom"] is None:
             row["peak_gib"] = (resident + (proc_status_kib("VmHWM") - before) * 1024) / GIB
         del input_ids, response_mask
-        if device.startswith("cuda"):
+        if cuda:
             torch.cuda.empty_cache()
     return result
 
