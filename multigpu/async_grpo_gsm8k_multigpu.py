@@ -852,10 +852,8 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
 
 
 def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
-    """The engine's own copy of the learner's weights (the learner goes on updating its tensors while the engine
-    loads them), written into a copy the engine has finished loading when one is back in `spare_weights`: for SmolLM2
-    that takes 0.13 s, a fresh allocation 0.30 s (benchmark/overheads.py). A loaded copy is free to overwrite: vLLM
-    copies what it loads into its own parameters (measured: overwriting it leaves the engine's logprobs unchanged)."""
+    """The engine's own copy of the learner's weights (which go on changing), written into one the engine has loaded
+    if `spare_weights` holds one (faster than a new one: benchmark/overheads.py); vLLM copies what it loads (tested)."""
     try:
         spare = spare_weights.get_nowait()
     except queue.Empty:  # in CPU memory, as in the core: K+1 copies on the engine's GPU left Pythia-2.8b no room
@@ -930,10 +928,8 @@ def learner_gpu_budget(args: Args, config, trained_models: int):
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` of every row without gradient, one micro-batch at a time, each rank its share of each
-    mini-batch (of the whole batch if none is given). Given the training loop's `mini_batches`, in its very
-    micro-batches: same rows, same shapes, so the values equal bit for bit those of the loop's forward passes with the
-    same weights (the ratio of the first update is exactly 1)."""
+    """`token_logprobs` without gradient, each rank its share of each mini-batch; given the loop's `mini_batches`, in
+    its very micro-batches, so the values equal its forward passes' bit for bit (the first update's ratio is 1)."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -975,8 +971,7 @@ def init_distributed(args: Args):
     args.rank, args.world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     args.local_rank = int(os.environ.get("LOCAL_RANK", 0))
     # Placement: rank 0's engine on GPUs 0 .. T-1 (T = --engine-tensor-parallel-size); learner rank r on GPU T+r if the
-    # node has T GPUs to spare for the engine (the paper's 1 + 3), else on GPU r, rank 0 sharing GPU 0 with the engine
-    # (which then takes a memory fraction)
+    # node has T GPUs to spare (the paper's 1 + 3), else on GPU r, rank 0 sharing GPU 0 with the engine (at a fraction)
     num_gpus, tp = torch.cuda.device_count(), args.engine_tensor_parallel_size
     args.engine_device = "cuda:0" if num_gpus else "cpu"
     spare = tp if num_gpus >= tp + int(os.environ.get("LOCAL_WORLD_SIZE", 1)) else 0
@@ -1104,7 +1099,6 @@ def start_tracking(args: Args, resumed=None):
     run appends to its logs, which `resume_run_folder` cut back to its checkpoint."""
     if args.track:
         import wandb
-
         try:
             wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
                        save_code=True)
@@ -1144,7 +1138,6 @@ def stop_requests(args: Args):
             sys.exit(f"{name}: stopped at once" + ("" if args.save_every else "; no checkpoint (--save-every 0)"))
         requests.append(name)
         tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
-
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request)
     return requests
@@ -1162,8 +1155,7 @@ def log_evaluation(result: dict, writer, eval_file):
 
 
 def save_final(args: Args, policy, tokenizer, state_dict: dict):
-    """The policy (its full `state_dict`, gathered from every rank) and tokenizer in --output-dir (probed at the start),
-    else in the run folder; returns where."""
+    """The policy (its gathered `state_dict`) and tokenizer in --output-dir, else in the run folder; returns where."""
     try:
         policy.save_pretrained(args.output_dir, state_dict=state_dict)
         output_dir = args.output_dir
@@ -1251,8 +1243,7 @@ def load_checkpoint(args: Args):
     if unknown or made_by != args.exp_name:  # another script's: its flags are not this one's
         sys.exit(f"error: --resume-from {path!r} is a checkpoint of {made_by}, not of {args.exp_name}: resume it with "
                  f"the script (and --exp-name) it was made by")
-    if args.micro_batch_size is None:  # the default: the run's own choice (choose_micro_batch_size), not a new one
-        args.micro_batch_size = state["args"]["micro_batch_size"]
+    args.micro_batch_size = args.micro_batch_size or state["args"]["micro_batch_size"]  # None: the run's own choice
     changed = [name for name, value in state["args"].items() if name not in RESUMABLE and getattr(args, name) != value]
     if changed:
         name = changed[0]
