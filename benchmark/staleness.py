@@ -376,10 +376,10 @@ def setting_flags(setting: str):
 
 def budget(args: Args, setting: str):
     """The paper's protocol: N mini-batches of a fixed size per generation round, num_updates / N rounds; a checkpoint
-    every eval_every_updates updates."""
+    every eval_every_updates updates, or every round where a round holds more updates (issue 54's sync-128)."""
     n = setting_flags(setting)[1]
     return {"--prompts-per-step": n * args.mini_batch_prompts, "--num-learner-steps": args.num_updates // n,
-            "--response-length": args.response_length, "--save-every": args.eval_every_updates // n}
+            "--response-length": args.response_length, "--save-every": max(1, args.eval_every_updates // n)}
 
 
 def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed: int):

@@ -160,6 +160,10 @@ class Args:
     """issue 41's sweep on this GATE_CANDIDATES key's miniature (its proxy, updates, evaluation period, learning rate
     and --kl-coef / --beta), sync-N over GATE_SYNC_N; results in staleness_paper__<gate>/, report
     staleness_paper__<gate>.md"""
+    pilot: bool = False
+    """issue 54's pilot: can this miniature show a cost of staleness at all? Gate candidate PILOT_GATE (the two-epoch
+    proxy at the paper's anchors, 512 updates), sync-1 against sync-128, PILOT_SEEDS; results in staleness_pilot/,
+    judged by PILOT_RULE (fixed before the first run) in staleness_pilot.md"""
     policy_width: int = 128
     """issue 41's scale axis: the SFT policy's hidden size (2 layers, MLP 2x, heads of 64, tied embeddings; 128 is the
     prep's own, 256 ~3.6x its parameters, 512 ~14x). Another width needs --gate: a sweep of its own (default DPO and
@@ -392,7 +396,8 @@ def load_rm(folder: Path):
 # SWEEP: one subprocess per (algorithm, setting, learning rate, seed), then the evaluation of each of its checkpoints
 def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed: int):
     name = f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
-    return Path(args.results_dir) / sweep_of(args.gate, args.policy_width)[0] / name
+    folder = PILOT_NAME if args.pilot else sweep_of(args.gate, args.policy_width)[0]
+    return Path(args.results_dir) / folder / name
 
 
 def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, seed: int, path: Path,
@@ -966,6 +971,175 @@ def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128)
     return lines
 
 
+# PILOT (issue 54, item 2): can this miniature show a cost of staleness at all? The gate's sync-1 runs lose gold from
+# update 0, so a stale run that moves less lands higher there; the two-epoch proxy at the paper's anchors (--kl-coef
+# 0.05, DPO --beta 0.1) gave every algorithm a gain, but the first sweep stopped at N = 32. The pilot asks for N = 128.
+PILOT_NAME = "staleness_pilot"
+PILOT_GATE = "rm-full__u512"  # the prep's own (two-epoch) proxy, 512 updates, the algorithms' default anchors
+PILOT_SYNC_N = (1, 128)  # sync-128: 4 generation rounds of 128 updates, 127 of every 128 updates off-policy
+PILOT_SEEDS = (1, 2, 3)
+PILOT_FINAL_UPDATES = (384, 512)  # the last two evaluations both settings have (sync-128 evaluates once a round)
+PILOT_COST = 0.02  # the drop the planned 8-seed sweep can detect (issue 54: per-seed SD 0.010-0.013)
+PILOT_RULE = (
+    "**The rule, fixed before the first run** (issue 54, item 2; this header and PILOT_RULE were committed before any "
+    "pilot run). Per run, *final* = the mean gold win-rate of the evaluations at updates "
+    f"{' and '.join(map(str, PILOT_FINAL_UPDATES))}; *gain* = final minus the run's update-0 win-rate (the SFT policy "
+    "against itself on that seed's draws). Per algorithm: the *drop* = sync-1's final minus sync-128's, paired by "
+    "seed; *kept* = sync-128's mean gain over sync-1's. A run *escapes* when its largest KL exceeds twice the largest "
+    "KL of any sync-1 run of the algorithm. An algorithm **shows a cost** when its mean drop is at least "
+    f"{PILOT_COST} (what the 8-seed sweep can detect), or its drop is separated from 0 (one-sample t over seeds, Holm "
+    "over the 3 algorithms, p < 0.05), or any of its sync-128 runs escapes. It **can answer** only if sync-1's mean "
+    "gain is positive. **Decision:** the pre-registered 8-seed sweep (issue 54, item 3) runs if any algorithm that "
+    "can answer shows a cost; otherwise the question is stated as undetermined in this miniature (item 4)."
+)
+
+
+def pilot_final(run):
+    """The pilot's final win-rate of one run: the mean over the evaluations at PILOT_FINAL_UPDATES."""
+    points = {round(p["updates"]): p["win_rate"] for p in run["curve"]}
+    return sum(points[u] for u in PILOT_FINAL_UPDATES) / len(PILOT_FINAL_UPDATES)
+
+
+def pilot_verdicts(runs):
+    """Per algorithm with both settings, PILOT_RULE's numbers: the gains, the drop by seed, kept, the escapes, the
+    t-test's p (Holm over the algorithms) and the verdicts 'can answer' and 'shows a cost'."""
+    stale = f"sync-{PILOT_SYNC_N[-1]}"
+    found = {}
+    for algo in ALGORITHMS:
+        base_runs = {r["seed"]: r for r in runs.get((algo, "sync-1"), [])}
+        stale_runs = {r["seed"]: r for r in runs.get((algo, stale), [])}
+        seeds = sorted(set(base_runs) & set(stale_runs))
+        if not seeds:
+            continue
+        gain = lambda r: pilot_final(r) - r["curve"][0]["win_rate"]
+        base_gain = [gain(base_runs[s]) for s in seeds]
+        stale_gain = [gain(stale_runs[s]) for s in seeds]
+        drops = [pilot_final(base_runs[s]) - pilot_final(stale_runs[s]) for s in seeds]
+        bound = 2 * max(reach(r["curve"]) for r in base_runs.values())
+        found[algo] = dict(
+            seeds=seeds,
+            base_final=[pilot_final(base_runs[s]) for s in seeds],
+            stale_final=[pilot_final(stale_runs[s]) for s in seeds],
+            base_gain=base_gain,
+            stale_gain=stale_gain,
+            drops=drops,
+            kept=sum(stale_gain) / sum(base_gain) if sum(base_gain) > 0 else float("nan"),
+            base_kl=[base_runs[s]["curve"][-1]["kl"] for s in seeds],
+            stale_kl=[stale_runs[s]["curve"][-1]["kl"] for s in seeds],
+            escapes=[s for s in seeds if reach(stale_runs[s]["curve"]) > bound],
+            kl_bound=bound,
+            p=one_sample_t(drops)[1],
+        )
+    for algo, p in zip(found, holm([v["p"] for v in found.values()])):
+        v = found[algo]
+        v["holm_p"] = p
+        v["can_answer"] = sum(v["base_gain"]) > 0
+        separated = p < 0.05 and sum(v["drops"]) > 0
+        v["cost"] = sum(v["drops"]) / len(v["drops"]) >= PILOT_COST or separated or bool(v["escapes"])
+    return found
+
+
+def pilot_report(results_dir: Path):
+    """staleness_pilot.md and staleness_pilot.png from the pilot's result files, judged by PILOT_RULE."""
+    runs, _ = load_results(results_dir, PILOT_NAME, GATE_CANDIDATES[PILOT_GATE]["lr"])
+    stale = f"sync-{PILOT_SYNC_N[-1]}"
+    ci = lambda values: "{:+.3f} ± {:.3f}".format(*mean_ci(values)) if len(values) > 1 else f"{values[0]:+.3f}"
+    plain = lambda values: "{:.3f} ± {:.3f}".format(*mean_ci(values)) if len(values) > 1 else f"{values[0]:.3f}"
+    pv = lambda p: "–" if math.isnan(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
+    lines = [
+        "Issue 54's pilot: can the miniature of `benchmark/staleness_paper.py` show a cost of staleness at all? Gate "
+        f"candidate `{PILOT_GATE}` ({GATE_CANDIDATES[PILOT_GATE]}): the prep's two-epoch proxy, the algorithms' "
+        "default anchors (RLOO and PPO `--kl-coef 0.05`, DPO `--beta 0.1`), 512 updates of 16 prompts, sync-1 "
+        f"against {stale}, seeds {', '.join(map(str, PILOT_SEEDS))}.",
+        "Produced by `python benchmark/staleness_paper.py --pilot --report-only` from the result files in "
+        f"`{PILOT_NAME}/`; every ± is a 95% CI over seeds (Student's t).",
+        "",
+        PILOT_RULE,
+        "",
+    ]
+    found = pilot_verdicts(runs)
+    counts = {key: len(rs) for key, rs in runs.items()}
+    lines.append("Runs so far: " + (", ".join(f"{a} {s} {n}" for (a, s), n in sorted(counts.items())) or "none"))
+    if found:
+        lines += [
+            "",
+            f"| algorithm | seeds | sync-1 gain | {stale} gain | sync-1 final | {stale} final | drop (sync-1 − "
+            f"{stale}) | p | Holm p | kept | sync-1 final KL | {stale} final KL | escapes | can answer | shows a cost |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for algo, v in found.items():
+            lines.append(
+                f"| {algo} | {len(v['seeds'])} | {ci(v['base_gain'])} | {ci(v['stale_gain'])} | "
+                f"{plain(v['base_final'])} | {plain(v['stale_final'])} | {ci(v['drops'])} | {pv(v['p'])} | "
+                f"{pv(v['holm_p'])} | {v['kept']:.0%} | {plain(v['base_kl'])} | {plain(v['stale_kl'])} | "
+                f"{len(v['escapes'])} of {len(v['seeds'])} (KL > {v['kl_bound']:.2f}) | "
+                f"{'yes' if v['can_answer'] else 'no'} | {'**yes**' if v['cost'] else 'no'} |"
+            )
+        complete = all(len(v["seeds"]) == len(PILOT_SEEDS) for v in found.values()) and len(found) == len(ALGORITHMS)
+        costly = [a for a, v in found.items() if v["can_answer"] and v["cost"]]
+        if not complete:
+            lines += ["", "Decision: pending (the pilot is not complete)."]
+        elif costly:
+            lines += ["", f"Decision: **the sweep runs** ({', '.join(costly)} show a cost under the rule)."]
+        else:
+            lines += ["", "Decision: **no sweep**; no algorithm that can answer shows a cost under the rule, so the "
+                      "question is undetermined in this miniature (issue 54, item 4)."]
+    lines += pilot_reproduction(runs, results_dir / "staleness_gate")
+    (results_dir / f"{PILOT_NAME}.md").write_text("\n".join(lines) + "\n")
+    if found:
+        pilot_plot(runs, results_dir)
+    return lines
+
+
+def pilot_reproduction(runs, gate_dir: Path):
+    """The pilot's sync-1 runs against the gate search's runs of the same miniature and seed (made on another machine
+    of this kind from an independently built prep): the largest win-rate difference along the curves."""
+    pairs = []
+    for algo in ALGORITHMS:
+        for r in runs.get((algo, "sync-1"), []):
+            old = gate_dir / f"{PILOT_GATE}__{algo}__seed{r['seed']}.json"
+            if old.exists():
+                curve = json.loads(old.read_text())["curve"]
+                gap = max(abs(a["win_rate"] - b["win_rate"]) for a, b in zip(curve, r["curve"]))
+                pairs.append((algo, r["seed"], gap))
+    if not pairs:
+        return []
+    return ["", "sync-1 against the gate search's runs of the same miniature and seed (`staleness_gate/`, another "
+            "machine, its own prep): largest win-rate difference along the curve " +
+            ", ".join(f"{a} seed {s} {d:.4f}" for a, s, d in pairs) + "."]
+
+
+def pilot_plot(runs, results_dir: Path):
+    """staleness_pilot.png: per algorithm, gold win-rate against KL (the paper's Fig. 4 view: sync-1's curve through
+    its evaluations, each stale run's points) and against updates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    algos = [a for a in ALGORITHMS if runs.get((a, "sync-1"))]
+    fig, axes = plt.subplots(2, len(algos), figsize=(4.2 * len(algos), 6.4), squeeze=False)
+    for col, algo in enumerate(algos):
+        for n, color in zip(PILOT_SYNC_N, ("k", "tab:red")):
+            for r in runs.get((algo, f"sync-{n}"), []):
+                curve = r["curve"]
+                label = f"sync-{n}" if r is runs[(algo, f"sync-{n}")][0] else None
+                style = dict(color=color, marker="o", markersize=3, alpha=0.8, label=label)
+                axes[0][col].plot([p["kl"] for p in curve], [p["win_rate"] for p in curve], **style)
+                axes[1][col].plot([p["updates"] for p in curve], [p["win_rate"] for p in curve], **style)
+        axes[0][col].set_title(f"{algo}: each seed", fontsize=9)
+        axes[0][col].set_xlabel("KL(pi || pi_sft)")
+        axes[1][col].set_xlabel("optimizer updates")
+        for ax in axes[:, col]:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("gold win-rate vs SFT")
+    fig.tight_layout()
+    fig.savefig(results_dir / f"{PILOT_NAME}.png", dpi=110)
+    plt.close(fig)
+
+
 # SCALE AXIS (issue 41, item 5): the paper's "robustness grows with the policy's size", as the drop at N = 16 by width
 def scale_widths(results_dir: Path, gate: str):
     """{width: (its runs as load_results gives them, its prep or None)} for every width of `gate` with results: the
@@ -1286,6 +1460,14 @@ def scale_settings(args: Args):
             args.settings = [f"sync-{n}" for n in SCALE_SYNC_N]
 
 
+def pilot_settings(args: Args):
+    """--pilot: the pilot's miniature, settings and seeds (only fields left at their defaults change)."""
+    args.gate = PILOT_GATE
+    if args.settings is None:
+        args.settings = [f"sync-{n}" for n in PILOT_SYNC_N]
+    replace_defaults(args, seeds=list(PILOT_SEEDS))
+
+
 def replace_defaults(args: Args, **values):
     """Set the fields still at their defaults to these values: a flag given on the command line wins."""
     defaults = Args()
@@ -1304,28 +1486,36 @@ def check(args: Args):
     if args.policy_width != 128 and (not args.gate or args.policy_width < 64 or args.policy_width % 64):
         sys.exit(f"error: --policy-width {args.policy_width}: a multiple of 64 (heads of 64), with --gate (the scale "
                  f"axis runs on a gate's proxy)")
-    known = {s for a in ALGORITHMS for s in settings_of(a, GATE_SYNC_N)}  # holds QUICK_SETTINGS
+    if args.pilot and (args.gate_search or args.policy_width != 128 or args.gate not in (None, PILOT_GATE)):
+        sys.exit(f"error: --pilot runs gate {PILOT_GATE} at width 128: pass it without --gate-search, "
+                 "--policy-width or another --gate")
+    known = {s for a in ALGORITHMS for s in settings_of(a, GATE_SYNC_N + PILOT_SYNC_N[1:])}  # holds QUICK_SETTINGS
     if args.settings is not None and [s for s in args.settings if s not in known]:
         sys.exit(f"error: unknown --settings {[s for s in args.settings if s not in known]}; known: {sorted(known)}")
     if args.rm_samples < 2 or args.rm_samples % 2:
         sys.exit("error: --rm-samples must be even and >= 2 (disjoint pairs per problem)")
     for s in args.settings or [s for a in args.algorithms for s in settings_of(a, sweep_of(args.gate)[1])]:
         n = base.setting_flags(s)[1]
-        if args.eval_every_updates % n or args.num_updates % args.eval_every_updates:
-            sys.exit(f"error: --eval-every-updates {args.eval_every_updates} must be a multiple of N of {s} and "
-                     f"divide --num-updates {args.num_updates}")
+        # a round of N updates holds a whole number of evaluation periods, or the other way round (sync-128)
+        nested = args.eval_every_updates % n == 0 or n % args.eval_every_updates == 0
+        if not nested or args.num_updates % args.eval_every_updates or args.num_updates % n:
+            sys.exit(f"error: --eval-every-updates {args.eval_every_updates} must be a multiple or a divisor of N of "
+                     f"{s}, and it and N must divide --num-updates {args.num_updates}")
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
     if args.quick:
         quick_settings(args)
+    if args.pilot:
+        pilot_settings(args)
     if args.gate is not None:
         gate_settings(args)
     scale_settings(args)
     check(args)
     results_dir = Path(args.results_dir)
     sweep_name, sync_n, _ = sweep_of(args.gate, args.policy_width)
+    sweep_name, sync_n = (PILOT_NAME, PILOT_SYNC_N) if args.pilot else (sweep_name, sync_n)
     (results_dir / sweep_name).mkdir(parents=True, exist_ok=True)
     if args.gate_search:
         if not args.report_only:
@@ -1362,6 +1552,9 @@ if __name__ == "__main__":
                 new_runs += 1
             finally:
                 claimed.unlink(missing_ok=True)
+    if args.pilot:
+        print("\n".join(pilot_report(results_dir)))
+        sys.exit(0)
     print("\n".join(report(results_dir, args.gate, args.policy_width)))
     if args.gate and len(scale_widths(results_dir, args.gate)) > 1:
         print("\n".join(scale_report(results_dir, args.gate)))

@@ -404,3 +404,53 @@ def test_scale_report_drops_by_width_and_whether_the_largest_n_shrinks_with_size
     lines = paper.scale_report(tmp_path, gate)
     dpo = next(line for line in lines if line.startswith("- dpo:"))
     assert f"Holm p = {2 * p_dpo:.3f}" in dpo or (2 * p_dpo < 0.001 and "Holm p = <0.001" in dpo), dpo
+
+
+def write_pilot_run(folder, algo, setting, seed, win, kl):
+    """A synthetic pilot result file: sync-1 evaluates every 64 updates, sync-128 once a round (128 updates)."""
+    step = 128 if setting == "sync-128" else 64
+    curve = [dict(updates=step * i, kl=kl[i], win_rate=win[i], gold=0.6, proxy=0.0) for i in range(len(win))]
+    (folder / "staleness_pilot").mkdir(exist_ok=True)
+    (folder / "staleness_pilot" / f"{algo}__{setting}__lr0.0001__seed{seed}.json").write_text(
+        json.dumps(dict(algorithm=algo, setting=setting, learning_rate=1e-4, seed=seed, curve=curve)))
+
+
+def test_pilot_rule_finds_a_cost_only_where_sync_1_has_a_gain_to_lose(tmp_path):
+    """Issue 54's pilot on synthetic curves whose verdict is known: DPO's sync-128 lands where sync-1 does (no cost);
+    RLOO's loses 0.03 of its 0.1 gain on every seed (a cost: the sweep runs); PPO's sync-1 falls from the start (it
+    cannot answer), and one of its sync-128 runs escapes in KL. Without RLOO's drop, no sweep."""
+    paper = load_script("benchmark/staleness_paper.py")
+    rise = [0.5 + 0.0125 * i for i in range(9)]  # updates 0..512: final (384, 512) = 0.5 + 0.0125 * 7
+    fall = [0.5 - 0.00625 * i for i in range(9)]
+    kl = [0.25 * i for i in range(9)]
+    stale_kl = [0.5 * i for i in range(5)]
+    noise = {1: 0.002, 2: -0.002, 3: 0.0}
+
+    def pilot(rloo_drop):
+        for seed in (1, 2, 3):
+            for algo, base in (("dpo", rise), ("rloo", rise), ("ppo", fall)):
+                write_pilot_run(tmp_path, algo, "sync-1", seed, base, kl)
+                drop = rloo_drop + noise[seed] if algo == "rloo" else noise[seed]
+                stale = [base[0], base[2], base[4], base[6] - drop, base[8] - drop]
+                escape = [0, 1, 2, 3, 9.0] if algo == "ppo" and seed == 2 else stale_kl
+                write_pilot_run(tmp_path, algo, "sync-128", seed, stale, escape)
+        lines = paper.pilot_report(tmp_path)
+        return paper.pilot_verdicts(paper.load_results(tmp_path, "staleness_pilot", 1e-4)[0]), "\n".join(lines)
+
+    found, text = pilot(rloo_drop=0.03)
+    assert found["rloo"]["drops"] == pytest.approx([0.032, 0.028, 0.03])
+    assert found["rloo"]["base_gain"] == pytest.approx([0.0125 * 7] * 3)
+    assert found["rloo"]["kept"] == pytest.approx((0.0875 - 0.03) / 0.0875)
+    assert found["rloo"]["cost"] and found["rloo"]["can_answer"]
+    assert not found["dpo"]["cost"] and found["dpo"]["can_answer"] and found["dpo"]["escapes"] == []
+    assert found["ppo"]["escapes"] == [2] and found["ppo"]["cost"] and not found["ppo"]["can_answer"]
+    assert "Decision: **the sweep runs** (rloo show a cost under the rule)." in text
+    assert (tmp_path / "staleness_pilot.md").read_text().startswith("Issue 54's pilot")
+    assert (tmp_path / "staleness_pilot.png").exists()
+
+    found, text = pilot(rloo_drop=0.0)
+    assert not found["rloo"]["cost"] and found["ppo"]["cost"]  # PPO's cost does not count: it has no gain to lose
+    assert "Decision: **no sweep**" in text
+
+    (tmp_path / "staleness_pilot" / "dpo__sync-128__lr0.0001__seed3.json").unlink()
+    assert "Decision: pending" in "\n".join(paper.pilot_report(tmp_path))
