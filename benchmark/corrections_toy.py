@@ -146,10 +146,14 @@ def gradient_estimates(theta, tokens, coefficients, batch_size):
     batches = n // batch_size
     batch = torch.arange(n).div(batch_size, rounding_mode="floor")[:, None]
     state = batch * length * vocab + torch.arange(length) * vocab + tokens[:, :-1]  # (n, T): batch, position, previous
-    chosen = torch.bincount((state * vocab + tokens[:, 1:]).flatten(), weights=coefficients.flatten(),
-                            minlength=batches * length * vocab * vocab).view(batches, length, vocab, vocab)
-    visited = torch.bincount(state.flatten(), weights=coefficients.flatten(),
-                             minlength=batches * length * vocab).view(batches, length, vocab, 1)
+    chosen = torch.bincount(
+        (state * vocab + tokens[:, 1:]).flatten(),
+        weights=coefficients.flatten(),
+        minlength=batches * length * vocab * vocab,
+    ).view(batches, length, vocab, vocab)
+    visited = torch.bincount(state.flatten(), weights=coefficients.flatten(), minlength=batches * length * vocab).view(
+        batches, length, vocab, 1
+    )
     return ((chosen - visited * torch.softmax(theta, dim=-1)) / batch_size).flatten(1)
 
 
@@ -186,8 +190,16 @@ def coefficients(mode, advantages, log_rho_tokens, args):
     return advantages[:, None] * per_token, weight, clipped
 
 
-MODES = ["on-policy", "paper", "behaviour", "seq-truncated", "seq-untruncated", "seq-length-normed",
-         "token-truncated", "token-untruncated"]
+MODES = [
+    "on-policy",
+    "paper",
+    "behaviour",
+    "seq-truncated",
+    "seq-untruncated",
+    "seq-length-normed",
+    "token-truncated",
+    "token-untruncated",
+]
 
 
 def measure(args, seed, learning_rate):
@@ -201,11 +213,14 @@ def measure(args, seed, learning_rate):
     optimizer = torch.optim.Adam([theta], lr=learning_rate)
     history = [theta.detach().clone()]
     # on-policy RLOO: the policies an async run moves through, until J reaches the target K or more steps in
-    while (len(history) <= args.async_steps
-           or exact_objective(history[-1], succ, args.threshold) < args.target_objective):
+    while (
+        len(history) <= args.async_steps or exact_objective(history[-1], succ, args.threshold) < args.target_objective
+    ):
         if len(history) > args.max_steps:
-            raise SystemExit(f"error: J stayed below --target-objective {args.target_objective} for {args.max_steps} "
-                             f"steps at learning rate {learning_rate:g}")
+            raise SystemExit(
+                f"error: J stayed below --target-objective {args.target_objective} for {args.max_steps} "
+                f"steps at learning rate {learning_rate:g}"
+            )
         with torch.no_grad():
             tokens = sample(theta.detach(), batch_size, generator)
             advantages = rloo_advantages(rewards_of(tokens, succ, args.threshold), k)
@@ -240,14 +255,22 @@ def measure(args, seed, learning_rate):
                     batch_cos=torch.nn.functional.cosine_similarity(grads, true_grad[None], dim=1).mean().item(),
                     zero=clipped.double().mean().item(),
                     zero_positive=((advantages > 0) & clipped).double().sum().item() / max(1, clipped.sum().item()),
-                    ess=kish(weight.reshape(-1, batch_size * (T if weight.dim() == 2 else 1))).mean().item())
+                    ess=kish(weight.reshape(-1, batch_size * (T if weight.dim() == 2 else 1))).mean().item(),
+                )
     row = {}
     for mode in MODES:
         mean = sums[mode] / args.expectation_samples
-        row[mode] = dict(cos=torch.nn.functional.cosine_similarity(mean, true_grad, dim=0).item(),
-                         rel_error=((mean - true_grad).norm() / true_grad.norm()).item(), **per_batch[mode])
-    level = dict(gap=sum(gaps) / len(gaps), objective_old=objective.item(), steps=len(history) - 1,
-                 objective_mu=exact_objective(behaviour, succ, args.threshold).item())
+        row[mode] = dict(
+            cos=torch.nn.functional.cosine_similarity(mean, true_grad, dim=0).item(),
+            rel_error=((mean - true_grad).norm() / true_grad.norm()).item(),
+            **per_batch[mode],
+        )
+    level = dict(
+        gap=sum(gaps) / len(gaps),
+        objective_old=objective.item(),
+        steps=len(history) - 1,
+        objective_mu=exact_objective(behaviour, succ, args.threshold).item(),
+    )
     return row, level
 
 
@@ -267,18 +290,29 @@ if __name__ == "__main__":
         results = [measure(args, seed, learning_rate) for seed in args.seeds]
         levels = [level for _, level in results]
         level = {key: mean_std([lv[key] for lv in levels], 0 if key == "steps" else 3) for key in levels[0]}
-        lines += ["", f"### Adam learning rate {learning_rate:g}: per-token gap |log pi_old - log mu| {level['gap']}, "
-                  f"after {level['steps']} steps, J(mu) {level['objective_mu']} -> J(pi_old) {level['objective_old']}",
-                  "",
-                  "| estimator | cos(E g, g*) | \\|E g - g*\\| / \\|g*\\| | cos per batch | zero-gradient terms | "
-                  "of which A > 0 | ESS |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### Adam learning rate {learning_rate:g}: per-token gap |log pi_old - log mu| {level['gap']}, "
+            f"after {level['steps']} steps, J(mu) {level['objective_mu']} -> J(pi_old) {level['objective_old']}",
+            "",
+            "| estimator | cos(E g, g*) | \\|E g - g*\\| / \\|g*\\| | cos per batch | zero-gradient terms | "
+            "of which A > 0 | ESS |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for mode in MODES:
-            cells = [mean_std([row[mode][key] for row, _ in results]) if mode == "behaviour" or key != "zero_positive"
-                     else "–" for key in ("cos", "rel_error", "batch_cos", "zero", "zero_positive", "ess")]
+            cells = [
+                mean_std([row[mode][key] for row, _ in results])
+                if mode == "behaviour" or key != "zero_positive"
+                else "–"
+                for key in ("cos", "rel_error", "batch_cos", "zero", "zero_positive", "ess")
+            ]
             lines.append(f"| {mode} | " + " | ".join(cells) + " |")
-        print("\n".join(lines[-len(MODES) - 5:]), flush=True)
-    flags = " ".join(f"--{key.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-                     for key, v in vars(args).items() if key != "output" and v != getattr(Args(), key))
+        print("\n".join(lines[-len(MODES) - 5 :]), flush=True)
+    flags = " ".join(
+        f"--{key.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+        for key, v in vars(args).items()
+        if key != "output" and v != getattr(Args(), key)
+    )
     header = [
         "# Off-policy corrections for RLOO on a toy with an exact gradient",
         "",

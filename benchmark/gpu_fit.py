@@ -29,31 +29,65 @@ sys.path.insert(0, str(REPO / "tests"))
 GIB = 2**30
 FREE, TOTAL = 79.5 * GIB, 80.0 * GIB
 # published configs (Hugging Face model cards of EleutherAI/pythia-*, Qwen/Qwen2.5-*, realtreetune/rho-1b-sft-GSM8K)
-NEOX = dict(model_type="gpt_neox", vocab_size=50304, rotary_pct=0.25, tie_word_embeddings=False,
-            max_position_embeddings=2048, use_parallel_residual=True)
+NEOX = dict(
+    model_type="gpt_neox",
+    vocab_size=50304,
+    rotary_pct=0.25,
+    tie_word_embeddings=False,
+    max_position_embeddings=2048,
+    use_parallel_residual=True,
+)
 MODELS = {
     "Pythia-410m": dict(NEOX, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
     "Pythia-1b": dict(NEOX, hidden_size=2048, num_hidden_layers=16, num_attention_heads=8, intermediate_size=8192),
     "Pythia-2.8b": dict(NEOX, hidden_size=2560, num_hidden_layers=32, num_attention_heads=32, intermediate_size=10240),
-    "Rho-1B": dict(model_type="llama", vocab_size=32000, hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
-                   num_key_value_heads=4, intermediate_size=5632, tie_word_embeddings=False,
-                   max_position_embeddings=2048),
-    "Qwen2.5-0.5B": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
-                         tie_word_embeddings=True, max_position_embeddings=32768),
-    "Qwen2.5-1.5B": dict(model_type="qwen2", vocab_size=151936, hidden_size=1536, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
-                         tie_word_embeddings=True, max_position_embeddings=32768),
+    "Rho-1B": dict(
+        model_type="llama",
+        vocab_size=32000,
+        hidden_size=2048,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        intermediate_size=5632,
+        tie_word_embeddings=False,
+        max_position_embeddings=2048,
+    ),
+    "Qwen2.5-0.5B": dict(
+        model_type="qwen2",
+        vocab_size=151936,
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
+    "Qwen2.5-1.5B": dict(
+        model_type="qwen2",
+        vocab_size=151936,
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
 }
 # (algorithm, its variant, the policies of the paper's runs of it); PPO trains a value model beside the policy
-ROWS = [("DPO", "dpo", ["Pythia-410m", "Pythia-1b", "Pythia-2.8b"]),
-        ("RLOO", "rloo", ["Pythia-410m", "Pythia-1b", "Pythia-2.8b"]),
-        ("PPO", "ppo", ["Pythia-410m", "Pythia-1b", "Pythia-2.8b"]),
-        ("GRPO, GSM8K", "grpo_gsm8k", ["Rho-1B", "Qwen2.5-0.5B", "Qwen2.5-1.5B"])]
-LAYOUTS = {"1 GPU": dict(engine_device="cuda:0", learner_device="cuda:0", world_size=1, fsdp=False),
-           "1 + 1": dict(engine_device="cuda:0", learner_device="cuda:1", world_size=1, fsdp=False),
-           "1 + 3 DDP": dict(engine_device="cuda:0", learner_device="cuda:1", world_size=3, fsdp=False),
-           "1 + 3 FSDP2": dict(engine_device="cuda:0", learner_device="cuda:1", world_size=3, fsdp=True)}
+ROWS = [
+    ("DPO", "dpo", ["Pythia-410m", "Pythia-1b", "Pythia-2.8b"]),
+    ("RLOO", "rloo", ["Pythia-410m", "Pythia-1b", "Pythia-2.8b"]),
+    ("PPO", "ppo", ["Pythia-410m", "Pythia-1b", "Pythia-2.8b"]),
+    ("GRPO, GSM8K", "grpo_gsm8k", ["Rho-1B", "Qwen2.5-0.5B", "Qwen2.5-1.5B"]),
+]
+LAYOUTS = {
+    "1 GPU": dict(engine_device="cuda:0", learner_device="cuda:0", world_size=1, fsdp=False),
+    "1 + 1": dict(engine_device="cuda:0", learner_device="cuda:1", world_size=1, fsdp=False),
+    "1 + 3 DDP": dict(engine_device="cuda:0", learner_device="cuda:1", world_size=3, fsdp=False),
+    "1 + 3 FSDP2": dict(engine_device="cuda:0", learner_device="cuda:1", world_size=3, fsdp=True),
+}
 
 
 def write_config(folder: Path, name: str) -> Path:
@@ -80,8 +114,9 @@ def choice(variant, path: Path, algo: str, layout: dict):
         # the same choice for that budget; over ranks the variant takes the minimum, here of equal ranks
         one = dataclasses.replace(args, world_size=1, micro_batch_memory_gib=budget)
         try:
-            size = variant.choose_micro_batch_size(one, sequences, args.max_prompt_tokens + args.response_length,
-                                                   trained_models=trained)
+            size = variant.choose_micro_batch_size(
+                one, sequences, args.max_prompt_tokens + args.response_length, trained_models=trained
+            )
         except SystemExit as refused:
             return budget, float(re.search(r"needs ~([\d.]+) GiB", str(refused)).group(1)), 0, sequences
     estimate = float(re.search(r"est\. ([\d.]+) GiB", out.getvalue()).group(1))
@@ -97,12 +132,15 @@ def main():
 
     work = Path(options.work_dir)
     paths = {name: write_config(work, name) for name in MODELS}
-    lines = ["Micro-batch each multigpu variant chooses on an 80 GiB card (79.5 GiB free), by its own "
-             "`learner_gpu_budget` and `choose_micro_batch_size`; computed by `python benchmark/gpu_fit.py`, no GPU "
-             "ran it. Per cell: the micro-batch M (of the rank's sequences per mini-batch), and the budget left for "
-             "one micro-batch in GiB; **refused** = not even one sequence fits (the variant stops in one line).", "",
-             "| algorithm | policy | est. per sequence (GiB) | " + " | ".join(LAYOUTS) + " |",
-             "|---|---|---|" + "---|" * len(LAYOUTS)]
+    lines = [
+        "Micro-batch each multigpu variant chooses on an 80 GiB card (79.5 GiB free), by its own "
+        "`learner_gpu_budget` and `choose_micro_batch_size`; computed by `python benchmark/gpu_fit.py`, no GPU "
+        "ran it. Per cell: the micro-batch M (of the rank's sequences per mini-batch), and the budget left for "
+        "one micro-batch in GiB; **refused** = not even one sequence fits (the variant stops in one line).",
+        "",
+        "| algorithm | policy | est. per sequence (GiB) | " + " | ".join(LAYOUTS) + " |",
+        "|---|---|---|" + "---|" * len(LAYOUTS),
+    ]
     for label, algo, models in ROWS:
         variant = load_script(f"multigpu/async_{algo}_multigpu.py")
         for name in models:

@@ -101,18 +101,23 @@ def torch_worker(specs: list, device: str, out: str, fit: list):
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
         Path(out).write_text(json.dumps(results))
-    results["fit"] = (measure_fit(token_logprobs, *fit[1:], device) if importlib.util.find_spec("vllm") else
-                      dict(skip="the estimate is the multigpu variant's, which imports vLLM (not installed)"))
+    results["fit"] = (
+        measure_fit(token_logprobs, *fit[1:], device)
+        if importlib.util.find_spec("vllm")
+        else dict(skip="the estimate is the multigpu variant's, which imports vLLM (not installed)")
+    )
     Path(out).write_text(json.dumps(results))
 
 
-def measure(token_logprobs, model_path: str, prompt_tokens: int, response_tokens: int, micro_batch_size: int,
-            device: str) -> dict:
+def measure(
+    token_logprobs, model_path: str, prompt_tokens: int, response_tokens: int, micro_batch_size: int, device: str
+) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    result = dict(model=model_path, device=device, micro_batch_size=micro_batch_size,
-                  length=prompt_tokens + response_tokens)
+    result = dict(
+        model=model_path, device=device, micro_batch_size=micro_batch_size, length=prompt_tokens + response_tokens
+    )
     torch.manual_seed(0)
     policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
     vocab = min(policy.config.vocab_size, policy.get_input_embeddings().weight.shape[0])
@@ -196,8 +201,9 @@ def variant_estimate(model_path: str, length: int) -> tuple:
         fixed = 0.9 * 80 - variant.learner_gpu_budget(args, variant.model_config("--model-name-or-path", model_path), 1)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        size = variant.choose_micro_batch_size(dataclasses.replace(args, learner_device="cpu",
-                                                                   micro_batch_memory_gib=1e6), 10**6, length)
+        size = variant.choose_micro_batch_size(
+            dataclasses.replace(args, learner_device="cpu", micro_batch_memory_gib=1e6), 10**6, length
+        )
     return fixed, float(re.search(r"est\. ([\d.]+) GiB", printed.getvalue()).group(1)) / size
 
 
@@ -236,9 +242,14 @@ def measure_fit(token_logprobs, model_path: str, prompt_tokens: int, response_to
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats(device)
                 else:
-                    resident = sum(t.numel() * t.element_size() for t in [
-                        *policy.parameters(), *reference.parameters(),
-                        *(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))])
+                    resident = sum(
+                        t.numel() * t.element_size()
+                        for t in [
+                            *policy.parameters(),
+                            *reference.parameters(),
+                            *(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)),
+                        ]
+                    )
                     before = proc_status_kib("VmRSS")
                     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current RSS
             try:
@@ -276,22 +287,36 @@ def fit_row(name: str, r: dict) -> dict:
     for size, m in r["sizes"].items():
         if m["oom"]:
             fits = m["estimate_gib"] > r.get("card_gib", float("inf"))
-            cells.append(f"M {size}: out of memory, estimate {m['estimate_gib']:.3g} GiB "
-                         f"{'above' if fits else 'WITHIN'} the {r.get('card_gib', 0):.0f} GiB card")
+            cells.append(
+                f"M {size}: out of memory, estimate {m['estimate_gib']:.3g} GiB "
+                f"{'above' if fits else 'WITHIN'} the {r.get('card_gib', 0):.0f} GiB card"
+            )
         else:
             fits = m["peak_gib"] <= m["estimate_gib"]
-            cells.append(f"M {size}: peak {m['peak_gib']:.3g} GiB, estimate {m['estimate_gib']:.3g} "
-                         f"({m['peak_gib'] / m['estimate_gib']:.2f} of it)")
+            cells.append(
+                f"M {size}: peak {m['peak_gib']:.3g} GiB, estimate {m['estimate_gib']:.3g} "
+                f"({m['peak_gib'] / m['estimate_gib']:.2f} of it)"
+            )
         ok = ok and fits
     small, large = (r["sizes"][str(s)] for s in FIT_SIZES)
     if "peak_gib" in small and "peak_gib" in large:
         slope = (large["peak_gib"] - small["peak_gib"]) / (FIT_SIZES[1] - FIT_SIZES[0])
-        cells.append(f"per sequence {slope:.3g} GiB measured, {r['per_sequence_gib']:.3g} estimated "
-                     f"({r['per_sequence_gib'] / slope:.2f}x)" if slope > 0 else f"per sequence {slope:.3g} GiB")
-    head = (f"{r['parameters'] / 1e6:.1f}M parameters x {r['length']} tokens, fixed {r['fixed_gib']:.3g} GiB "
-            f"(policy + AdamW + reference)")
-    return dict(row, status="PASS" if ok else "FAIL", note=f"{head}; " + "; ".join(cells),
-                peak="; ".join(f"{s['peak_gib']:.3g}" for s in r["sizes"].values() if "peak_gib" in s) + " GiB")
+        cells.append(
+            f"per sequence {slope:.3g} GiB measured, {r['per_sequence_gib']:.3g} estimated "
+            f"({r['per_sequence_gib'] / slope:.2f}x)"
+            if slope > 0
+            else f"per sequence {slope:.3g} GiB"
+        )
+    head = (
+        f"{r['parameters'] / 1e6:.1f}M parameters x {r['length']} tokens, fixed {r['fixed_gib']:.3g} GiB "
+        f"(policy + AdamW + reference)"
+    )
+    return dict(
+        row,
+        status="PASS" if ok else "FAIL",
+        note=f"{head}; " + "; ".join(cells),
+        peak="; ".join(f"{s['peak_gib']:.3g}" for s in r["sizes"].values() if "peak_gib" in s) + " GiB",
+    )
 
 
 def torch_rows(specs: list, ctx, fit: tuple) -> list:
@@ -301,15 +326,28 @@ def torch_rows(specs: list, ctx, fit: tuple) -> list:
     specs = [(name, model, prompt, response, 8) for name, model, prompt, response in specs]  # the default micro-batch
     for name, model, prompt, response, size in specs:
         print(f"== torch part, {name}: {model}, micro-batch {size} x {prompt}+{response} tokens", flush=True)
-    print(f"== torch part, peak vs estimate, {fit[0]}: {fit[1]} (random weights), micro-batches {FIT_SIZES}",
-          flush=True)
+    print(
+        f"== torch part, peak vs estimate, {fit[0]}: {fit[1]} (random weights), micro-batches {FIT_SIZES}", flush=True
+    )
     env = {**ctx.env, "MALLOC_MMAP_THRESHOLD_": "65536"} if ctx.device == "cpu" else ctx.env  # freed tensors leave RSS
     start = time.time()
     with open(log, "w") as f:
         try:
-            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--torch-worker", json.dumps(specs),
-                                   ctx.device, str(out), json.dumps(fit)], env=env, stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=ctx.args.timeout)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--torch-worker",
+                    json.dumps(specs),
+                    ctx.device,
+                    str(out),
+                    json.dumps(fit),
+                ],
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=ctx.args.timeout,
+            )
             returncode = proc.returncode
         except subprocess.TimeoutExpired:
             returncode = f"none within --timeout {ctx.args.timeout:.0f} s"
@@ -325,26 +363,39 @@ def torch_rows(specs: list, ctx, fit: tuple) -> list:
             continue
         r = results[name]
         where = r["memory_kind"] + (f", of a {r['card_gib']:.0f} GiB card" if "card_gib" in r else "")
-        memory.update(status="FAIL" if r["oom"] else "PASS", peak=f"{r['peak_gib']:.2f} GiB",
-                      step=f"{r['step_seconds']:.2f}",
-                      note=(f"out of memory: {r['oom']}" if r["oom"] else
-                            f"policy ({r['parameters'] / 1e6:.1f}M parameters, fp32) + AdamW + one micro-batch of "
-                            f"{r['micro_batch_size']} x {r['length']} tokens, forward + backward + step in "
-                            f"{r['step_seconds']:.2f} s; {where}"))
-        grad.update(status="PASS" if r["grad_max_diff"] <= 1e-5 else "FAIL",
-                    note=("bit-equal" if r["grad_bit_equal"] else f"not bit-equal: max diff {r['grad_max_diff']:.1e}")
-                    + f" ({r['source']})")
+        memory.update(
+            status="FAIL" if r["oom"] else "PASS",
+            peak=f"{r['peak_gib']:.2f} GiB",
+            step=f"{r['step_seconds']:.2f}",
+            note=(
+                f"out of memory: {r['oom']}"
+                if r["oom"]
+                else f"policy ({r['parameters'] / 1e6:.1f}M parameters, fp32) + AdamW + one micro-batch of "
+                f"{r['micro_batch_size']} x {r['length']} tokens, forward + backward + step in "
+                f"{r['step_seconds']:.2f} s; {where}"
+            ),
+        )
+        grad.update(
+            status="PASS" if r["grad_max_diff"] <= 1e-5 else "FAIL",
+            note=("bit-equal" if r["grad_bit_equal"] else f"not bit-equal: max diff {r['grad_max_diff']:.1e}")
+            + f" ({r['source']})",
+        )
         if "tf32_max_diff" in r:
             trips = r["tf32_mean_diff"] > GUARD_TOLERANCE
-            tf32.update(status="FAIL" if r["tf32_default"] else "PASS",
-                        note=f"TF32 on moves the logprobs by mean {r['tf32_mean_diff']:.1e}, max "
-                             f"{r['tf32_max_diff']:.1e} (the guard allows a mean of {GUARD_TOLERANCE:g}: TF32 in the "
-                             f"learner {'would' if trips else 'would not'} trip it); torch's default here: "
-                             + ("TF32 ON, the learner is not exact" if r["tf32_default"] else "off, exact float32"))
+            tf32.update(
+                status="FAIL" if r["tf32_default"] else "PASS",
+                note=f"TF32 on moves the logprobs by mean {r['tf32_mean_diff']:.1e}, max "
+                f"{r['tf32_max_diff']:.1e} (the guard allows a mean of {GUARD_TOLERANCE:g}: TF32 in the "
+                f"learner {'would' if trips else 'would not'} trip it); torch's default here: "
+                + ("TF32 ON, the learner is not exact" if r["tf32_default"] else "off, exact float32"),
+            )
         else:
             tf32.update(status="PASS", note="not applicable on CPU (TF32 is a GPU matmul mode)")
-    rows.append(fit_row(fit[0], results["fit"]) if "fit" in results else dict(
-        check=f"torch: peak vs estimate ({fit[0]})", status="FAIL", note=f"exit {returncode}: {tail(log)}"))
+    rows.append(
+        fit_row(fit[0], results["fit"])
+        if "fit" in results
+        else dict(check=f"torch: peak vs estimate ({fit[0]})", status="FAIL", note=f"exit {returncode}: {tail(log)}")
+    )
     return rows
 
 
@@ -369,8 +420,12 @@ class GpuMemoryPoller:
     @staticmethod
     def read():
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=10).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
             values = [float(v) for v in out.split()]
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             if visible and all(v.strip().isdigit() for v in visible.split(",")):
@@ -422,8 +477,15 @@ def descendants(root: int, seen: dict):
             seen[pid] = command
 
 
-def run_check(name: str, cmd: list, reward_key: str, ctx, skip: Optional[str] = None, min_processes: int = 1,
-              env: Optional[dict] = None) -> dict:
+def run_check(
+    name: str,
+    cmd: list,
+    reward_key: str,
+    ctx,
+    skip: Optional[str] = None,
+    min_processes: int = 1,
+    env: Optional[dict] = None,
+) -> dict:
     """Run one script in a folder of its own (`env`: variables on top of the smoke's), then judge its metrics.jsonl
     (and, given `min_processes`, that the run started at least that many processes: an engine in a process of its
     own is one more)."""
@@ -441,8 +503,9 @@ def run_check(name: str, cmd: list, reward_key: str, ctx, skip: Optional[str] = 
     start = time.time()
     timed_out, processes, polls = False, {}, 0
     with open(log, "w") as f, GpuMemoryPoller() as gpu:
-        proc = subprocess.Popen(cmd, cwd=cwd, env={**ctx.env, **(env or {})}, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env={**ctx.env, **(env or {})}, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
         while True:  # wait4: this child's own peak RSS (the largest of it and the children it waited for)
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
@@ -487,8 +550,7 @@ def run_check(name: str, cmd: list, reward_key: str, ctx, skip: Optional[str] = 
         row["gap"], row["gap_value"] = "n/a" if gap is None else f"{gap:.1e}", gap
         if gap is None or not gap < GUARD_TOLERANCE:
             problems.append(f"step-0 logprob gap {gap} is not < {GUARD_TOLERANCE:g}")
-        bad = sorted({k for m in metrics for k, v in m.items()
-                      if isinstance(v, (int, float)) and not math.isfinite(v)})
+        bad = sorted({k for m in metrics for k, v in m.items() if isinstance(v, (int, float)) and not math.isfinite(v)})
         if bad:
             problems.append(f"non-finite metrics: {', '.join(bad)}")
         rewards = [m[reward_key] for m in metrics if reward_key in m]
@@ -511,10 +573,16 @@ def run_check(name: str, cmd: list, reward_key: str, ctx, skip: Optional[str] = 
     engines = sum("EngineCore" in c for c in processes.values())
     if min_processes > 1 and not engines and not problems:
         problems.append("no process named EngineCore was seen: the engine ran in the learner's process")
-    row.update(status="FAIL" if problems else "PASS",
-               note="; ".join(problems) or f"{len(metrics)} steps of {script}; reward: {reward_key}" + (
-                   f"; {len(processes) + 1} processes" + f" ({engines} named EngineCore)" * bool(engines)
-                   if min_processes > 1 else ""))
+    row.update(
+        status="FAIL" if problems else "PASS",
+        note="; ".join(problems)
+        or f"{len(metrics)} steps of {script}; reward: {reward_key}"
+        + (
+            f"; {len(processes) + 1} processes" + f" ({engines} named EngineCore)" * bool(engines)
+            if min_processes > 1
+            else ""
+        ),
+    )
     print(f"   {row['status']} in {seconds:.0f} s" + (f": {row['note']}" if problems else ""), flush=True)
     return row
 
@@ -524,24 +592,32 @@ def tf32_check(ieee: dict, tf32: dict, cpu: bool) -> dict:
     float32: on a GPU vLLM's Triton attention then rounds its inputs to TF32, so the step-0 gap between the engine's and
     the learner's logprobs must grow, or the weight-sync guard stop the run; on CPU (no Triton) it must not move."""
     if ieee["status"] != "PASS" or tf32["status"] != "PASS" and "weight sync failed" not in tf32.get("note", ""):
-        return dict(tf32, status="FAIL", note=f"nothing to compare: IEEE run {ieee['status']}, TF32 run "
-                                              f"{tf32['status']}: {tf32.get('note', '')}")
+        return dict(
+            tf32,
+            status="FAIL",
+            note=f"nothing to compare: IEEE run {ieee['status']}, TF32 run {tf32['status']}: {tf32.get('note', '')}",
+        )
     if "weight sync failed" in tf32["note"]:
         moved, note = True, "the weight-sync guard stopped the run: " + tf32["note"]
     else:
         moved = tf32["gap_value"] > ieee["gap_value"]
         note = f"step-0 gap {tf32['gap_value']:.2e} with TF32, {ieee['gap_value']:.2e} in IEEE float32"
     ok = tf32.get("gap_value") == ieee["gap_value"] if cpu else moved
-    return dict(tf32, status="PASS" if ok else "FAIL",
-                note=note + (" (CPU: no Triton, so the variable must change nothing)" if cpu else ""))
+    return dict(
+        tf32,
+        status="PASS" if ok else "FAIL",
+        note=note + (" (CPU: no Triton, so the variable must change nothing)" if cpu else ""),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ models and data
 def read_questions(folder: Path, n: int):
     path = folder / "train.jsonl"
     if not path.is_file():
-        sys.exit(f"error: {path} not found: run `bash install.sh` (offline: GSM8K_DIR=/path/to/gsm8k bash install.sh), "
-                 f"or point GSM8K at a folder holding GSM8K-format train.jsonl and test.jsonl")
+        sys.exit(
+            f"error: {path} not found: run `bash install.sh` (offline: GSM8K_DIR=/path/to/gsm8k bash install.sh), "
+            f"or point GSM8K at a folder holding GSM8K-format train.jsonl and test.jsonl"
+        )
     with open(path) as f:
         return [json.loads(line)["question"] for _, line in zip(range(n), f)]
 
@@ -562,10 +638,21 @@ def build_tiny_reward_model(policy_path: str, out: Path):
     policy = AutoConfig.from_pretrained(policy_path)
     eos = tokenizer.eos_token_id
     torch.manual_seed(0)
-    config = GPTNeoXConfig(vocab_size=policy.vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                           num_attention_heads=2, rotary_pct=0.25, use_parallel_residual=True,
-                           max_position_embeddings=2048, tie_word_embeddings=False, num_labels=1, eos_token_id=eos,
-                           bos_token_id=eos, pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token else eos)
+    config = GPTNeoXConfig(
+        vocab_size=policy.vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        num_labels=1,
+        eos_token_id=eos,
+        bos_token_id=eos,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token else eos,
+    )
     GPTNeoXForSequenceClassification(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
@@ -577,31 +664,60 @@ def build_tiny_models(questions, out: Path):
     policy briefly fine-tuned to end "question TL;DR: a few words" with EOS, so that some responses end."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification, LlamaConfig,
-                              LlamaForCausalLM, PreTrainedTokenizerFast)
+    from transformers import (
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        GPTNeoXForSequenceClassification,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(questions, trainers.BpeTrainer(
-        vocab_size=512, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(
+        questions,
+        trainers.BpeTrainer(
+            vocab_size=512, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    special = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                   bos_token_id=tokenizer.eos_token_id)
+    special = dict(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id
+    )
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    neox = GPTNeoXConfig(vocab_size=len(tokenizer) + 64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, rotary_pct=0.25, use_parallel_residual=True,
-                         max_position_embeddings=2048, tie_word_embeddings=False, **special)
-    llama = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
-                        tie_word_embeddings=True, **special)
+    neox = GPTNeoXConfig(
+        vocab_size=len(tokenizer) + 64,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        **special,
+    )
+    llama = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        **special,
+    )
     texts = [q[:120] + "\nTL;DR:" + " ".join(q.split()[:3]) for q in questions[:256]]
     for name, config, causal_lm in (("pythia", neox, GPTNeoXForCausalLM), ("qwen", llama, LlamaForCausalLM)):
         policy = causal_lm(config)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
         for step in range(40):
-            batch = [tokenizer(t).input_ids[-40:] + [tokenizer.eos_token_id] for t in texts[(step * 16) % 256:][:16]]
+            batch = [tokenizer(t).input_ids[-40:] + [tokenizer.eos_token_id] for t in texts[(step * 16) % 256 :][:16]]
             width = max(map(len, batch))
             ids = torch.tensor([b + [tokenizer.eos_token_id] * (width - len(b)) for b in batch])
             labels = torch.tensor([b + [-100] * (width - len(b)) for b in batch])
@@ -620,8 +736,14 @@ def build_tiny_models(questions, out: Path):
 # ------------------------------------------------------------------------------------------------ main
 def gpu_names() -> str:
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=10).stdout.strip().replace("\n", ", ") or "?"
+        return (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+            )
+            .stdout.strip()
+            .replace("\n", ", ")
+            or "?"
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "?"
 
@@ -633,17 +755,28 @@ class Context:
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
         return torch_worker(json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5]))
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--cpu", action="store_true", help="run on CPU with tiny models built here (~4 min)")
-    parser.add_argument("--only", choices=["all", "torch", "runs"], default="all",
-                        help="torch: only the part that needs torch and transformers (no vLLM); runs: only the runs")
-    parser.add_argument("--runs", default="dpo,rloo,ppo,own-process,grpo",
-                        help="which runs, comma-separated (default: all of dpo,rloo,ppo,own-process,grpo)")
+    parser.add_argument(
+        "--only",
+        choices=["all", "torch", "runs"],
+        default="all",
+        help="torch: only the part that needs torch and transformers (no vLLM); runs: only the runs",
+    )
+    parser.add_argument(
+        "--runs",
+        default="dpo,rloo,ppo,own-process,grpo",
+        help="which runs, comma-separated (default: all of dpo,rloo,ppo,own-process,grpo)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="learner steps per run (default: 8 on GPU, 4 on CPU)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take before it is killed")
-    parser.add_argument("--work-dir", default=None, help="keep the runs, logs and built models here (default: a "
-                        "temporary folder, deleted at the end)")
+    parser.add_argument(
+        "--work-dir",
+        default=None,
+        help="keep the runs, logs and built models here (default: a temporary folder, deleted at the end)",
+    )
     args = parser.parse_args()
 
     runs = args.runs.split(",")
@@ -655,12 +788,20 @@ def main():
     if ctx.steps < 3:
         sys.exit("error: --steps must be >= 3 (with K = 1 the first weight sync is before the batch of step 2)")
     # local folders as absolute paths: every run starts in a folder of its own
-    pythia, qwen, pythia_big = (os.path.abspath(p) if os.path.isdir(p) else p for p in (
-        os.environ.get("PYTHIA", "EleutherAI/pythia-160m"), os.environ.get("QWEN", "Qwen/Qwen2.5-0.5B-Instruct"),
-        os.environ.get("PYTHIA_BIG", "EleutherAI/pythia-2.8b")))  # PYTHIA_BIG: only its config.json is read
+    pythia, qwen, pythia_big = (
+        os.path.abspath(p) if os.path.isdir(p) else p
+        for p in (
+            os.environ.get("PYTHIA", "EleutherAI/pythia-160m"),
+            os.environ.get("QWEN", "Qwen/Qwen2.5-0.5B-Instruct"),
+            os.environ.get("PYTHIA_BIG", "EleutherAI/pythia-2.8b"),
+        )
+    )  # PYTHIA_BIG: only its config.json is read
     gsm8k = Path(os.environ.get("GSM8K", str(REPO / "data" / "gsm8k"))).resolve()
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     if args.cpu:
         env["OMP_NUM_THREADS"] = "1"  # one thread per role, as the scripts' --torch-threads 1
         env["CUDA_VISIBLE_DEVICES"] = ""  # CPU mode means CPU, even on a machine with a GPU
@@ -681,8 +822,11 @@ def main():
     ctx.work = Path(tempfile.mkdtemp(prefix="gpu_smoke_") if temporary else args.work_dir).resolve()
     ctx.work.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    print(f"gpu_smoke: {'CPU, tiny models' if args.cpu else f'{num_gpus} GPU(s): {gpu_names()}'}, "
-          f"{ctx.steps} learner steps per run, work dir {ctx.work}", flush=True)
+    print(
+        f"gpu_smoke: {'CPU, tiny models' if args.cpu else f'{num_gpus} GPU(s): {gpu_names()}'}, "
+        f"{ctx.steps} learner steps per run, work dir {ctx.work}",
+        flush=True,
+    )
 
     # models and data
     if args.cpu:
@@ -707,52 +851,153 @@ def main():
         if not args.cpu:
             print(f"== tiny reward model for {pythia}", flush=True)
             reward_model = str(build_tiny_reward_model(pythia, ctx.work / "pythia_rm"))
-        size = (["--max-prompt-tokens", "64", "--response-length", "16", "--prompts-per-step", "4",
-                 "--learning-rate", "1e-3", "--kv-cache-gib", "0.25"] if args.cpu else
-                ["--max-prompt-tokens", "256", "--response-length", "53", "--prompts-per-step", "16",
-                 "--learning-rate", "1e-5"])
+        size = (
+            [
+                "--max-prompt-tokens",
+                "64",
+                "--response-length",
+                "16",
+                "--prompts-per-step",
+                "4",
+                "--learning-rate",
+                "1e-3",
+                "--kv-cache-gib",
+                "0.25",
+            ]
+            if args.cpu
+            else [
+                "--max-prompt-tokens",
+                "256",
+                "--response-length",
+                "53",
+                "--prompts-per-step",
+                "16",
+                "--learning-rate",
+                "1e-5",
+            ]
+        )
         common = [*size, "--num-learner-steps", str(ctx.steps), "--seed", "1"]
-        rm_flags = ["--model-name-or-path", pythia, "--reward-model-path", reward_model, "--dataset-name",
-                    str(prompts), *common]
+        rm_flags = [
+            "--model-name-or-path",
+            pythia,
+            "--reward-model-path",
+            reward_model,
+            "--dataset-name",
+            str(prompts),
+            *common,
+        ]
         python = [sys.executable]
         for algo in [a for a in ("dpo", "rloo", "ppo") if a in runs]:
-            rows.append(run_check(f"{algo} (pythia)", [*python, str(REPO / f"async_{algo}.py"), *rm_flags],
-                                  "objective/scores", ctx))
+            rows.append(
+                run_check(
+                    f"{algo} (pythia)", [*python, str(REPO / f"async_{algo}.py"), *rm_flags], "objective/scores", ctx
+                )
+            )
         if "dpo" in runs:  # the same run with vLLM's float32 Triton kernels in TF32: the guard's gap must see it
             ieee = next(row for row in rows if row["check"] == "dpo (pythia)")
-            rows.append(tf32_check(ieee, run_check("dpo (pythia), engine TF32", [*python, str(REPO / "async_dpo.py"),
-                                                   *rm_flags], "objective/scores", ctx,
-                                                   env={"TRITON_F32_DEFAULT": "tf32"}), args.cpu))
+            rows.append(
+                tf32_check(
+                    ieee,
+                    run_check(
+                        "dpo (pythia), engine TF32",
+                        [*python, str(REPO / "async_dpo.py"), *rm_flags],
+                        "objective/scores",
+                        ctx,
+                        env={"TRITON_F32_DEFAULT": "tf32"},
+                    ),
+                    args.cpu,
+                )
+            )
         # the engine in a process of its own: under torchrun, with 1 learner rank (one GPU: rank 0 shares it with the
         # engine, a process group of one) and with 2 (docs/multigpu.md). Two NCCL ranks cannot share a GPU
         torchrun = [*python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
         for ranks in (1, 2) if "own-process" in runs else ():  # torchrun's agent, the ranks, >= 1 engine process
             skip = None if args.cpu or num_gpus >= ranks else f"needs {ranks} GPUs: 2 NCCL ranks cannot share 1 GPU"
-            rows.append(run_check(f"dpo engine in own process (torchrun {ranks})",
-                                  [*torchrun, str(ranks), str(REPO / "multigpu" / "async_dpo_multigpu.py"), *rm_flags,
-                                   "--collective-timeout", "600"], "objective/scores", ctx, skip=skip,
-                                  min_processes=2 + ranks))
-        grpo = (["--model-name-or-path", qwen, "--dataset-path", str(problems), "--prompt-template", "{question}",
-                 "--max-prompt-tokens", "128", "--response-length", "16", "--prompts-per-step", "2",
-                 "--learning-rate", "1e-3", "--kv-cache-gib", "0.25"] if args.cpu else
-                ["--model-name-or-path", qwen, "--dataset-path", str(problems), "--chat-template",
-                 "--prompt-template", "{question}\nReason step by step, then give the final number after ####.",
-                 "--max-prompt-tokens", "256", "--response-length", "256", "--prompts-per-step", "8",
-                 "--learning-rate", "1e-6"])
+            rows.append(
+                run_check(
+                    f"dpo engine in own process (torchrun {ranks})",
+                    [
+                        *torchrun,
+                        str(ranks),
+                        str(REPO / "multigpu" / "async_dpo_multigpu.py"),
+                        *rm_flags,
+                        "--collective-timeout",
+                        "600",
+                    ],
+                    "objective/scores",
+                    ctx,
+                    skip=skip,
+                    min_processes=2 + ranks,
+                )
+            )
+        grpo = (
+            [
+                "--model-name-or-path",
+                qwen,
+                "--dataset-path",
+                str(problems),
+                "--prompt-template",
+                "{question}",
+                "--max-prompt-tokens",
+                "128",
+                "--response-length",
+                "16",
+                "--prompts-per-step",
+                "2",
+                "--learning-rate",
+                "1e-3",
+                "--kv-cache-gib",
+                "0.25",
+            ]
+            if args.cpu
+            else [
+                "--model-name-or-path",
+                qwen,
+                "--dataset-path",
+                str(problems),
+                "--chat-template",
+                "--prompt-template",
+                "{question}\nReason step by step, then give the final number after ####.",
+                "--max-prompt-tokens",
+                "256",
+                "--response-length",
+                "256",
+                "--prompts-per-step",
+                "8",
+                "--learning-rate",
+                "1e-6",
+            ]
+        )
         if "grpo" in runs:
-            rows.append(run_check(f"grpo ({'arithmetic' if args.cpu else 'gsm8k'}, qwen)",
-                                  [*python, str(REPO / "async_grpo_gsm8k.py"), *grpo, "--num-learner-steps",
-                                   str(ctx.steps), "--seed", "1", "--num-eval-prompts", "0"], "objective/accuracy",
-                                  ctx))
+            rows.append(
+                run_check(
+                    f"grpo ({'arithmetic' if args.cpu else 'gsm8k'}, qwen)",
+                    [
+                        *python,
+                        str(REPO / "async_grpo_gsm8k.py"),
+                        *grpo,
+                        "--num-learner-steps",
+                        str(ctx.steps),
+                        "--seed",
+                        "1",
+                        "--num-eval-prompts",
+                        "0",
+                    ],
+                    "objective/accuracy",
+                    ctx,
+                )
+            )
 
     print_table(rows)
     failed = [r["check"] for r in rows if r["status"] == "FAIL"]
     skipped = [r["check"] for r in rows if r["status"] == "SKIP"]
     total = time.time() - started
-    print(f"\n{len(rows) - len(failed) - len(skipped)} PASS, {len(failed)} FAIL, {len(skipped)} SKIP in "
-          f"{total / 60:.1f} min ({'CPU' if args.cpu else 'GPU'} mode). 'reward rose' compares the mean of the second "
-          f"half of the steps with the first; with {ctx.steps} steps (and a random reward model) it is reported, not "
-          f"judged.")
+    print(
+        f"\n{len(rows) - len(failed) - len(skipped)} PASS, {len(failed)} FAIL, {len(skipped)} SKIP in "
+        f"{total / 60:.1f} min ({'CPU' if args.cpu else 'GPU'} mode). 'reward rose' compares the mean of the second "
+        f"half of the steps with the first; with {ctx.steps} steps (and a random reward model) it is reported, not "
+        f"judged."
+    )
     if temporary and not failed:
         shutil.rmtree(ctx.work, ignore_errors=True)
     else:
@@ -761,9 +1006,16 @@ def main():
 
 
 def print_table(rows):
-    columns = [("check", "check"), ("status", "status"), ("gap", "step-0 gap"),
-               ("reward", "reward 1st->2nd half, rose?"), ("step", "s/step"), ("sync", "s/sync"),
-               ("peak", "peak memory"), ("wall", "wall")]
+    columns = [
+        ("check", "check"),
+        ("status", "status"),
+        ("gap", "step-0 gap"),
+        ("reward", "reward 1st->2nd half, rose?"),
+        ("step", "s/step"),
+        ("sync", "s/sync"),
+        ("peak", "peak memory"),
+        ("wall", "wall"),
+    ]
     widths = [max(len(title), *(len(str(r.get(key, "-"))) for r in rows)) for key, title in columns]
     print("\n" + "  ".join(title.ljust(w) for (_, title), w in zip(columns, widths)))
     print("  ".join("-" * w for w in widths))

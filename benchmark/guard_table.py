@@ -65,15 +65,31 @@ def run_group(model: str, dtype: str, rows: list) -> list:
 
     dpo.SET_TORCH_THREADS(1)
     path = str(model_path(model))
-    args = dpo.Args(model_name_or_path=path, engine_dtype=dtype, engine_device="cpu", learner_device="cpu",
-                    kv_cache_gib=0.25, gpu_memory_utilization=0.1, max_prompt_tokens=96, response_length=16)
+    args = dpo.Args(
+        model_name_or_path=path,
+        engine_dtype=dtype,
+        engine_device="cpu",
+        learner_device="cpu",
+        kv_cache_gib=0.25,
+        gpu_memory_utilization=0.1,
+        max_prompt_tokens=96,
+        response_length=16,
+    )
     tokenizer = AutoTokenizer.from_pretrained(path)
     llm = dpo.build_engine(args)
-    text = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
-            "clips did Natalia sell altogether?")
+    text = (
+        "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
+        "clips did Natalia sell altogether?"
+    )
     probe = (tokenizer(text).input_ids * 8)[:32]  # as the scripts' probe: a prompt repeated to 32 tokens
-    train = torch.tensor([tokenizer("Weng earns $12 an hour for babysitting. Yesterday, she did 50 minutes of "
-                                    "babysitting. How much did she earn? #### 10").input_ids])
+    train = torch.tensor(
+        [
+            tokenizer(
+                "Weng earns $12 an hour for babysitting. Yesterday, she did 50 minutes of "
+                "babysitting. How much did she earn? #### 10"
+            ).input_ids
+        ]
+    )
     results = []
     for index, (lr, fault, start, versions) in rows:
         policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -81,9 +97,22 @@ def run_group(model: str, dtype: str, rows: list) -> list:
         optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, eps=1e-5, weight_decay=0.0)
         dpo.push_weights_to_engine(llm, policy.state_dict())  # the engine starts from this learner's weights
         last = dpo.check_weight_sync(llm, dpo.weight_check(policy, probe, args), None, args, 0)
-        row = dict(index=index, model=model, engine_dtype=dtype, learning_rate=lr, fault=fault, start=start,
-                   versions=versions, stopped_at=None, reason=None, gaps=[], learner_moves=[], learner_check_s=[],
-                   engine_check_s=[], push_s=[])
+        row = dict(
+            index=index,
+            model=model,
+            engine_dtype=dtype,
+            learning_rate=lr,
+            fault=fault,
+            start=start,
+            versions=versions,
+            stopped_at=None,
+            reason=None,
+            gaps=[],
+            learner_moves=[],
+            learner_check_s=[],
+            engine_check_s=[],
+            push_s=[],
+        )
         for version in range(1, versions + 1):
             optimizer.zero_grad()
             (-dpo.token_logprobs(policy, train, torch.ones_like(train), torch.ones_like(train), 1.0).sum()).backward()
@@ -118,33 +147,50 @@ def run_group(model: str, dtype: str, rows: list) -> list:
 
 def verdict(row: dict) -> str:
     if row["fault"] == "healthy":
-        return "passes every version ✓" if row["stopped_at"] is None else f"**stops a healthy run** at {row['stopped_at']}"
+        return (
+            "passes every version ✓" if row["stopped_at"] is None else f"**stops a healthy run** at {row['stopped_at']}"
+        )
     if row["stopped_at"] is None:
         return "**never stops**"
-    return f"stops at version {row['stopped_at']} ✓" if row["stopped_at"] == row["start"] else \
-        f"stops late, at version {row['stopped_at']}"
+    return (
+        f"stops at version {row['stopped_at']} ✓"
+        if row["stopped_at"] == row["start"]
+        else f"stops late, at version {row['stopped_at']}"
+    )
 
 
 def report(results: list):
-    lines = ["Issue 42's guard table, re-run by `python benchmark/guard_table.py` (real CPU vLLM engine in process, one "
-             "torch thread; the tiny Llama of the tests, SmolLM2-135M-Instruct). A fault starts at the version in "
-             "its column; `healthy` rows push every version.", "",
-             "| model | engine dtype | lr | fault (from version) | guard | why it stopped | largest healthy gap |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "Issue 42's guard table, re-run by `python benchmark/guard_table.py` (real CPU vLLM engine in process, one "
+        "torch thread; the tiny Llama of the tests, SmolLM2-135M-Instruct). A fault starts at the version in "
+        "its column; `healthy` rows push every version.",
+        "",
+        "| model | engine dtype | lr | fault (from version) | guard | why it stopped | largest healthy gap |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in sorted(results, key=lambda r: r["index"]):
         why = (row["reason"] or "").split("(", 1)[-1].rstrip(")") if row["reason"] else ""
         gap = f"{max(row['gaps']):.1e}" if row["gaps"] else "-"
-        lines.append(f"| {row['model']} | {row['engine_dtype']} | {row['learning_rate']:g} | {row['fault']} "
-                     f"({row['start']}) | {verdict(row)} | {why} | {gap} |")
-    lines += ["", "Cost per version of the healthy rows (median over versions, CPU, one thread): the learner's "
-              "`weight_check` (probe forward + checksums) and the engine's `check_weight_sync` (probe generation + "
-              "checksums through `collective_rpc`), beside the push itself.", "",
-              "| model | engine dtype | learner check (s) | engine check (s) | push (s) |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {row['model']} | {row['engine_dtype']} | {row['learning_rate']:g} | {row['fault']} "
+            f"({row['start']}) | {verdict(row)} | {why} | {gap} |"
+        )
+    lines += [
+        "",
+        "Cost per version of the healthy rows (median over versions, CPU, one thread): the learner's "
+        "`weight_check` (probe forward + checksums) and the engine's `check_weight_sync` (probe generation + "
+        "checksums through `collective_rpc`), beside the push itself.",
+        "",
+        "| model | engine dtype | learner check (s) | engine check (s) | push (s) |",
+        "|---|---|---|---|---|",
+    ]
     median = lambda xs: sorted(xs)[len(xs) // 2]
     for row in sorted(results, key=lambda r: r["index"]):
         if row["fault"] == "healthy":
-            lines.append(f"| {row['model']} | {row['engine_dtype']} | {median(row['learner_check_s']):.3f} | "
-                         f"{median(row['engine_check_s']):.3f} | {median(row['push_s']):.3f} |")
+            lines.append(
+                f"| {row['model']} | {row['engine_dtype']} | {median(row['learner_check_s']):.3f} | "
+                f"{median(row['engine_check_s']):.3f} | {median(row['push_s']):.3f} |"
+            )
     (RESULTS / "guard.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "guard.json").write_text(json.dumps(sorted(results, key=lambda r: r["index"]), indent=1))
     print("\n".join(lines))
@@ -163,9 +209,12 @@ def main():
     results = []
     for group in dict.fromkeys(row[:2] for _, row in chosen):
         cmd = [sys.executable, __file__, "--group", ":".join(group), "--rows", *(str(i) for i, _ in chosen)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1",
-                                                                        "VLLM_LOGGING_LEVEL": "WARNING",
-                                                                        **__import__("os").environ})
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            env={"OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "WARNING", **__import__("os").environ},
+        )
         if proc.returncode != 0:
             sys.exit(f"guard_table: the group {group} failed:\n{proc.stderr[-3000:]}")
         results += [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"index"')]

@@ -39,44 +39,89 @@ SETTINGS = {
 
 @dataclass
 class Args:
-    settings: Tuple[str, ...] = tuple(SETTINGS)  # which settings to run
-    seeds: Tuple[int, ...] = (1, 2, 3)  # seeds per setting
-    num_learner_steps: int = 10  # learner steps per run (evaluated at version 0 and at the end)
-    warmup_steps: int = 2  # steps left out of the s/step median (engine and learner warm-up)
-    response_length: int = 192  # maximum new tokens: long enough that a third or more of the responses are cut
-    chunk: int = 96  # fixed: the next version enters after this many decoding steps (half the response length)
-    learning_rate: float = 1e-6  # the speed table's
-    num_eval_prompts: int = 32  # held-out GSM8K test problems, greedy
-    policy: str = str(REPO / "models" / "SmolLM2-135M-Instruct")  # made by install.sh
-    dataset_path: str = str(REPO / "data" / "gsm8k")  # made by install.sh (tools/prepare_gsm8k.py)
-    chat_template: bool = True  # the filled --prompt-template as the user message of the policy's chat template
-    prompt_template: str = "{question}"  # the problem alone (the scripts' --prompt-template)
-    prompts_per_step: int = 1  # problems per learner step, each with 4 samples
-    max_prompt_tokens: Optional[int] = None  # None: the script's default (512); a small policy may have fewer positions
+    settings: Tuple[str, ...] = tuple(SETTINGS)
+    """which settings to run"""
+    seeds: Tuple[int, ...] = (1, 2, 3)
+    """seeds per setting"""
+    num_learner_steps: int = 10
+    """learner steps per run (evaluated at version 0 and at the end)"""
+    warmup_steps: int = 2
+    """steps left out of the s/step median (engine and learner warm-up)"""
+    response_length: int = 192
+    """maximum new tokens: long enough that a third or more of the responses are cut"""
+    chunk: int = 96
+    """fixed: the next version enters after this many decoding steps (half the response length)"""
+    learning_rate: float = 1e-6
+    """the speed table's"""
+    num_eval_prompts: int = 32
+    """held-out GSM8K test problems, greedy"""
+    policy: str = str(REPO / "models" / "SmolLM2-135M-Instruct")
+    """made by install.sh"""
+    dataset_path: str = str(REPO / "data" / "gsm8k")
+    """made by install.sh (tools/prepare_gsm8k.py)"""
+    chat_template: bool = True
+    """the filled --prompt-template as the user message of the policy's chat template"""
+    prompt_template: str = "{question}"
+    """the problem alone (the scripts' --prompt-template)"""
+    prompts_per_step: int = 1
+    """problems per learner step, each with 4 samples"""
+    max_prompt_tokens: Optional[int] = None
+    """None: the script's default (512); a small policy may have fewer positions"""
     results_dir: str = str(REPO / "benchmark" / "results")
     work_dir: str = str(REPO / "benchmark" / "work" / "inflight")
-    report_only: bool = False  # only rebuild inflight.md and inflight.png from the result files
-    kv_gap: bool = False  # only measure the logprob gap of kept vs recomputed KV after a swap (inflight_kv.md)
-    kv_swap_step: int = 32  # --kv-gap: the new version enters after this many decoding steps
+    report_only: bool = False
+    """only rebuild inflight.md and inflight.png from the result files"""
+    kv_gap: bool = False
+    """only measure the logprob gap of kept vs recomputed KV after a swap (inflight_kv.md)"""
+    kv_swap_step: int = 32
+    """--kv-gap: the new version enters after this many decoding steps"""
 
 
 def command(args: Args, setting: str, seed: int, output_dir: Path):
     script, flags = SETTINGS[setting]
     flags = [*flags, "--in-flight-chunk", str(args.chunk)] if setting == "fixed" else flags
-    return [sys.executable, str(REPO / script), "--model-name-or-path", os.path.abspath(args.policy),
-            "--dataset-path", os.path.abspath(args.dataset_path), *["--chat-template"] * args.chat_template, "--prompt-template", args.prompt_template,
-            "--prompts-per-step", str(args.prompts_per_step),
-            "--num-samples-per-prompt", "4", "--response-length", str(args.response_length), "--learning-rate",
-            str(args.learning_rate), "--num-learner-steps", str(args.num_learner_steps), "--async-steps", "1",
-            "--off-policy-correction", "decoupled", "--num-eval-prompts", str(args.num_eval_prompts),
-            "--eval-every", str(args.num_learner_steps), "--sample-every", "1000", "--seed", str(seed),
-            "--output-dir", str(output_dir), *flags,
-            *(["--max-prompt-tokens", str(args.max_prompt_tokens)] if args.max_prompt_tokens else [])]
+    return [
+        sys.executable,
+        str(REPO / script),
+        "--model-name-or-path",
+        os.path.abspath(args.policy),
+        "--dataset-path",
+        os.path.abspath(args.dataset_path),
+        *["--chat-template"] * args.chat_template,
+        "--prompt-template",
+        args.prompt_template,
+        "--prompts-per-step",
+        str(args.prompts_per_step),
+        "--num-samples-per-prompt",
+        "4",
+        "--response-length",
+        str(args.response_length),
+        "--learning-rate",
+        str(args.learning_rate),
+        "--num-learner-steps",
+        str(args.num_learner_steps),
+        "--async-steps",
+        "1",
+        "--off-policy-correction",
+        "decoupled",
+        "--num-eval-prompts",
+        str(args.num_eval_prompts),
+        "--eval-every",
+        str(args.num_learner_steps),
+        "--sample-every",
+        "1000",
+        "--seed",
+        str(seed),
+        "--output-dir",
+        str(output_dir),
+        *flags,
+        *(["--max-prompt-tokens", str(args.max_prompt_tokens)] if args.max_prompt_tokens else []),
+    ]
 
 
 def without_output_dir(cmd):
     i = cmd.index("--output-dir")
-    return cmd[:i] + cmd[i + 2:]
+    return cmd[:i] + cmd[i + 2 :]
 
 
 def run(args: Args, setting: str, seed: int, path: Path):
@@ -92,29 +137,47 @@ def run(args: Args, setting: str, seed: int, path: Path):
         sys.exit(f"error: {path.stem} failed:\n{proc.stderr[-5000:]}")
     (run_folder,) = list((cwd / "runs").iterdir())
     read = lambda name: [json.loads(line) for line in (run_folder / name).read_text().splitlines()]  # noqa: E731
-    path.write_text(json.dumps(dict(setting=setting, seed=seed, command=cmd[1:], warmup_steps=args.warmup_steps,
-                                    benchmark_flags=sys.argv[1:],
-                                    process_seconds=time.time() - start, date=time.strftime("%Y-%m-%d %H:%M"),
-                                    machine=f"{platform.machine()}, {os.cpu_count()} cores",
-                                    metrics=read("metrics.jsonl"), evaluations=read("eval.jsonl")), indent=1))
+    path.write_text(
+        json.dumps(
+            dict(
+                setting=setting,
+                seed=seed,
+                command=cmd[1:],
+                warmup_steps=args.warmup_steps,
+                benchmark_flags=sys.argv[1:],
+                process_seconds=time.time() - start,
+                date=time.strftime("%Y-%m-%d %H:%M"),
+                machine=f"{platform.machine()}, {os.cpu_count()} cores",
+                metrics=read("metrics.jsonl"),
+                evaluations=read("eval.jsonl"),
+            ),
+            indent=1,
+        )
+    )
     shutil.rmtree(cwd, ignore_errors=True)  # the saved model is not needed
 
 
 def summarize(result):
     """One run's numbers: s/step is the median of the timed steps' wall times (after the warm-up)."""
-    metrics, timed = result["metrics"], result["metrics"][result["warmup_steps"]:]
+    metrics, timed = result["metrics"], result["metrics"][result["warmup_steps"] :]
     elapsed = [m["time/elapsed"] for m in metrics]
-    step = float(np.median(np.diff(elapsed[result["warmup_steps"] - 1:])))
+    step = float(np.median(np.diff(elapsed[result["warmup_steps"] - 1 :])))
     mean = lambda key: float(np.mean([m[key] for m in timed]))  # noqa: E731
     evals = {e["policy_version"]: e["eval/accuracy"] for e in result["evaluations"]}
-    return {"s/step": step, "engine idle share": mean("time/actor_waiting") / step,
-            "learner idle share": mean("time/learner_waiting") / step,
-            "weight sync share": mean("time/weight_sync") / step,
-            "token staleness": float(np.mean([m.get("async/token_staleness_mean", m["async/staleness"])
-                                              for m in metrics[1:]])),
-            "mixed-version sequences": float(np.mean([m.get("async/mixed_version_share", 0.0) for m in metrics[1:]])),
-            "truncated": mean("val/truncated_rate"), "response length": mean("val/response_length"),
-            "accuracy at 0": evals[0], "final accuracy": evals[max(evals)]}
+    return {
+        "s/step": step,
+        "engine idle share": mean("time/actor_waiting") / step,
+        "learner idle share": mean("time/learner_waiting") / step,
+        "weight sync share": mean("time/weight_sync") / step,
+        "token staleness": float(
+            np.mean([m.get("async/token_staleness_mean", m["async/staleness"]) for m in metrics[1:]])
+        ),
+        "mixed-version sequences": float(np.mean([m.get("async/mixed_version_share", 0.0) for m in metrics[1:]])),
+        "truncated": mean("val/truncated_rate"),
+        "response length": mean("val/response_length"),
+        "accuracy at 0": evals[0],
+        "final accuracy": evals[max(evals)],
+    }
 
 
 def report(args: Args):
@@ -125,28 +188,39 @@ def report(args: Args):
     runs = {(r["setting"], r["seed"]): summarize(r) for r in results}
     keys, cmd = list(next(iter(runs.values()))), results[0]["command"]
     flag = lambda name: cmd[cmd.index(name) + 1]  # noqa: E731
-    setup = (f"{Path(flag('--model-name-or-path')).name} on {Path(flag('--dataset-path')).name}"
-             f"{' in its chat template' if '--chat-template' in cmd else ''}, {flag('--prompts-per-step')} problem(s) "
-             f"x 4 samples per step, responses of at most {flag('--response-length')} tokens")
-    lines = ["In-flight weight updates vs the core at K = 1 (issue 45). Produced by `python benchmark/inflight.py"
-             f"{shlex.join(['', *results[-1].get('benchmark_flags', [])])[2:]}`: {setup}, {flag('--num-learner-steps')} learner steps at learning rate "
-             f"{flag('--learning-rate')}, K = 1, decoupled correction, one torch thread per role. Mean ± std over "
-             "seeds; s/step is each run's median after the warm-up; 'vs core' pairs each run with the core run of its "
-             "seed; the shares are of s/step.", "",
-             "| setting | seeds | " + " | ".join(keys) + " | s/step vs core |", "|---" * (len(keys) + 3) + "|"]
+    setup = (
+        f"{Path(flag('--model-name-or-path')).name} on {Path(flag('--dataset-path')).name}"
+        f"{' in its chat template' if '--chat-template' in cmd else ''}, {flag('--prompts-per-step')} problem(s) "
+        f"x 4 samples per step, responses of at most {flag('--response-length')} tokens"
+    )
+    lines = [
+        "In-flight weight updates vs the core at K = 1 (issue 45). Produced by `python benchmark/inflight.py"
+        f"{shlex.join(['', *results[-1].get('benchmark_flags', [])])[2:]}`: {setup}, {flag('--num-learner-steps')} learner steps at learning rate "
+        f"{flag('--learning-rate')}, K = 1, decoupled correction, one torch thread per role. Mean ± std over "
+        "seeds; s/step is each run's median after the warm-up; 'vs core' pairs each run with the core run of its "
+        "seed; the shares are of s/step.",
+        "",
+        "| setting | seeds | " + " | ".join(keys) + " | s/step vs core |",
+        "|---" * (len(keys) + 3) + "|",
+    ]
     for setting in SETTINGS:
         seeds = sorted(seed for s, seed in runs if s == setting)
         if not seeds:
             continue
-        cells = [f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}"
-                 for v in ([runs[setting, seed][key] for seed in seeds] for key in keys)]
-        paired = [runs[setting, seed]["s/step"] / runs["core", seed]["s/step"] for seed in seeds
-                  if ("core", seed) in runs]
+        cells = [
+            f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}"
+            for v in ([runs[setting, seed][key] for seed in seeds] for key in keys)
+        ]
+        paired = [
+            runs[setting, seed]["s/step"] / runs["core", seed]["s/step"] for seed in seeds if ("core", seed) in runs
+        ]
         ratio = f"{np.mean(paired):.3f} [{min(paired):.3f}-{max(paired):.3f}]" if paired else ""
         lines.append(f"| {setting} | {len(seeds)} | " + " | ".join(cells) + f" | {ratio} |")
     lines += ["", "Per run:", "", "| setting | seed | " + " | ".join(keys) + " |", "|---" * (len(keys) + 2) + "|"]
-    lines += [f"| {s} | {seed} | " + " | ".join(f"{v[key]:.3f}" for key in keys) + " |"
-              for (s, seed), v in sorted(runs.items())]
+    lines += [
+        f"| {s} | {seed} | " + " | ".join(f"{v[key]:.3f}" for key in keys) + " |"
+        for (s, seed), v in sorted(runs.items())
+    ]
     (folder / "inflight.md").write_text("\n".join(lines) + "\n")
     plot(runs, folder / "inflight.png", setup)
     print("\n".join(lines))
@@ -182,10 +256,17 @@ def kv_gap(args: Args):
 
     sys.path.insert(0, str(REPO))
     script = __import__(INFLIGHT[:-3])
-    flags = script.Args(model_name_or_path=args.policy, dataset_path=args.dataset_path, num_samples_per_prompt=4,
-                        response_length=args.response_length, engine_device="cpu", learner_device="cpu",
-                        chat_template=args.chat_template, prompt_template=args.prompt_template,
-                        **({"max_prompt_tokens": args.max_prompt_tokens} if args.max_prompt_tokens else {}))
+    flags = script.Args(
+        model_name_or_path=args.policy,
+        dataset_path=args.dataset_path,
+        num_samples_per_prompt=4,
+        response_length=args.response_length,
+        engine_device="cpu",
+        learner_device="cpu",
+        chat_template=args.chat_template,
+        prompt_template=args.prompt_template,
+        **({"max_prompt_tokens": args.max_prompt_tokens} if args.max_prompt_tokens else {}),
+    )
     tokenizer, flags.eos_token_ids = script.load_tokenizer(flags)
     prompts = script.load_problem_sets(flags, tokenizer)[0][:4]
     model = AutoModelForCausalLM.from_pretrained(args.policy, dtype=torch.float32).eval()
@@ -198,7 +279,9 @@ def kv_gap(args: Args):
         ids = torch.tensor([prompt + response])
         mask = torch.tensor([[0] * len(prompt) + [1] * len(response)])
         with torch.no_grad():
-            return script.token_logprobs(model, ids, torch.ones_like(ids), mask, flags.temperature)[0, len(prompt) - 1:]
+            return script.token_logprobs(model, ids, torch.ones_like(ids), mask, flags.temperature)[
+                0, len(prompt) - 1 :
+            ]
 
     tokens = script.generate(llm, prompts, flags, 0, lambda steps: 0)[0]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=1e-5)
@@ -226,20 +309,31 @@ def kv_gap(args: Args):
                 new, old = (learner_logprobs(version, prompts[i // 4], response)[after] for version in (1, 0))
                 gaps += (torch.tensor(lp)[after] - new).abs().tolist()
                 staleness += (old - new).abs().tolist()
-        result[kv] = dict(tokens_after_swap=len(gaps), mean_gap=float(np.mean(gaps)), max_gap=float(np.max(gaps)),
-                          one_version_of_staleness=float(np.mean(staleness)), generation_seconds=time.time() - start)
+        result[kv] = dict(
+            tokens_after_swap=len(gaps),
+            mean_gap=float(np.mean(gaps)),
+            max_gap=float(np.max(gaps)),
+            one_version_of_staleness=float(np.mean(staleness)),
+            generation_seconds=time.time() - start,
+        )
     path = Path(args.results_dir) / "inflight_kv.json"
     path.write_text(json.dumps(result, indent=1))
-    lines = [f"The logprob gap `--in-flight-kv keep` causes (issue 45). Produced by `python benchmark/inflight.py "
-             f"--kv-gap`: {Path(args.policy).name}, 4 GSM8K problems x 4 samples, version 1 = one AdamW step at "
-             f"{args.learning_rate:g} on the batch's samples, loaded after {args.kv_swap_step} decoding steps. Per "
-             "token after the swap: |recorded logprob - version 1's| (the learner's, float32), beside "
-             "|version 0's - version 1's| on the same tokens (the gap one version of staleness makes).", "",
-             "| KV after the swap | tokens after it | mean gap to version 1 | largest | one version of staleness, "
-             "mean | generation s |", "|---|---|---|---|---|---|"]
-    lines += [f"| {kv} | {r['tokens_after_swap']} | {r['mean_gap']:.2e} | {r['max_gap']:.2e} | "
-              f"{r['one_version_of_staleness']:.2e} | {r['generation_seconds']:.1f} |"
-              for kv, r in ((kv, result[kv]) for kv in ("keep", "recompute"))]
+    lines = [
+        f"The logprob gap `--in-flight-kv keep` causes (issue 45). Produced by `python benchmark/inflight.py "
+        f"--kv-gap`: {Path(args.policy).name}, 4 GSM8K problems x 4 samples, version 1 = one AdamW step at "
+        f"{args.learning_rate:g} on the batch's samples, loaded after {args.kv_swap_step} decoding steps. Per "
+        "token after the swap: |recorded logprob - version 1's| (the learner's, float32), beside "
+        "|version 0's - version 1's| on the same tokens (the gap one version of staleness makes).",
+        "",
+        "| KV after the swap | tokens after it | mean gap to version 1 | largest | one version of staleness, "
+        "mean | generation s |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {kv} | {r['tokens_after_swap']} | {r['mean_gap']:.2e} | {r['max_gap']:.2e} | "
+        f"{r['one_version_of_staleness']:.2e} | {r['generation_seconds']:.1f} |"
+        for kv, r in ((kv, result[kv]) for kv in ("keep", "recompute"))
+    ]
     (Path(args.results_dir) / "inflight_kv.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -264,7 +358,8 @@ def main():
                 if not path.exists():
                     run(args, setting, seed, path)
                 elif without_output_dir(json.loads(path.read_text())["command"]) != without_output_dir(
-                        command(args, setting, seed, Path("."))[1:]):  # a silent mix would corrupt the table
+                    command(args, setting, seed, Path("."))[1:]
+                ):  # a silent mix would corrupt the table
                     sys.exit(f"error: {path} was made with other flags; delete it or pass another --results-dir")
     report(args)
 

@@ -62,12 +62,14 @@ def rerun(result, stem: str, work: Path, force: bool):
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     recorded = Path(result["command"][0])  # the script, maybe from another checkout: take this one's
-    script = REPO / recorded.parent.name / recorded.name if recorded.parent.name == "sync_baselines" else \
-        REPO / recorded.name
+    script = (
+        REPO / recorded.parent.name / recorded.name
+        if recorded.parent.name == "sync_baselines"
+        else REPO / recorded.name
+    )
     flags = result["command"][1:]
     flags[flags.index("--output-dir") + 1] = str(folder / "model")
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {stem}: rerunning {script.name} into {folder}", flush=True)
     proc = subprocess.run([sys.executable, str(script), *flags], cwd=folder, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -101,14 +103,29 @@ def breakdown(policy, sft, tokenizer, eval_set, types, flags, seed: int, rare: f
     worst = []
     for i in per_sample.argsort(descending=True)[:top].tolist():
         t = int((pi[i] - ref[i]).argmax())
-        worst.append(dict(log_ratio=per_sample[i].item(), text=tokenizer.decode(samples[i], skip_special_tokens=True),
-                          token=tokenizer.decode([samples[i][t]]), p_policy=pi[i][t].exp().item(),
-                          p_sft=ref[i][t].exp().item()))
-    return dict(kl=per_sample.mean().item(), median=quantiles[0], p90=quantiles[1], p99=quantiles[2],
-                max=per_sample.max().item(), rare_tokens=is_rare.float().mean().item(),
-                rare_share=(gap[is_rare].sum() / gap.sum()).item() if gap.sum() > 1e-9 else 0.0,
-                gold=sum(gold) / len(gold), gold_by_type=gold_by_type, kl_by_type=kl_by_type,
-                mode_by_type=mode_by_type, worst=worst)
+        worst.append(
+            dict(
+                log_ratio=per_sample[i].item(),
+                text=tokenizer.decode(samples[i], skip_special_tokens=True),
+                token=tokenizer.decode([samples[i][t]]),
+                p_policy=pi[i][t].exp().item(),
+                p_sft=ref[i][t].exp().item(),
+            )
+        )
+    return dict(
+        kl=per_sample.mean().item(),
+        median=quantiles[0],
+        p90=quantiles[1],
+        p99=quantiles[2],
+        max=per_sample.max().item(),
+        rare_tokens=is_rare.float().mean().item(),
+        rare_share=(gap[is_rare].sum() / gap.sum()).item() if gap.sum() > 1e-9 else 0.0,
+        gold=sum(gold) / len(gold),
+        gold_by_type=gold_by_type,
+        kl_by_type=kl_by_type,
+        mode_by_type=mode_by_type,
+        worst=worst,
+    )
 
 
 if __name__ == "__main__":
@@ -118,8 +135,9 @@ if __name__ == "__main__":
         sys.exit(f"error: RESULT_FILE {path} does not exist")
     prep_file = path.parent / "prep.json"
     if not prep_file.is_file() or not (work / "prep.json").is_file():
-        sys.exit(f"error: need the staleness prep: {prep_file} beside the result file and {work / 'prep.json'} "
-                 "(--work-dir)")
+        sys.exit(
+            f"error: need the staleness prep: {prep_file} beside the result file and {work / 'prep.json'} (--work-dir)"
+        )
     flags = json.loads(prep_file.read_text())["flags"]
     if json.loads((work / "prep.json").read_text())["flags"] != flags:
         sys.exit(f"error: --work-dir {work} holds another prep than the one {path.name} was made with")
@@ -144,46 +162,82 @@ if __name__ == "__main__":
     rows, diffs = [], []
     for updates, model_dir in points:
         policy = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-        row = breakdown(policy, sft, tokenizer, staleness.encode(tokenizer, test), types, flags, result["seed"],
-                        args.rare_probability, args.top)
+        row = breakdown(
+            policy,
+            sft,
+            tokenizer,
+            staleness.encode(tokenizer, test),
+            types,
+            flags,
+            result["seed"],
+            args.rare_probability,
+            args.top,
+        )
         rows.append((updates, row))
         diffs += [abs(row["kl"] - recorded[updates]["kl"]), abs(row["gold"] - recorded[updates]["gold_reward"])]
-        print(f"   update {updates}: KL {row['kl']:.3f} (recorded {recorded[updates]['kl']:.3f}), "
-              f"median {row['median']:.3f}, gold {row['gold']:.3f}", flush=True)
+        print(
+            f"   update {updates}: KL {row['kl']:.3f} (recorded {recorded[updates]['kl']:.3f}), "
+            f"median {row['median']:.3f}, gold {row['gold']:.3f}",
+            flush=True,
+        )
 
     kinds = sorted(set(types))
     final_mode = {k: rows[-1][1]["mode_by_type"][k][0] for k in kinds}
-    right = {k: sum(t == k and p["answer"].split("####")[-1].strip() == final_mode[k] for t, p in zip(types, test))
-             / types.count(k) for k in kinds}  # what always giving the final policy's commonest answer would score
+    right = {
+        k: sum(t == k and p["answer"].split("####")[-1].strip() == final_mode[k] for t, p in zip(types, test))
+        / types.count(k)
+        for k in kinds
+    }  # what always giving the final policy's commonest answer would score
     command = f"python benchmark/kl_breakdown.py {path}"
-    lines = [f"# KL breakdown: {path.stem}", "",
-             f"Produced by `{command}` on {time.strftime('%Y-%m-%d %H:%M')} ({rerun_note}, evaluations "
-             f"{time.time() - start - rerun_seconds:.0f} s). Each row evaluates one checkpoint of the rerun on the "
-             f"staleness benchmark's own draws ({flags['eval_samples']} samples at T = 0.7 per held-out problem). "
-             "Per-sample log-ratio = sum over the response of log pi - log pi_sft; the KL is its mean.", "",
-             f"**The rerun {'retraces' if max(diffs) < 1e-3 else 'does NOT retrace'} the recorded run**: largest "
-             f"difference from the recorded curve's KL and gold {max(diffs):.2g}.", "",
-             "| updates | KL (mean) | recorded KL | median | p90 | p99 | max | rare tokens | their share of the KL | "
-             + " | ".join(f"KL: {k}" for k in kinds) + " | gold | " + " | ".join(f"gold: {k}" for k in kinds) + " | "
-             + " | ".join(f"commonest answer: {k}" for k in kinds) + " |",
-             "|" + "---|" * (10 + 3 * len(kinds))]
+    lines = [
+        f"# KL breakdown: {path.stem}",
+        "",
+        f"Produced by `{command}` on {time.strftime('%Y-%m-%d %H:%M')} ({rerun_note}, evaluations "
+        f"{time.time() - start - rerun_seconds:.0f} s). Each row evaluates one checkpoint of the rerun on the "
+        f"staleness benchmark's own draws ({flags['eval_samples']} samples at T = 0.7 per held-out problem). "
+        "Per-sample log-ratio = sum over the response of log pi - log pi_sft; the KL is its mean.",
+        "",
+        f"**The rerun {'retraces' if max(diffs) < 1e-3 else 'does NOT retrace'} the recorded run**: largest "
+        f"difference from the recorded curve's KL and gold {max(diffs):.2g}.",
+        "",
+        "| updates | KL (mean) | recorded KL | median | p90 | p99 | max | rare tokens | their share of the KL | "
+        + " | ".join(f"KL: {k}" for k in kinds)
+        + " | gold | "
+        + " | ".join(f"gold: {k}" for k in kinds)
+        + " | "
+        + " | ".join(f"commonest answer: {k}" for k in kinds)
+        + " |",
+        "|" + "---|" * (10 + 3 * len(kinds)),
+    ]
     for updates, r in rows:
-        lines.append(f"| {updates} | {r['kl']:.3f} | {recorded[updates]['kl']:.3f} | {r['median']:.3f} | "
-                     f"{r['p90']:.3f} | {r['p99']:.3f} | {r['max']:.1f} | {r['rare_tokens']:.4f} | "
-                     f"{r['rare_share']:.2f} | " + " | ".join(f"{r['kl_by_type'][k]:.3f}" for k in kinds)
-                     + f" | {r['gold']:.3f} | "
-                     + " | ".join(f"{r['gold_by_type'][k]:.3f}" for k in kinds) + " | "
-                     + " | ".join(f"{r['mode_by_type'][k][0]} ({r['mode_by_type'][k][1]:.0%})" for k in kinds) + " |")
-    lines += ["", f"Rare tokens: sampled tokens the SFT policy gives less than {args.rare_probability:g}. "
-              "Problem types: the operations of make_arithmetic's worked solution "
-              f"({', '.join(f'{k}: {types.count(k)} problems' for k in kinds)}). Commonest answer: the final number "
-              "most samples of that type give, and their share; always answering the final policy's commonest one "
-              f"would score {', '.join(f'{right[k]:.3f} on {k} ({final_mode[k]})' for k in kinds)}.", "",
-              f"The {args.top} samples with the largest log-ratio at the final policy, with their most unlikely token "
-              "under SFT relative to the policy:", ""]
+        lines.append(
+            f"| {updates} | {r['kl']:.3f} | {recorded[updates]['kl']:.3f} | {r['median']:.3f} | "
+            f"{r['p90']:.3f} | {r['p99']:.3f} | {r['max']:.1f} | {r['rare_tokens']:.4f} | "
+            f"{r['rare_share']:.2f} | "
+            + " | ".join(f"{r['kl_by_type'][k]:.3f}" for k in kinds)
+            + f" | {r['gold']:.3f} | "
+            + " | ".join(f"{r['gold_by_type'][k]:.3f}" for k in kinds)
+            + " | "
+            + " | ".join(f"{r['mode_by_type'][k][0]} ({r['mode_by_type'][k][1]:.0%})" for k in kinds)
+            + " |"
+        )
+    lines += [
+        "",
+        f"Rare tokens: sampled tokens the SFT policy gives less than {args.rare_probability:g}. "
+        "Problem types: the operations of make_arithmetic's worked solution "
+        f"({', '.join(f'{k}: {types.count(k)} problems' for k in kinds)}). Commonest answer: the final number "
+        "most samples of that type give, and their share; always answering the final policy's commonest one "
+        f"would score {', '.join(f'{right[k]:.3f} on {k} ({final_mode[k]})' for k in kinds)}.",
+        "",
+        f"The {args.top} samples with the largest log-ratio at the final policy, with their most unlikely token "
+        "under SFT relative to the policy:",
+        "",
+    ]
     for w in rows[-1][1]["worst"]:
-        lines.append(f"- log-ratio {w['log_ratio']:.1f}, token {w['token']!r} (policy {w['p_policy']:.3g}, SFT "
-                     f"{w['p_sft']:.2g}): {w['text']!r}")
+        lines.append(
+            f"- log-ratio {w['log_ratio']:.1f}, token {w['token']!r} (policy {w['p_policy']:.3g}, SFT "
+            f"{w['p_sft']:.2g}): {w['text']!r}"
+        )
     out = path.parent.parent / "staleness_kl" / f"{path.stem}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

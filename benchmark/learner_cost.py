@@ -90,16 +90,26 @@ def with_flag(flags: List[str], name: str, value) -> List[str]:
 
 def script_flags(args: Args, algo: str) -> List[str]:
     """The speed table's flags of `algo`, its inputs filled in, and the steps of this benchmark's runs."""
-    flags = [f.format(policy=args.policy, reward_model=args.reward_model, prompts=args.prompts)
-             for f in speed.SETTINGS[algo]["flags"]]
+    flags = [
+        f.format(policy=args.policy, reward_model=args.reward_model, prompts=args.prompts)
+        for f in speed.SETTINGS[algo]["flags"]
+    ]
     if args.dataset_path and "--dataset-path" in flags:
         flags = with_flag(flags, "--dataset-path", args.dataset_path)
     if args.quick:
         flags = with_flag(with_flag(flags, "--response-length", 16), "--max-prompt-tokens", 64)
     if args.micro_batch_memory_gib is not None:
         flags = flags + ["--micro-batch-memory-gib", str(args.micro_batch_memory_gib)]
-    return flags + ["--torch-threads", "1", "--seed", "1", "--sample-every", "1000",
-                    "--num-learner-steps", str(args.warmup_steps + args.measured_steps)]
+    return flags + [
+        "--torch-threads",
+        "1",
+        "--seed",
+        "1",
+        "--sample-every",
+        "1000",
+        "--num-learner-steps",
+        str(args.warmup_steps + args.measured_steps),
+    ]
 
 
 def sync_script(args: Args, algo: str, revision: str) -> Path:
@@ -108,8 +118,14 @@ def sync_script(args: Args, algo: str, revision: str) -> Path:
         return REPO / "sync_baselines" / f"sync_{algo}.py"
     path = Path(args.work_dir) / "revisions" / revision / f"sync_{algo}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(subprocess.run(["git", "-C", str(REPO), "show", f"{revision}:sync_baselines/sync_{algo}.py"],
-                                   capture_output=True, text=True, check=True).stdout)
+    path.write_text(
+        subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{revision}:sync_baselines/sync_{algo}.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     return path
 
 
@@ -119,8 +135,13 @@ def run_script(args: Args, algo: str, revision: str, repeat: int):
     cwd = Path(args.work_dir) / f"learner_cost__{algo}__{revision}"
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
-    cmd = [sys.executable, str(sync_script(args, algo, revision)), *script_flags(args, algo),
-           "--output-dir", str(cwd / "model")]
+    cmd = [
+        sys.executable,
+        str(sync_script(args, algo, revision)),
+        *script_flags(args, algo),
+        "--output-dir",
+        str(cwd / "model"),
+    ]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     print(f"== {algo} {revision} run {repeat}: {' '.join(cmd)}", flush=True)
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
@@ -131,11 +152,16 @@ def run_script(args: Args, algo: str, revision: str, repeat: int):
     shutil.rmtree(cwd, ignore_errors=True)  # the saved model is large and not needed
     timed = metrics[args.warmup_steps :]
     micro = re.search(r"^micro-batch .*$", proc.stdout, re.MULTILINE)  # the scripts that choose it print the choice
-    return dict(command=cmd[1:], micro_batch=micro.group(0) if micro else None,
-                training=[m["time/training"] for m in timed],
-                logging=[m["time/elapsed"] - before["time/elapsed"] - sum(m.get(key, 0.0) for key in PHASES)
-                         for before, m in zip(metrics[args.warmup_steps - 1 :], timed)],
-                response_length=[m["val/response_length"] for m in timed])
+    return dict(
+        command=cmd[1:],
+        micro_batch=micro.group(0) if micro else None,
+        training=[m["time/training"] for m in timed],
+        logging=[
+            m["time/elapsed"] - before["time/elapsed"] - sum(m.get(key, 0.0) for key in PHASES)
+            for before, m in zip(metrics[args.warmup_steps - 1 :], timed)
+        ],
+        response_length=[m["val/response_length"] for m in timed],
+    )
 
 
 def measure_rows(args: Args):
@@ -158,8 +184,13 @@ def measure_rows(args: Args):
     results = {}
     for algo, m in modules.items():
         if algo != "grpo_gsm8k" and reward_model is None:
-            reward_model = AutoModelForSequenceClassification.from_pretrained(
-                runs[algo].reward_model_path, num_labels=1, dtype=torch.float32).eval().requires_grad_(False)
+            reward_model = (
+                AutoModelForSequenceClassification.from_pretrained(
+                    runs[algo].reward_model_path, num_labels=1, dtype=torch.float32
+                )
+                .eval()
+                .requires_grad_(False)
+            )
         results[algo] = measure_algorithm(args, algo, m, runs[algo], llm, reward_model)
         gc.collect()  # this algorithm's models go before the next one's load
     return results
@@ -178,16 +209,23 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
         prompts, answers = m.load_prompts(run, tokenizer)
     n, k = run.prompts_per_step, run.num_samples_per_prompt
     order = m.prompt_order(len(prompts), run.num_learner_steps * n, run.seed)
-    batch_of = lambda step: ([prompts[j] for j in order[step * n : (step + 1) * n]],  # noqa: E731
-                             [answers[j] for j in order[step * n : (step + 1) * n]])
+    batch_of = (
+        lambda step: (
+            [prompts[j] for j in order[step * n : (step + 1) * n]],  # noqa: E731
+            [answers[j] for j in order[step * n : (step + 1) * n]],
+        )
+    )
     probe = (batch_of(0)[0][0] * 32)[:32]  # as the scripts make theirs
     sequences = (2 * n if algo == "dpo" else n * k) // run.num_mini_batches  # per mini-batch
     if hasattr(m, "choose_micro_batch_size"):  # as the script resolves --micro-batch-size None
-        run.micro_batch_size = m.choose_micro_batch_size(run, sequences, max(map(len, prompts)) + run.response_length,
-                                                         1 + ppo)
+        run.micro_batch_size = m.choose_micro_batch_size(
+            run, sequences, max(map(len, prompts)) + run.response_length, 1 + ppo
+        )
     steps = range(args.warmup_steps, args.warmup_steps + args.measured_steps)
-    produced = [m.produce_batch(llm, *([] if algo == "grpo_gsm8k" else [reward_model]), tokenizer, run,
-                                *batch_of(step), step) for step in steps]
+    produced = [
+        m.produce_batch(llm, *([] if algo == "grpo_gsm8k" else [reward_model]), tokenizer, run, *batch_of(step), step)
+        for step in steps
+    ]
 
     policy = AutoModelForCausalLM.from_pretrained(run.model_name_or_path, dtype=torch.float32).eval()
     ref_policy = value_model = None
@@ -196,7 +234,8 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
         ref_policy = ref_policy.eval().requires_grad_(False)
     if ppo:
         value_model = AutoModelForSequenceClassification.from_pretrained(
-            run.reward_model_path, num_labels=1, dtype=torch.float32).eval()
+            run.reward_model_path, num_labels=1, dtype=torch.float32
+        ).eval()
     m.keep_models_eager(policy, ref_policy, value_model)
     params = [*policy.parameters(), *(value_model.parameters() if ppo else [])]
     optimizer = torch.optim.AdamW(params, lr=run.learning_rate, eps=1e-5, weight_decay=run.weight_decay)
@@ -206,8 +245,13 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
     # reference, PPO's values and advantages), computed once here: data for the minimal step, as they are at N = 1
     batches = []
     for b in produced:
-        prompts_b = (b["prompts"] * 2 if algo == "dpo" else
-                     [p for p in b["prompts"] for _ in range(k)] if algo == "grpo_gsm8k" else b["prompts"])
+        prompts_b = (
+            b["prompts"] * 2
+            if algo == "dpo"
+            else [p for p in b["prompts"] for _ in range(k)]
+            if algo == "grpo_gsm8k"
+            else b["prompts"]
+        )
         responses = b["chosen"] + b["rejected"] if algo == "dpo" else b["responses"]
         ids, am, rm = m.pad_sequences(prompts_b, responses, tokenizer.pad_token_id, "cpu")
         x = dict(ids=ids, am=am, rm=rm, mask=rm[:, 1:].float(), pairs=len(b["prompts"]))
@@ -217,8 +261,9 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
             x["ref"] = ref.sum(1)
         else:
             behaviour = m.behaviour_logprobs_tensor(b["behaviour_logprobs"], rm)
-            x["anchor"], x["weights"] = m.off_policy_anchor(run.off_policy_correction, old, behaviour,
-                                                            run.importance_weight_cap)
+            x["anchor"], x["weights"] = m.off_policy_anchor(
+                run.off_policy_correction, old, behaviour, run.importance_weight_cap
+            )
             x["ref"] = ref
         if algo == "rloo":
             kl = x["anchor"].sum(1) - ref.sum(1)
@@ -250,19 +295,41 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
                 logratio = new.sum(1) - x["ref"][rows]
                 loss = m.dpo_loss(logratio[: len(unit)], logratio[len(unit) :], run.beta)
             elif algo == "rloo":
-                loss, _ = m.clipped_policy_loss(new, x["anchor"][rows], x["weights"][rows],
-                                                x["advantages"][rows], mask, run.cliprange, run.dual_clip)
+                loss, _ = m.clipped_policy_loss(
+                    new,
+                    x["anchor"][rows],
+                    x["weights"][rows],
+                    x["advantages"][rows],
+                    mask,
+                    run.cliprange,
+                    run.dual_clip,
+                )
             elif algo == "grpo_gsm8k":
-                loss, _ = m.grpo_policy_loss(new, x["anchor"][rows], x["weights"][rows], x["advantages"][rows],
-                                             mask, run.cliprange, run.dual_clip)
+                loss, _ = m.grpo_policy_loss(
+                    new,
+                    x["anchor"][rows],
+                    x["weights"][rows],
+                    x["advantages"][rows],
+                    mask,
+                    run.cliprange,
+                    run.dual_clip,
+                )
                 if ref_policy is not None:
                     loss = loss + run.kl_coef * m.kl_penalty(new, x["ref"][rows], mask)
             else:
                 new_values = m.get_values(value_model, ids, am)
-                pg_loss, _ = m.clipped_policy_loss(new, x["anchor"][rows], x["weights"][rows],
-                                                   x["advantages"][rows], mask, run.cliprange, run.dual_clip)
-                vf_loss, _ = m.clipped_value_loss(new_values, x["values"][rows], x["returns"][rows], mask,
-                                                  run.cliprange_value)
+                pg_loss, _ = m.clipped_policy_loss(
+                    new,
+                    x["anchor"][rows],
+                    x["weights"][rows],
+                    x["advantages"][rows],
+                    mask,
+                    run.cliprange,
+                    run.dual_clip,
+                )
+                vf_loss, _ = m.clipped_value_loss(
+                    new_values, x["values"][rows], x["returns"][rows], mask, run.cliprange_value
+                )
                 loss, share = pg_loss + run.vf_coef * vf_loss, (mask.sum() / x["mask"].sum()).item()
             (loss * share).backward()
         torch.nn.utils.clip_grad_norm_(params, run.max_grad_norm)
@@ -270,8 +337,12 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
 
     @torch.no_grad()
     def rollout_values(x):  # as the loop computes V_old: in micro-batches, without gradient
-        return torch.cat([m.get_values(value_model, x["ids"][rows], x["am"][rows])
-                          for rows in m.chunks(torch.arange(len(x["ids"])), run.micro_batch_size)])
+        return torch.cat(
+            [
+                m.get_values(value_model, x["ids"][rows], x["am"][rows])
+                for rows in m.chunks(torch.arange(len(x["ids"])), run.micro_batch_size)
+            ]
+        )
 
     def autocast_entries(x, times=1000):
         for _ in range(times):
@@ -281,14 +352,18 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
     whole = len(batches[0]["ids"])
     pieces = {
         "policy_step": lambda x: step(x, whole),
-        "reference": None if ref_policy is None else
-        lambda x: m.token_logprobs_no_grad(ref_policy, x["ids"], x["am"], x["rm"], run),
-        "anchor": None if algo == "dpo" else  # DPO's loss has no pi_old
-        lambda x: m.token_logprobs_no_grad(policy, x["ids"], x["am"], x["rm"], run),
+        "reference": None
+        if ref_policy is None
+        else lambda x: m.token_logprobs_no_grad(ref_policy, x["ids"], x["am"], x["rm"], run),
+        "anchor": None
+        if algo == "dpo"
+        # DPO's loss has no pi_old
+        else lambda x: m.token_logprobs_no_grad(policy, x["ids"], x["am"], x["rm"], run),
         "values": None if not ppo else rollout_values,
         "step_with_entropy": None if not ppo else lambda x: step(x, whole, entropy=True),
-        "step_micro_batched": None if run.micro_batch_size >= whole else
-        lambda x: step(x, run.micro_batch_size, entropy=ppo),
+        "step_micro_batched": None
+        if run.micro_batch_size >= whole
+        else lambda x: step(x, run.micro_batch_size, entropy=ppo),
         "autocast_entry": autocast_entries,  # 1000 entries: divided below
         "guard_probe": lambda x: m.weight_check(policy, probe, run),
         "guard_engine": lambda x: m.check_weight_sync(llm, check, None, run, 0),
@@ -310,10 +385,17 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
                 if name in per_batch:
                     per_batch[name].append(times)
     return dict(
-        seconds=seconds, per_batch=per_batch, micro_batch_size=run.micro_batch_size, sequences=whole,
-        padded_tokens=[x["ids"].numel() for x in batches], widths=[x["ids"].shape[1] for x in batches],
-        response_length=[b["response_length"] for b in produced], torch_threads=torch.get_num_threads(),
-        off_policy_correction=getattr(run, "off_policy_correction", None), kl_coef=getattr(run, "kl_coef", None))
+        seconds=seconds,
+        per_batch=per_batch,
+        micro_batch_size=run.micro_batch_size,
+        sequences=whole,
+        padded_tokens=[x["ids"].numel() for x in batches],
+        widths=[x["ids"].shape[1] for x in batches],
+        response_length=[b["response_length"] for b in produced],
+        torch_threads=torch.get_num_threads(),
+        off_policy_correction=getattr(run, "off_policy_correction", None),
+        kl_coef=getattr(run, "kl_coef", None),
+    )
 
 
 def spread(values):
@@ -328,33 +410,48 @@ def summarize(algo: str, rows: dict, runs: dict):
     zero = [0.0] * repeats
     minimal = [a + b for a, b in zip(s["policy_step"], s.get("reference", zero))]
     entries = 1 + ("anchor" in s) + ("reference" in s) + ("values" in s)  # the loop's micro-batch, no-grad passes
-    out = {"minimal": minimal, "policy_step": s["policy_step"], "reference": s.get("reference"),
-           "anchor": s.get("anchor"), "values": s.get("values"),
-           "entropy": [a - b for a, b in zip(s["step_with_entropy"], s["policy_step"])] if "step_with_entropy" in s
-           else None,
-           "micro_split": ([a - b for a, b in zip(s["step_micro_batched"], s["step_with_entropy" if algo == "ppo"
-                                                                               else "policy_step"])]
-                           if "step_micro_batched" in s else zero),
-           "autocast": [entries * t for t in s["autocast_entry"]],
-           "guard_probe": s["guard_probe"], "guard_engine": s["guard_engine"], "weight_copy": s["weight_copy"]}
+    out = {
+        "minimal": minimal,
+        "policy_step": s["policy_step"],
+        "reference": s.get("reference"),
+        "anchor": s.get("anchor"),
+        "values": s.get("values"),
+        "entropy": [a - b for a, b in zip(s["step_with_entropy"], s["policy_step"])]
+        if "step_with_entropy" in s
+        else None,
+        "micro_split": (
+            [a - b for a, b in zip(s["step_micro_batched"], s["step_with_entropy" if algo == "ppo" else "policy_step"])]
+            if "step_micro_batched" in s
+            else zero
+        ),
+        "autocast": [entries * t for t in s["autocast_entry"]],
+        "guard_probe": s["guard_probe"],
+        "guard_engine": s["guard_engine"],
+        "weight_copy": s["weight_copy"],
+    }
     for revision, by_run in runs.items():
         body = [statistics.mean(r["training"]) for r in by_run]
         logging = [statistics.mean(r["logging"]) for r in by_run]
         out[f"body:{revision}"] = body
         out[f"logging:{revision}"] = logging
-        out[f"learner:{revision}"] = [t + lg + g + c for t, lg, g, c in
-                                      zip(body, logging, s["guard_probe"], s["weight_copy"])]
+        out[f"learner:{revision}"] = [
+            t + lg + g + c for t, lg, g, c in zip(body, logging, s["guard_probe"], s["weight_copy"])
+        ]
     return {name: spread(v) for name, v in out.items() if v is not None}, entries
 
 
 def report(result, results_dir: Path):
     """learner_cost.md from the measured result."""
+
     def cells(values, minimal):
         return f"{values[0]:.3g} | {values[1]:.3g} | {values[2]:.3g} | {values[0] / minimal:.2f}x"
 
     revisions = result["revisions"]
-    summary = ["| algorithm | sequences x padded width | minimal s | script | loop body s | learner step s | "
-               "learner / minimal | goal <= 1.1x |", "|---|---|---|---|---|---|---|---|"]
+    summary = [
+        "| algorithm | sequences x padded width | minimal s | script | loop body s | learner step s | "
+        "learner / minimal | goal <= 1.1x |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     details = []
     for algo, a in result["algorithms"].items():
         rows, entries = summarize(algo, a, a["runs"])
@@ -362,59 +459,95 @@ def report(result, results_dir: Path):
         shape = f"{a['sequences']} x {statistics.mean(a['widths']):.0f}"
         for revision in revisions:
             ratio = rows[f"learner:{revision}"][0] / minimal
-            summary.append(f"| {algo} | {shape} | {minimal:.3g} | {revision} | {rows[f'body:{revision}'][0]:.3g} | "
-                           f"{rows[f'learner:{revision}'][0]:.3g} | {ratio:.2f}x | "
-                           f"{'met' if ratio <= 1.1 else 'not met'} |")
+            summary.append(
+                f"| {algo} | {shape} | {minimal:.3g} | {revision} | {rows[f'body:{revision}'][0]:.3g} | "
+                f"{rows[f'learner:{revision}'][0]:.3g} | {ratio:.2f}x | "
+                f"{'met' if ratio <= 1.1 else 'not met'} |"
+            )
         ppo, micro = algo == "ppo", a["micro_batch_size"]
         named = [
-            ("minimal", "**minimal work**: the two rows below" if "reference" in rows else "**minimal work**: the row "
-             "below"),
-            ("policy_step", f"{'policy and value model' if ppo else 'policy'} forward+backward of the whole batch in "
-             "one micro-batch, gradient clip, AdamW step"),
+            (
+                "minimal",
+                "**minimal work**: the two rows below" if "reference" in rows else "**minimal work**: the row below",
+            ),
+            (
+                "policy_step",
+                f"{'policy and value model' if ppo else 'policy'} forward+backward of the whole batch in "
+                "one micro-batch, gradient clip, AdamW step",
+            ),
             ("reference", "reference forward, no gradient (the KL term)"),
         ]
         for revision in revisions:
-            named += [(f"learner:{revision}", f"**learner step, sync twin at {revision}**: loop body + guard probe + "
-                       "weight copy + logging"),
-                      (f"body:{revision}", f"loop body: the run's `time/training` ({revision})"),
-                      (f"logging:{revision}", f"logging: the run's step time outside its logged phases ({revision})")]
+            named += [
+                (
+                    f"learner:{revision}",
+                    f"**learner step, sync twin at {revision}**: loop body + guard probe + weight copy + logging",
+                ),
+                (f"body:{revision}", f"loop body: the run's `time/training` ({revision})"),
+                (f"logging:{revision}", f"logging: the run's step time outside its logged phases ({revision})"),
+            ]
         named += [
             ("anchor", "extra: anchor pass, pi_old by a no-grad forward of the policy over the batch"),
             ("values", "extra: value rollout pass, V_old by a no-grad forward of the value model"),
             ("entropy", "extra: entropy in the training forward (a logged metric)"),
-            ("micro_split", f"extra: micro-batches of {micro} instead of one" + (
-                f" (none: {micro} >= {a['sequences']} sequences)" if micro >= a["sequences"] else "")),
+            (
+                "micro_split",
+                f"extra: micro-batches of {micro} instead of one"
+                + (f" (none: {micro} >= {a['sequences']} sequences)" if micro >= a["sequences"] else ""),
+            ),
             ("autocast", f"extra: `learner_autocast` at float32 (disabled), {entries} entries per step"),
             ("guard_probe", "extra: guard, learner side: `weight_check` (32-token probe)"),
-            ("guard_engine", "extra: guard, engine side: `check_weight_sync` (in series in the sync twin; the async "
-             "core's engine thread)"),
+            (
+                "guard_engine",
+                "extra: guard, engine side: `check_weight_sync` (in series in the sync twin; the async "
+                "core's engine thread)",
+            ),
             ("weight_copy", "extra: weight copy for the engine (async core: the state dict into host memory)"),
         ]
-        checks = [f"- batches: mean response length per measured step, made again from version 0: "
-                  f"{[round(x, 3) for x in a['response_length']]}"]
+        checks = [
+            f"- batches: mean response length per measured step, made again from version 0: "
+            f"{[round(x, 3) for x in a['response_length']]}"
+        ]
         for revision in revisions:
             lengths = [r["response_length"] for r in a["runs"][revision]]
             same = all(lens == a["response_length"] for lens in lengths)
             shown = [[round(x, 3) for x in lens] for lens in lengths]
-            checks.append(f"- {revision}: the runs' {shown[0] if len(set(map(tuple, shown))) == 1 else shown}"
-                          f" ({'the same batches' if same else 'DIFFERENT batches: the ratio compares other tensors'})"
-                          f"; micro-batch: {a['runs'][revision][0]['micro_batch'] or 'not printed (script default)'}")
+            checks.append(
+                f"- {revision}: the runs' {shown[0] if len(set(map(tuple, shown))) == 1 else shown}"
+                f" ({'the same batches' if same else 'DIFFERENT batches: the ratio compares other tensors'})"
+                f"; micro-batch: {a['runs'][revision][0]['micro_batch'] or 'not printed (script default)'}"
+            )
         # step by step: a one-off cost (a step that is the first to do something) shows as one step far above its batch
         steps = range(len(a["widths"]))
         if a.get("per_batch"):  # results before 2026-12-02 kept only the means
-            by_batch = [statistics.median(sum(by[r][i] for by in a["per_batch"].values()) for r in range(len(
-                a["per_batch"]["policy_step"]))) for i in steps]
+            by_batch = [
+                statistics.median(
+                    sum(by[r][i] for by in a["per_batch"].values()) for r in range(len(a["per_batch"]["policy_step"]))
+                )
+                for i in steps
+            ]
             checks.append(f"- minimal work per measured step's batch (median s): {[round(x, 1) for x in by_batch]}")
         for revision in revisions:
             by_step = [statistics.median(r["training"][i] for r in a["runs"][revision]) for i in steps]
             checks.append(f"- {revision}: loop body per measured step (median s): {[round(x, 1) for x in by_step]}")
-        knobs = "".join(f"--{flag.replace('_', '-')} {a[flag]}, " for flag in ("off_policy_correction", "kl_coef")
-                        if a[flag] is not None)
-        details += [f"### {algo}", "", f"{knobs}{a['sequences']} sequences per step, padded width "
-                    f"{'/'.join(map(str, a['widths']))} over the measured steps.", "",
-                    "| row | median s | min s | max s | x minimal |", "|---|---|---|---|---|",
-                    *[f"| {label} | {cells(rows[name], minimal)} |" for name, label in named if name in rows], "",
-                    *checks, ""]
+        knobs = "".join(
+            f"--{flag.replace('_', '-')} {a[flag]}, "
+            for flag in ("off_policy_correction", "kl_coef")
+            if a[flag] is not None
+        )
+        details += [
+            f"### {algo}",
+            "",
+            f"{knobs}{a['sequences']} sequences per step, padded width "
+            f"{'/'.join(map(str, a['widths']))} over the measured steps.",
+            "",
+            "| row | median s | min s | max s | x minimal |",
+            "|---|---|---|---|---|",
+            *[f"| {label} | {cells(rows[name], minimal)} |" for name, label in named if name in rows],
+            "",
+            *checks,
+            "",
+        ]
     lines = [
         "Learner cost per step against the minimal work: "
         f"{Path(result['policy']).name}, the speed table's settings, one torch thread; {result['repeats']} "
@@ -422,12 +555,17 @@ def report(result, results_dir: Path):
         f"after a warm-up, {result['warmup_steps']} warm-up + {result['measured_steps']} measured steps per run; "
         f"{result['machine']}, {result['date']}; 5-minute load average {result['load_average'][0]:.1f} at the "
         f"start, {result['load_average'][1]:.1f} at the end (on an idle machine, under 1).",
-        f"Produced by `{result['command']}`.", "",
+        f"Produced by `{result['command']}`.",
+        "",
         "Minimal work: one forward+backward of the policy over the batch in one micro-batch and the update (PPO: with "
         "its value model), plus the reference's no-grad forward where the loss has a KL term; the reward model scores "
         "in the generation thread and is not counted. Learner step: the sync twin's `time/training` (same loop body "
-        "as the async core) + guard probe + weight copy + logging. Extras: each timed alone on the same batches.", "",
-        *summary, "", *details]
+        "as the async core) + guard probe + weight copy + logging. Extras: each timed alone on the same batches.",
+        "",
+        *summary,
+        "",
+        *details,
+    ]
     (results_dir / "learner_cost.md").write_text("\n".join(lines))
     return "\n".join(lines)
 
@@ -440,11 +578,18 @@ def check_flags(args: Args):
     if args.repeats < 1 or args.measured_steps < 1 or args.warmup_steps < 1:
         sys.exit("error: --repeats, --measured-steps and --warmup-steps must be >= 1")
     if args.micro_batch_memory_gib is not None and args.micro_batch_memory_gib <= 0:
-        sys.exit(f"error: --micro-batch-memory-gib must be > 0 (or None: the scripts' default), got "
-                 f"{args.micro_batch_memory_gib}")
+        sys.exit(
+            f"error: --micro-batch-memory-gib must be > 0 (or None: the scripts' default), got "
+            f"{args.micro_batch_memory_gib}"
+        )
     for revision in args.revisions:
-        if revision != "worktree" and subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet",
-                                                      f"{revision}^{{commit}}"], capture_output=True).returncode:
+        if (
+            revision != "worktree"
+            and subprocess.run(
+                ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+                capture_output=True,
+            ).returncode
+        ):
             sys.exit(f"error: --revisions {revision!r} is neither worktree nor a commit of this repository")
     if len(set(args.revisions)) != len(args.revisions):
         sys.exit(f"error: --revisions {args.revisions} names a revision twice")
@@ -458,8 +603,9 @@ if __name__ == "__main__":
         args.measured_steps = 1 if args.measured_steps == defaults.measured_steps else args.measured_steps
         args.warmup_steps = 1 if args.warmup_steps == defaults.warmup_steps else args.warmup_steps
     check_flags(args)
-    inputs = speed.Args(policy=args.policy, reward_model=args.reward_model, prompts=args.prompts,
-                        work_dir=args.work_dir)
+    inputs = speed.Args(
+        policy=args.policy, reward_model=args.reward_model, prompts=args.prompts, work_dir=args.work_dir
+    )
     speed.prepare_inputs(inputs)
     args.policy, args.reward_model, args.prompts = inputs.policy, inputs.reward_model, inputs.prompts
     results_dir = Path(args.results_dir)
@@ -472,11 +618,18 @@ if __name__ == "__main__":
                 runs[algo][revision].append(run_script(args, algo, revision, repeat))
     rows = measure_rows(args)
     load.append(os.getloadavg()[1])
-    result = dict(load_average=load, command="python benchmark/learner_cost.py " + " ".join(sys.argv[1:]),
-                  policy=args.policy, repeats=args.repeats, warmup_steps=args.warmup_steps,
-                  measured_steps=args.measured_steps, revisions=args.revisions,
-                  settings={algo: script_flags(args, algo) for algo in args.algorithms},
-                  algorithms={algo: dict(rows[algo], runs=runs[algo]) for algo in args.algorithms},
-                  date=time.strftime("%Y-%m-%d %H:%M"), machine=f"{platform.machine()}, {os.cpu_count()} cores")
+    result = dict(
+        load_average=load,
+        command="python benchmark/learner_cost.py " + " ".join(sys.argv[1:]),
+        policy=args.policy,
+        repeats=args.repeats,
+        warmup_steps=args.warmup_steps,
+        measured_steps=args.measured_steps,
+        revisions=args.revisions,
+        settings={algo: script_flags(args, algo) for algo in args.algorithms},
+        algorithms={algo: dict(rows[algo], runs=runs[algo]) for algo in args.algorithms},
+        date=time.strftime("%Y-%m-%d %H:%M"),
+        machine=f"{platform.machine()}, {os.cpu_count()} cores",
+    )
     (results_dir / "learner_cost.json").write_text(json.dumps(result, indent=1))
     print(report(result, results_dir))

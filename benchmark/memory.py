@@ -35,10 +35,15 @@ GIB = 2**30
 # (name, prompts per step, micro-batch size or None for the scripts' default, extra flags); 4 samples per prompt, so
 # 8 prompts = 32 sequences. p4 is the peer setting of issue 31: 4 prompts x 4 samples x <= 32 tokens
 SETTINGS = {
-    "p2_m4": (2, 4, []), "p4_m4": (4, 4, []), "p8_m4": (8, 4, []),
-    "p2_m32": (2, 32, []), "p4_m32": (4, 32, []), "p8_m32": (8, 32, []),
+    "p2_m4": (2, 4, []),
+    "p4_m4": (4, 4, []),
+    "p8_m4": (8, 4, []),
+    "p2_m32": (2, 32, []),
+    "p4_m32": (4, 32, []),
+    "p8_m32": (8, 32, []),
     "p4_m8": (4, 8, []),  # the micro-batch default before issue 31
-    "p4_default": (4, None, []), "p8_default": (8, None, []),
+    "p4_default": (4, None, []),
+    "p8_default": (8, None, []),
     "p4_m8_checkpointing": (4, 8, ["--gradient-checkpointing"]),
     "p4_m8_bf16": (4, 8, ["--learner-dtype", "bfloat16"]),
     "p4_m8_mmap": (4, 8, []),  # run with MALLOC_MMAP_THRESHOLD_=65536 (see ENV_OF)
@@ -85,14 +90,38 @@ def run_one(args: Args, name: str, result_path: Path):
     cwd = Path(args.work_dir) / name
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
-    cmd = [sys.executable, str(REPO / "async_grpo_gsm8k.py"), "--model-name-or-path", args.policy,
-           "--dataset-path", args.dataset_path, "--prompt-template", "{question}",
-           "--response-length", str(args.response_length), "--max-prompt-tokens", "128",
-           "--prompts-per-step", str(prompts), "--num-samples-per-prompt", "4",
-           *(["--micro-batch-size", str(micro_batch_size)] if micro_batch_size else []),
-           "--num-learner-steps", str(args.num_learner_steps), "--num-eval-prompts", "0",
-           "--kv-cache-gib", str(args.kv_cache_gib), "--learning-rate", "1e-6", "--seed", "1",
-           "--output-dir", str(cwd / "model"), *extra]
+    cmd = [
+        sys.executable,
+        str(REPO / "async_grpo_gsm8k.py"),
+        "--model-name-or-path",
+        args.policy,
+        "--dataset-path",
+        args.dataset_path,
+        "--prompt-template",
+        "{question}",
+        "--response-length",
+        str(args.response_length),
+        "--max-prompt-tokens",
+        "128",
+        "--prompts-per-step",
+        str(prompts),
+        "--num-samples-per-prompt",
+        "4",
+        *(["--micro-batch-size", str(micro_batch_size)] if micro_batch_size else []),
+        "--num-learner-steps",
+        str(args.num_learner_steps),
+        "--num-eval-prompts",
+        "0",
+        "--kv-cache-gib",
+        str(args.kv_cache_gib),
+        "--learning-rate",
+        "1e-6",
+        "--seed",
+        "1",
+        "--output-dir",
+        str(cwd / "model"),
+        *extra,
+    ]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false", **ENV_OF.get(name, {})}
     print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
     start = time.time()
@@ -137,13 +166,22 @@ def run_one(args: Args, name: str, result_path: Path):
     metrics = [json.loads(line) for line in next((cwd / "runs").glob("*/metrics.jsonl")).read_text().splitlines()]
     choice = next(m for m in map(CHOICE.search, lines) if m)  # the micro-batch the script ran, and its estimate
     command = [part.replace(str(REPO) + "/", "") for part in cmd]  # paths relative to the checkout
-    result = dict(name=name, command=command, env=ENV_OF.get(name, {}), peak_rss_gib=peak,
-                  micro_batch_size=int(choice.group(1)), sequences_per_mini_batch=int(choice.group(2)),
-                  estimate_gib=float(choice.group(3)),
-                  rss_data_loaded_gib=rss_at("data_loaded"), rss_models_loaded_gib=rss_at("models_loaded"),
-                  rss_engine_built_gib=rss_at("engine_built"), rss_step_0_gib=rss_at("step_0"),
-                  training_s_per_step=sum(m["time/training"] for m in metrics) / len(metrics),
-                  parameters=count_parameters(args.policy), seconds=time.time() - start)
+    result = dict(
+        name=name,
+        command=command,
+        env=ENV_OF.get(name, {}),
+        peak_rss_gib=peak,
+        micro_batch_size=int(choice.group(1)),
+        sequences_per_mini_batch=int(choice.group(2)),
+        estimate_gib=float(choice.group(3)),
+        rss_data_loaded_gib=rss_at("data_loaded"),
+        rss_models_loaded_gib=rss_at("models_loaded"),
+        rss_engine_built_gib=rss_at("engine_built"),
+        rss_step_0_gib=rss_at("step_0"),
+        training_s_per_step=sum(m["time/training"] for m in metrics) / len(metrics),
+        parameters=count_parameters(args.policy),
+        seconds=time.time() - start,
+    )
     result_path.write_text(json.dumps(result, indent=1))
     shutil.rmtree(cwd, ignore_errors=True)
 
@@ -190,7 +228,8 @@ def report(results_dir: Path):
         "maximum resident set",
         "of the process. Micro-batch and estimate as the script printed them; `default`: no `--micro-batch-size`, so "
         "the budget",
-        "`--micro-batch-memory-gib 4` decides.", "",
+        "`--micro-batch-memory-gib 4` decides.",
+        "",
         "| setting | prompts/step | sequences/step | micro-batch | peak RSS (GiB) | est. one micro-batch (GiB) "
         "| training s/step |",
         "|---|---|---|---|---|---|---|",
@@ -198,8 +237,10 @@ def report(results_dir: Path):
     for name, r in results.items():
         prompts, micro, _ = SETTINGS[name]
         chosen = r.get("micro_batch_size", micro)
-        lines.append(f"| {name} | {prompts} | {4 * prompts} | {chosen}{'' if micro else ' (default)'} | "
-                     f"{r['peak_rss_gib']:.2f} | {cells([r.get('estimate_gib')])} | {r['training_s_per_step']:.1f} |")
+        lines.append(
+            f"| {name} | {prompts} | {4 * prompts} | {chosen}{'' if micro else ' (default)'} | "
+            f"{r['peak_rss_gib']:.2f} | {cells([r.get('estimate_gib')])} | {r['training_s_per_step']:.1f} |"
+        )
     bases = [results[n] for n in BREAKDOWN if n in results] or list(results.values())[:1]
     bases = [b for b in bases if "estimate_gib" in b]  # result files from before the estimate have no breakdown
     if bases:
@@ -208,10 +249,14 @@ def report(results_dir: Path):
         sums = [sum(gib for _, gib, _ in part) for part in parts]
         learner = [sum(part[i][1] for i in (1, 2, 6)) for part in parts]  # the learner's own parts
         shares = [b["peak_rss_gib"] - (s - p) for b, s, p in zip(bases, sums, learner)]
-        lines += ["", f"The parts of {names} ({first['parameters'] / 1e6:.1f}M parameters, "
-                  f"{4 * first['parameters'] / GIB:.2f} GiB per float32 copy) against the measured peak:", "",
-                  "| part | " + " | ".join(b["name"] + " (GiB)" for b in bases) + " | how it is known |",
-                  "|---|" + "---|" * len(bases) + "---|"]
+        lines += [
+            "",
+            f"The parts of {names} ({first['parameters'] / 1e6:.1f}M parameters, "
+            f"{4 * first['parameters'] / GIB:.2f} GiB per float32 copy) against the measured peak:",
+            "",
+            "| part | " + " | ".join(b["name"] + " (GiB)" for b in bases) + " | how it is known |",
+            "|---|" + "---|" * len(bases) + "---|",
+        ]
         for i, (label, _, how) in enumerate(parts[0]):
             lines.append(f"| {label} | {cells(part[i][1] for part in parts)} | {how} |")
         lines += [
@@ -225,31 +270,52 @@ def report(results_dir: Path):
             "| rows 2, 3, 7 |",
             f"| the learner's share of the peak | {cells(shares)} | peak - rows 1, 4, 5, 6 |",
             f"| learner share / learner parts (goal <= 1.2) | {cells(s / p for s, p in zip(shares, learner))} | |",
-            "", f"Command of `{first['name']}` (the other settings change `--prompts-per-step` and "
-            "`--micro-batch-size`):", "", "    " + " ".join(["python", *first["command"][1:]]),
+            "",
+            f"Command of `{first['name']}` (the other settings change `--prompts-per-step` and `--micro-batch-size`):",
+            "",
+            "    " + " ".join(["python", *first["command"][1:]]),
         ]
     # the estimate against the measured cost of one more sequence: runs whose one micro-batch is the whole mini-batch
     whole = {}  # sequences -> the first such run without extra flags
     for name, r in results.items():
-        if (re.fullmatch(r"p\d+_(m\d+|default)", name) and "estimate_gib" in r
-                and r["micro_batch_size"] >= r["sequences_per_mini_batch"]):
+        if (
+            re.fullmatch(r"p\d+_(m\d+|default)", name)
+            and "estimate_gib" in r
+            and r["micro_batch_size"] >= r["sequences_per_mini_batch"]
+        ):
             whole.setdefault(r["sequences_per_mini_batch"], r)
     whole = [whole[n] for n in sorted(whole)]
     if len(whole) >= 2:
-        lines += ["", "The estimate per sequence against the measured cost of one more sequence (runs whose one "
-                  "micro-batch holds the whole mini-batch):", "",
-                  "| runs | sequences | measured GiB per extra sequence | estimated GiB per sequence | "
-                  "estimate / measured |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "The estimate per sequence against the measured cost of one more sequence (runs whose one "
+            "micro-batch holds the whole mini-batch):",
+            "",
+            "| runs | sequences | measured GiB per extra sequence | estimated GiB per sequence | estimate / measured |",
+            "|---|---|---|---|---|",
+        ]
         for a, b in zip(whole, whole[1:]):
             na, nb = a["sequences_per_mini_batch"], b["sequences_per_mini_batch"]
             measured, estimated = (b["peak_rss_gib"] - a["peak_rss_gib"]) / (nb - na), b["estimate_gib"] / nb
-            lines.append(f"| {a['name']} -> {b['name']} | {na} -> {nb} | {measured:.3f} | {estimated:.3f} | "
-                         f"{estimated / measured:.2f} |")
-    lines += ["", "What the paper's configurations need on a GPU is computed, not measured, in docs/benchmarks.md "
-              "(GPU memory per layout)."]
+            lines.append(
+                f"| {a['name']} -> {b['name']} | {na} -> {nb} | {measured:.3f} | {estimated:.3f} | "
+                f"{estimated / measured:.2f} |"
+            )
+    lines += [
+        "",
+        "What the paper's configurations need on a GPU is computed, not measured, in docs/benchmarks.md "
+        "(GPU memory per layout).",
+    ]
     (results_dir / "memory.md").write_text("\n".join(lines) + "\n")
-    grid = [(SETTINGS[n][0] * 4, r.get("micro_batch_size", SETTINGS[n][1]) if SETTINGS[n][1] else "default",
-             r["peak_rss_gib"]) for n, r in results.items() if re.fullmatch(r"p\d+_(m\d+|default)", n)]
+    grid = [
+        (
+            SETTINGS[n][0] * 4,
+            r.get("micro_batch_size", SETTINGS[n][1]) if SETTINGS[n][1] else "default",
+            r["peak_rss_gib"],
+        )
+        for n, r in results.items()
+        if re.fullmatch(r"p\d+_(m\d+|default)", n)
+    ]
     if grid:
         import matplotlib
 
@@ -285,8 +351,10 @@ if __name__ == "__main__":
     (results_dir / "memory").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         args.policy = args.policy or str(REPO / "models" / "SmolLM2-135M-Instruct")
-        for flag, path in (("--policy", Path(args.policy) / "config.json"),
-                           ("--dataset-path", Path(args.dataset_path) / "train.jsonl")):
+        for flag, path in (
+            ("--policy", Path(args.policy) / "config.json"),
+            ("--dataset-path", Path(args.dataset_path) / "train.jsonl"),
+        ):
             if not path.exists():
                 sys.exit(f"error: {flag}: no {path}; run `bash install.sh` first")
         for name in args.settings:

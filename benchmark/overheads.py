@@ -114,11 +114,20 @@ def build_neox(tokenizer_path: str, folder: Path):
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         torch.manual_seed(0)
-        config = GPTNeoXConfig(vocab_size=50304, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-                               num_attention_heads=12, rotary_pct=0.25, use_parallel_residual=True,
-                               max_position_embeddings=2048, tie_word_embeddings=False,
-                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                               pad_token_id=tokenizer.pad_token_id)
+        config = GPTNeoXConfig(
+            vocab_size=50304,
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            max_position_embeddings=2048,
+            tie_word_embeddings=False,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         GPTNeoXForCausalLM(config).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     return folder
@@ -127,14 +136,16 @@ def build_neox(tokenizer_path: str, folder: Path):
 def load_weights_push(llm, weights):
     """(b) The model's own `load_weights` (HF names in, fused q/k/v and gate/up out), as TRL's and OpenRLHF's worker
     extensions call it; they send one tensor per call, here all go in one."""
-    llm.collective_rpc(lambda worker, weights: worker.get_model().load_weights(weights),
-                       kwargs=dict(weights=list(weights.items())))
+    llm.collective_rpc(
+        lambda worker, weights: worker.get_model().load_weights(weights), kwargs=dict(weights=list(weights.items()))
+    )
     llm.reset_prefix_cache()
 
 
 def in_place_push(llm, weights, copied: list):
     """(c) `copy_` into every engine parameter whose name and shape match; the rest through `load_weights`. Appends
     the names copied to `copied` (the engine runs in this process, so the worker's list is this list)."""
+
     def load(worker, weights):
         model = worker.get_model()
         params = dict(model.named_parameters())
@@ -206,20 +217,28 @@ def push_paths(dpo, llm, policy, probe, run, repeats: int):
             error = f"{type(e).__name__}: {e}"
         served = engine_logprobs()
         gap, moved = (served - learner_after).abs().max().item(), (served - served_before).abs().max().item()
-        checks[name] = dict(correct=error is None and gap <= SYNC_TOLERANCE and moved >= shift / 2, error=error,
-                            gap_to_learner=gap, moved=moved,
-                            gap_before=(served_before - learner_before).abs().max().item())
+        checks[name] = dict(
+            correct=error is None and gap <= SYNC_TOLERANCE and moved >= shift / 2,
+            error=error,
+            gap_to_learner=gap,
+            moved=moved,
+            gap_before=(served_before - learner_before).abs().max().item(),
+        )
         if name.startswith("(c)"):
-            checks[name].update(copied=len(copied), tensors=len(after),
-                                copied_kinds=sorted({".".join(n.split(".")[-2:]) for n in copied}))
+            checks[name].update(
+                copied=len(copied),
+                tensors=len(after),
+                copied_kinds=sorted({".".join(n.split(".")[-2:]) for n in copied}),
+            )
             # what the engine serves if it computes with the copied tensors, but with its linear layers (the output
             # layer too) as at their last repack: the CPU backend computes them from packed copies it made at load
             linears = {f"{n}.weight" for n, m in policy.named_modules() if isinstance(m, torch.nn.Linear)}
             output = next(n for n, m in policy.named_modules() if m is policy.get_output_embeddings()) + ".weight"
             mix = {n: after[n] if n in copied and n not in linears else before[n] for n in before}
             if policy.get_input_embeddings().weight is policy.get_output_embeddings().weight:  # tied
-                mix[output] = mix[next(n for n, m in policy.named_modules() if m is policy.get_input_embeddings())
-                                  + ".weight"]
+                mix[output] = mix[
+                    next(n for n, m in policy.named_modules() if m is policy.get_input_embeddings()) + ".weight"
+                ]
             with torch.no_grad():
                 policy.load_state_dict(mix)
                 ids = torch.tensor([probe])
@@ -246,14 +265,20 @@ def push_paths(dpo, llm, policy, probe, run, repeats: int):
     profile.runcall(dpo.push_weights_to_engine, llm, after)
     profiled = time.perf_counter() - start
     stats = pstats.Stats(profile).stats
-    processing = sum(entry[3] for (_, _, function), entry in stats.items()
-                     if function == "process_weights_after_loading")
+    processing = sum(
+        entry[3] for (_, _, function), entry in stats.items() if function == "process_weights_after_loading"
+    )
     copies = sum(entry[2] for (_, _, function), entry in stats.items() if "'copy_'" in function)
     policy.load_state_dict(before)
     restore()
-    return dict(seconds=seconds, checks=checks, learner_shift=shift, bytes=sum(t.nbytes for t in unique),
-                parameters=sum(t.numel() for t in unique),
-                reload_profile=dict(total=profiled, processing=processing, tensor_copies=copies))
+    return dict(
+        seconds=seconds,
+        checks=checks,
+        learner_shift=shift,
+        bytes=sum(t.nbytes for t in unique),
+        parameters=sum(t.numel() for t in unique),
+        reload_profile=dict(total=profiled, processing=processing, tensor_copies=copies),
+    )
 
 
 def measure(args: Args):
@@ -267,9 +292,15 @@ def measure(args: Args):
     from transformers import AutoModelForCausalLM
     from vllm import SamplingParams
 
-    run = dpo.Args(model_name_or_path=inputs.policy, dataset_name=inputs.prompts,
-                   prompts_per_step=args.prompts_per_step, num_samples_per_prompt=args.num_samples_per_prompt,
-                   response_length=args.response_length, max_prompt_tokens=args.max_prompt_tokens, torch_threads=1)
+    run = dpo.Args(
+        model_name_or_path=inputs.policy,
+        dataset_name=inputs.prompts,
+        prompts_per_step=args.prompts_per_step,
+        num_samples_per_prompt=args.num_samples_per_prompt,
+        response_length=args.response_length,
+        max_prompt_tokens=args.max_prompt_tokens,
+        torch_threads=1,
+    )
     run.engine_device = run.learner_device = "cpu"
     run.kv_cache_gib, run.gpu_memory_utilization = 1.0, 0.1  # the scripts' CPU defaults
     dpo.SET_TORCH_THREADS(1)
@@ -289,10 +320,15 @@ def measure(args: Args):
 
     def bare(step, seeded):
         """llm.generate as a user would call it; `seeded`: with the seeds `generate` gives each request."""
-        params = [SamplingParams(n=k, temperature=run.temperature, max_tokens=run.response_length,
-                                 **(dict(seed=(run.seed * 1_000_003 + (step * n + j) * k) % 2**31, detokenize=False)
-                                    if seeded else {}))
-                  for j in range(n)]
+        params = [
+            SamplingParams(
+                n=k,
+                temperature=run.temperature,
+                max_tokens=run.response_length,
+                **(dict(seed=(run.seed * 1_000_003 + (step * n + j) * k) % 2**31, detokenize=False) if seeded else {}),
+            )
+            for j in range(n)
+        ]
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts_of(step)], params, use_tqdm=False)
         return [list(s.token_ids) for o in outputs for s in o.outputs]
 
@@ -302,9 +338,11 @@ def measure(args: Args):
         "learner: full_state_dict": lambda i: dpo.full_state_dict(policy, run),
         "learner: weight_check (guard)": lambda i: dpo.weight_check(policy, probe, run),
         "learner: copy_for_engine, into a loaded copy": lambda i: dpo.copy_for_engine(
-            dpo.full_state_dict(policy, run), spare_weights, run),
+            dpo.full_state_dict(policy, run), spare_weights, run
+        ),
         "learner: copy_for_engine, fresh": lambda i: dpo.copy_for_engine(
-            dpo.full_state_dict(policy, run), queue.Queue(), run),
+            dpo.full_state_dict(policy, run), queue.Queue(), run
+        ),
         # a cut measured and not made: a shorter probe leaves bfloat16's rounding too little room (docs/async.md)
         "alternative: weight_check, 8-token probe": lambda i: dpo.weight_check(policy, probe[:8], run),
         "hand-off: a batch through the queue": None,  # timed inside hand_off_seconds
@@ -349,15 +387,28 @@ def measure(args: Args):
     neox_llm = dpo.build_engine(neox_run)
     dpo.keep_models_eager(neox)
     push[Path(neox_path).name] = push_paths(dpo, neox_llm, neox, probe, neox_run, args.repeats)
-    return dict(seconds=seconds, tokens=tokens, policy=inputs.policy, repeats=args.repeats, push_paths=push,
-                parameters=sum(p.numel() for p in policy.parameters()), settings=dict(
-                    prompts_per_step=n, num_samples_per_prompt=k, response_length=run.response_length,
-                    temperature=run.temperature, torch_threads=1),
-                date=time.strftime("%Y-%m-%d %H:%M"), machine=f"{platform.machine()}, {os.cpu_count()} cores")
+    return dict(
+        seconds=seconds,
+        tokens=tokens,
+        policy=inputs.policy,
+        repeats=args.repeats,
+        push_paths=push,
+        parameters=sum(p.numel() for p in policy.parameters()),
+        settings=dict(
+            prompts_per_step=n,
+            num_samples_per_prompt=k,
+            response_length=run.response_length,
+            temperature=run.temperature,
+            torch_threads=1,
+        ),
+        date=time.strftime("%Y-%m-%d %H:%M"),
+        machine=f"{platform.machine()}, {os.cpu_count()} cores",
+    )
 
 
 def report(result, results_dir: Path):
     """overheads.md from the measured result."""
+
     def spread(values):
         return f"{statistics.median(values):.3g} | {min(values):.3g} | {max(values):.3g}"
 
@@ -370,11 +421,16 @@ def report(result, results_dir: Path):
         f"{settings['prompts_per_step']} prompts x {settings['num_samples_per_prompt']} samples of at most "
         f"{settings['response_length']} tokens, temperature {settings['temperature']}; {result['machine']}, "
         f"{result['date']}).",
-        "Produced by `python benchmark/overheads.py`.", "",
-        "| piece | median s | min s | max s |", "|---|---|---|---|",
-        *[f"| {name} | {spread(values)} |" for name, values in seconds.items()], "",
-        "Generation throughput, sampled tokens per second over all repeats:", "",
-        "| call | tokens/s | ours / this call |", "|---|---|---|",
+        "Produced by `python benchmark/overheads.py`.",
+        "",
+        "| piece | median s | min s | max s |",
+        "|---|---|---|---|",
+        *[f"| {name} | {spread(values)} |" for name, values in seconds.items()],
+        "",
+        "Generation throughput, sampled tokens per second over all repeats:",
+        "",
+        "| call | tokens/s | ours / this call |",
+        "|---|---|---|",
         *[f"| {name} | {rate[name]:.0f} | {rate['generate: ours'] / rate[name]:.3f} |" for name in rate],
     ]
     lines += push_paths_report(result["push_paths"])
@@ -384,46 +440,73 @@ def report(result, results_dir: Path):
 
 def push_paths_report(push):
     """The push paths table: seconds, multiples of the copy floor, and whether the engine then serves W'."""
-    lines = ["", "## Push paths", "",
-             "One policy version W' = W + 1e-3 N(0, 1) pushed into the engine four ways, timed in the same rounds "
-             "after a warm-up (every engine path starts from W, restored by reload_weights, untimed). Correct: the "
-             "engine's prompt logprobs of the 32-token probe equal the learner's (float32) within "
-             f"{SYNC_TOLERANCE:g} and moved as far as the learner's did. x floor: median over median, min over min.",
-             "",
-             "| model | path | median s | min s | x floor (median) | x floor (min) | correct | max logprob gap to "
-             "learner (moved; learner moved) | what happens |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## Push paths",
+        "",
+        "One policy version W' = W + 1e-3 N(0, 1) pushed into the engine four ways, timed in the same rounds "
+        "after a warm-up (every engine path starts from W, restored by reload_weights, untimed). Correct: the "
+        "engine's prompt logprobs of the 32-token probe equal the learner's (float32) within "
+        f"{SYNC_TOLERANCE:g} and moved as far as the learner's did. x floor: median over median, min over min.",
+        "",
+        "| model | path | median s | min s | x floor (median) | x floor (min) | correct | max logprob gap to "
+        "learner (moved; learner moved) | what happens |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for model, r in push.items():
         floor = r["seconds"]["(d) floor: copy into preallocated tensors"]
         for name, values in r["seconds"].items():
             check = r["checks"].get(name)
-            timing = values and (f"{statistics.median(values):.3g} | {min(values):.3g} | "
-                                 f"{statistics.median(values) / statistics.median(floor):.1f} | "
-                                 f"{min(values) / min(floor):.1f}")
+            timing = values and (
+                f"{statistics.median(values):.3g} | {min(values):.3g} | "
+                f"{statistics.median(values) / statistics.median(floor):.1f} | "
+                f"{min(values) / min(floor):.1f}"
+            )
             if check is None:
-                lines.append(f"| {model} | {name} | {timing} | - | - | {r['bytes'] / 2**20:.0f} MiB, "
-                             f"{r['parameters'] / 1e6:.3g}M parameters |")
+                lines.append(
+                    f"| {model} | {name} | {timing} | - | - | {r['bytes'] / 2**20:.0f} MiB, "
+                    f"{r['parameters'] / 1e6:.3g}M parameters |"
+                )
                 continue
             error = (check["error"] or "")[:110].replace("|", "/")
             what = "serves W'" if check["correct"] else f"raises {error}" if error else "serves other weights"
             if "copied" in check:
-                what = (f"copies {check['copied']} of {check['tensors']} tensors in place "
-                        f"({', '.join(check['copied_kinds'])}); " + what + (
-                            "" if check["correct"] else "; then serves W' where it copied, but W in every linear "
-                            f"layer, the output layer too (gap to that mix {check['gap_to_stale_linears']:.1e})"))
+                what = (
+                    f"copies {check['copied']} of {check['tensors']} tensors in place "
+                    f"({', '.join(check['copied_kinds'])}); "
+                    + what
+                    + (
+                        ""
+                        if check["correct"]
+                        else "; then serves W' where it copied, but W in every linear "
+                        f"layer, the output layer too (gap to that mix {check['gap_to_stale_linears']:.1e})"
+                    )
+                )
             if check["correct"]:
-                lines.append(f"| {model} | {name} | {timing} | yes | {check['gap_to_learner']:.1e} "
-                             f"({check['moved']:.2g}; {r['learner_shift']:.2g}) | {what} |")
+                lines.append(
+                    f"| {model} | {name} | {timing} | yes | {check['gap_to_learner']:.1e} "
+                    f"({check['moved']:.2g}; {r['learner_shift']:.2g}) | {what} |"
+                )
             else:  # not timed: a wrong push's time is not a push's cost
-                lines.append(f"| {model} | {name} | - | - | - | - | **no** | {check['gap_to_learner']:.1e} "
-                             f"({check['moved']:.2g}; {r['learner_shift']:.2g}) | {what} |")
-    lines += ["", "reload_weights under cProfile, one call (profiling slows its Python parts): processing is "
-              "`process_weights_after_loading` (on CPU, repacking every linear layer for oneDNN), tensor copies are "
-              "`copy_` (the loaders' copies into fresh tensors, then back into the engine's own):", "",
-              "| model | profiled s | processing s (share) | tensor copies s (share) |", "|---|---|---|---|"]
+                lines.append(
+                    f"| {model} | {name} | - | - | - | - | **no** | {check['gap_to_learner']:.1e} "
+                    f"({check['moved']:.2g}; {r['learner_shift']:.2g}) | {what} |"
+                )
+    lines += [
+        "",
+        "reload_weights under cProfile, one call (profiling slows its Python parts): processing is "
+        "`process_weights_after_loading` (on CPU, repacking every linear layer for oneDNN), tensor copies are "
+        "`copy_` (the loaders' copies into fresh tensors, then back into the engine's own):",
+        "",
+        "| model | profiled s | processing s (share) | tensor copies s (share) |",
+        "|---|---|---|---|",
+    ]
     for model, r in push.items():
         p = r["reload_profile"]
-        lines.append(f"| {model} | {p['total']:.3g} | {p['processing']:.3g} ({p['processing'] / p['total']:.0%}) | "
-                     f"{p['tensor_copies']:.3g} ({p['tensor_copies'] / p['total']:.0%}) |")
+        lines.append(
+            f"| {model} | {p['total']:.3g} | {p['processing']:.3g} ({p['processing'] / p['total']:.0%}) | "
+            f"{p['tensor_copies']:.3g} ({p['tensor_copies'] / p['total']:.0%}) |"
+        )
     return lines
 
 

@@ -44,8 +44,9 @@ def main():
     with torch.no_grad():
         for length in options.lengths:
             ids = torch.arange(100, 100 + length)[None]
-            seconds = median_seconds(lambda: dpo.token_logprobs(policy, ids, torch.ones_like(ids),
-                                                                torch.ones_like(ids), 1.0))
+            seconds = median_seconds(
+                lambda: dpo.token_logprobs(policy, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)
+            )
             print(f"probe forward, {length} tokens: {seconds:.3f} s", flush=True)
         for dtype in (torch.float32, torch.bfloat16):
             seconds = median_seconds(lambda: {n: dpo.bit_checksum(t, dtype) for n, t in weights.items()})

@@ -72,11 +72,25 @@ def staleness_args(args: Args):
 def run_flags(args: Args, sargs, seed: int):
     """The staleness sweep's K=8 RLOO run (staleness.run_one's flags, one step per update), minus its checkpoints."""
     flags = staleness.COMMON_FLAGS + staleness.VERIFIER + staleness.ALGORITHMS["rloo"]["flags"]
-    flags = [f.replace("{sft}", str(Path(args.prep_dir) / "sft")).replace("{data}", str(Path(args.prep_dir) / "data"))
-             for f in flags]
-    return [*flags, "--learning-rate", f"{staleness.ALGORITHMS['rloo']['learning_rate']:g}", "--async-steps",
-            str(args.async_steps), "--seed", str(seed), "--prompts-per-step", str(sargs.mini_batch_prompts),
-            "--num-learner-steps", str(sargs.num_updates), "--response-length", str(sargs.response_length)]
+    flags = [
+        f.replace("{sft}", str(Path(args.prep_dir) / "sft")).replace("{data}", str(Path(args.prep_dir) / "data"))
+        for f in flags
+    ]
+    return [
+        *flags,
+        "--learning-rate",
+        f"{staleness.ALGORITHMS['rloo']['learning_rate']:g}",
+        "--async-steps",
+        str(args.async_steps),
+        "--seed",
+        str(seed),
+        "--prompts-per-step",
+        str(sargs.mini_batch_prompts),
+        "--num-learner-steps",
+        str(sargs.num_updates),
+        "--response-length",
+        str(sargs.response_length),
+    ]
 
 
 def run(cwd: Path, flags):
@@ -100,8 +114,9 @@ def record(args: Args, sargs, seed: int):
     done = cwd / "record.json"
     if done.exists():
         return Path(json.loads(done.read_text())["run"])
-    folder, seconds = run(cwd, [*run_flags(args, sargs, seed), "--off-policy-correction", args.record_correction,
-                                "--record-samples"])
+    folder, seconds = run(
+        cwd, [*run_flags(args, sargs, seed), "--off-policy-correction", args.record_correction, "--record-samples"]
+    )
     done.write_text(json.dumps(dict(run=str(folder), seconds=round(seconds, 1))))
     return folder
 
@@ -124,23 +139,38 @@ def replay(args: Args, sargs, seed: int, correction: str, recorded: Path, task, 
     policy = AutoModelForCausalLM.from_pretrained(folder / "model").eval()
     test = [json.loads(line) for line in (prep / "data" / "test.jsonl").read_text().splitlines()]
     # the staleness sweep's evaluation seed for this run seed: every correction is scored on the same draws
-    gold = staleness.evaluate_policy(policy, sft, tokenizer, task, staleness.encode(tokenizer, test), sargs,
-                                     seed=1000 + seed)
+    gold = staleness.evaluate_policy(
+        policy, sft, tokenizer, task, staleness.encode(tokenizer, test), sargs, seed=1000 + seed
+    )
     mean = lambda key: sum(m[key] for m in metrics) / len(metrics)
-    result = dict(seed=seed, correction=correction, recorded_with=args.record_correction, **gold,
-                  async_steps=args.async_steps, eval_draws=len(test) * sargs.eval_samples,
-                  importance_weight_ess=mean("policy/importance_weight_ess"),
-                  zero_gradient_frac=mean("policy/zero_gradient_frac"), clipfrac=mean("policy/clipfrac"),
-                  logprob_gap=mean("async/behaviour_learner_logprob_gap"), steps=len(metrics),
-                  replay_seconds=round(seconds, 1), eval_seconds=round(time.time() - start, 1), command=flags,
-                  date=time.strftime("%Y-%m-%d %H:%M"), machine=f"{platform.machine()}, {os.cpu_count()} cores")
+    result = dict(
+        seed=seed,
+        correction=correction,
+        recorded_with=args.record_correction,
+        **gold,
+        async_steps=args.async_steps,
+        eval_draws=len(test) * sargs.eval_samples,
+        importance_weight_ess=mean("policy/importance_weight_ess"),
+        zero_gradient_frac=mean("policy/zero_gradient_frac"),
+        clipfrac=mean("policy/clipfrac"),
+        logprob_gap=mean("async/behaviour_learner_logprob_gap"),
+        steps=len(metrics),
+        replay_seconds=round(seconds, 1),
+        eval_seconds=round(time.time() - start, 1),
+        command=flags,
+        date=time.strftime("%Y-%m-%d %H:%M"),
+        machine=f"{platform.machine()}, {os.cpu_count()} cores",
+    )
     if correction == args.record_correction:  # the replay of the run's own flags: the recorded weights, bit for bit
         a, b = load_file(folder / "model" / "model.safetensors"), load_file(recorded / "model" / "model.safetensors")
         result["max_weight_difference_to_recording"] = max((a[k] - b[k]).abs().max().item() for k in b)
     path.write_text(json.dumps(result, indent=1))
     shutil.rmtree(cwd, ignore_errors=True)
-    print(f"   gold {gold['gold_reward']:.3f}  KL {gold['kl']:.3f}  ({seconds:.0f}s replay + "
-          f"{result['eval_seconds']:.0f}s eval)", flush=True)
+    print(
+        f"   gold {gold['gold_reward']:.3f}  KL {gold['kl']:.3f}  ({seconds:.0f}s replay + "
+        f"{result['eval_seconds']:.0f}s eval)",
+        flush=True,
+    )
 
 
 def spread(values):
@@ -151,24 +181,32 @@ def spread(values):
 
 def report(results_dir: Path, quick: bool):
     """replay_corrections.md from the result files alone."""
-    results = {(r["seed"], r["correction"]): r for r in (json.loads(p.read_text()) for p in
-                                                         sorted((results_dir / "replay_corrections").glob("*.json")))}
+    results = {
+        (r["seed"], r["correction"]): r
+        for r in (json.loads(p.read_text()) for p in sorted((results_dir / "replay_corrections").glob("*.json")))
+    }
     seeds = sorted({s for s, _ in results})
     corrections = [c for c in CORRECTIONS if any(c == k for _, k in results)]
     k = {r["async_steps"] for r in results.values()}
-    lines = [f"Three corrections on the same samples (issue 28): each seed's K={'/'.join(map(str, sorted(k)))} RLOO "
-             "stream, recorded once by "
-             "multigpu/async_rloo_multigpu.py under the correction in the recorded-with column, replayed "
-             "(`--replay-from`) under each correction; gold = verifier accuracy of T=0.7 samples on the held-out "
-             "problems, KL to the SFT policy (benchmark/staleness.py's evaluate_policy). Produced by `python "
-             f"benchmark/replay_corrections.py{' --quick' * quick}`.", "",
-             "| seed | recorded with | " + " | ".join(f"{c}: gold (KL)" for c in corrections) + " |",
-             "|---|---|" + "---|" * len(corrections)]
+    lines = [
+        f"Three corrections on the same samples (issue 28): each seed's K={'/'.join(map(str, sorted(k)))} RLOO "
+        "stream, recorded once by "
+        "multigpu/async_rloo_multigpu.py under the correction in the recorded-with column, replayed "
+        "(`--replay-from`) under each correction; gold = verifier accuracy of T=0.7 samples on the held-out "
+        "problems, KL to the SFT policy (benchmark/staleness.py's evaluate_policy). Produced by `python "
+        f"benchmark/replay_corrections.py{' --quick' * quick}`.",
+        "",
+        "| seed | recorded with | " + " | ".join(f"{c}: gold (KL)" for c in corrections) + " |",
+        "|---|---|" + "---|" * len(corrections),
+    ]
     for seed in seeds:
         row = [results.get((seed, c)) for c in corrections]
         recorded_with = next(r["recorded_with"] for r in row if r)
-        lines.append(f"| {seed} | {recorded_with} | " + " | ".join(
-            f"{r['gold_reward']:.3f} ({r['kl']:.3f})" if r else "–" for r in row) + " |")
+        lines.append(
+            f"| {seed} | {recorded_with} | "
+            + " | ".join(f"{r['gold_reward']:.3f} ({r['kl']:.3f})" if r else "–" for r in row)
+            + " |"
+        )
     complete = [s for s in seeds if all((s, c) in results for c in corrections)]
     if len(complete) >= 2 and len(corrections) >= 2:
         gold = {(s, c): results[(s, c)]["gold_reward"] for s in complete for c in corrections}
@@ -177,24 +215,35 @@ def report(results_dir: Path, quick: bool):
         mean = lambda pairs, i: sum(p[i] for p in pairs) / len(pairs)
         level = sum(gold.values()) / len(gold)
         noise = math.sqrt(level * (1 - level) / results[(complete[0], corrections[0])]["eval_draws"])
-        lines += ["", "| spread of the final gold | range (max - min) | std |", "|---|---|---|",
-                  f"| between corrections, within a seed (mean over {len(complete)} seeds) | "
-                  f"{mean(between_corrections, 0):.3f} | {mean(between_corrections, 1):.3f} |",
-                  f"| between seeds, within a correction (mean over {len(corrections)} corrections) | "
-                  f"{mean(between_seeds, 0):.3f} | {mean(between_seeds, 1):.3f} |",
-                  "", "Per seed, the range between corrections: " + ", ".join(
-                      f"seed {s} {r[0]:.3f}" for s, r in zip(complete, between_corrections)) +
-                  "; per correction, the range between seeds: " + ", ".join(
-                      f"{c} {r[0]:.3f}" for c, r in zip(corrections, between_seeds)) +
-                  f". For scale, the binomial standard error of one evaluation at the mean gold {level:.3f} is "
-                  f"{noise:.3f} (held-out problems x samples; every run of a seed is scored on the same draws)."]
-    lines += ["", "| seed | correction | importance-weight ESS | zero-gradient fraction | clip fraction | "
-              "engine-learner logprob gap | replay s | eval s | max |w - w_recorded| |", "|" + "---|" * 9]
+        lines += [
+            "",
+            "| spread of the final gold | range (max - min) | std |",
+            "|---|---|---|",
+            f"| between corrections, within a seed (mean over {len(complete)} seeds) | "
+            f"{mean(between_corrections, 0):.3f} | {mean(between_corrections, 1):.3f} |",
+            f"| between seeds, within a correction (mean over {len(corrections)} corrections) | "
+            f"{mean(between_seeds, 0):.3f} | {mean(between_seeds, 1):.3f} |",
+            "",
+            "Per seed, the range between corrections: "
+            + ", ".join(f"seed {s} {r[0]:.3f}" for s, r in zip(complete, between_corrections))
+            + "; per correction, the range between seeds: "
+            + ", ".join(f"{c} {r[0]:.3f}" for c, r in zip(corrections, between_seeds))
+            + f". For scale, the binomial standard error of one evaluation at the mean gold {level:.3f} is "
+            f"{noise:.3f} (held-out problems x samples; every run of a seed is scored on the same draws).",
+        ]
+    lines += [
+        "",
+        "| seed | correction | importance-weight ESS | zero-gradient fraction | clip fraction | "
+        "engine-learner logprob gap | replay s | eval s | max |w - w_recorded| |",
+        "|" + "---|" * 9,
+    ]
     for (seed, c), r in sorted(results.items(), key=lambda item: (item[0][0], CORRECTIONS.index(item[0][1]))):
         check = r.get("max_weight_difference_to_recording")
-        lines.append(f"| {seed} | {c} | {r['importance_weight_ess']:.3f} | {r['zero_gradient_frac']:.3f} | "
-                     f"{r['clipfrac']:.3f} | {r['logprob_gap']:.2e} | {r['replay_seconds']:.0f} | "
-                     f"{r['eval_seconds']:.0f} | {'' if check is None else f'{check:g}'} |")
+        lines.append(
+            f"| {seed} | {c} | {r['importance_weight_ess']:.3f} | {r['zero_gradient_frac']:.3f} | "
+            f"{r['clipfrac']:.3f} | {r['logprob_gap']:.2e} | {r['replay_seconds']:.0f} | "
+            f"{r['eval_seconds']:.0f} | {'' if check is None else f'{check:g}'} |"
+        )
     (results_dir / "replay_corrections.md").write_text("\n".join(lines) + "\n")
     return lines
 
@@ -206,21 +255,33 @@ if __name__ == "__main__":
         args.prep_dir = str(Path(args.work_dir) / "prep") if args.prep_dir == Args.prep_dir else args.prep_dir
     unknown = [c for c in [*args.corrections, args.record_correction] if c not in CORRECTIONS]
     if unknown or len(args.seeds) < 2:
-        sys.exit(f"error: --corrections and --record-correction take {list(CORRECTIONS)} (got {unknown}), --seeds at "
-                 f"least two")
+        sys.exit(
+            f"error: --corrections and --record-correction take {list(CORRECTIONS)} (got {unknown}), --seeds at "
+            f"least two"
+        )
     results_dir = Path(args.results_dir)
     (results_dir / "replay_corrections").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         sargs = staleness_args(args)
         staleness.prepare(sargs, staleness.task)  # loads the prep, or builds it (in --prep-dir only)
         for seed in args.seeds:
-            pending = [c for c in args.corrections
-                       if not (results_dir / "replay_corrections" / f"seed{seed}__{c}.json").exists()]
+            pending = [
+                c
+                for c in args.corrections
+                if not (results_dir / "replay_corrections" / f"seed{seed}__{c}.json").exists()
+            ]
             if not pending:
                 print(f"== seed {seed}: done already")
                 continue
             recorded = record(args, sargs, seed)
             for correction in pending:
-                replay(args, sargs, seed, correction, recorded, staleness.task,
-                       results_dir / "replay_corrections" / f"seed{seed}__{correction}.json")
+                replay(
+                    args,
+                    sargs,
+                    seed,
+                    correction,
+                    recorded,
+                    staleness.task,
+                    results_dir / "replay_corrections" / f"seed{seed}__{correction}.json",
+                )
     print("\n".join(report(results_dir, args.quick)))

@@ -40,13 +40,39 @@ ARITHMETIC = REPO / "data" / "arithmetic"
 
 # Per setting: the algorithm (its two scripts) and the flags. {policy}, {reward_model}, {prompts} are filled in at run
 # time. The table's four generate and train 8 sequences of at most 48 new tokens per learner step.
-RM_FLAGS = ["--model-name-or-path", "{policy}", "--reward-model-path", "{reward_model}", "--dataset-name", "{prompts}",
-            "--max-prompt-tokens", "128", "--response-length", "48", "--learning-rate", "1e-6"]
+RM_FLAGS = [
+    "--model-name-or-path",
+    "{policy}",
+    "--reward-model-path",
+    "{reward_model}",
+    "--dataset-name",
+    "{prompts}",
+    "--max-prompt-tokens",
+    "128",
+    "--response-length",
+    "48",
+    "--learning-rate",
+    "1e-6",
+]
 # no reward model: the verifier grades generated arithmetic problems; held-out evaluation off (not a step cost)
-GRPO_FLAGS = ["--model-name-or-path", "{policy}", "--dataset-path", str(ARITHMETIC), "--max-prompt-tokens", "128",
-              "--response-length", "48", "--learning-rate", "1e-6", "--num-eval-prompts", "0"]
-SCRIPTS = {algo: dict(async_script=f"async_{algo}.py", sync_script=f"sync_baselines/sync_{algo}.py")
-           for algo in ("dpo", "rloo", "ppo", "grpo_gsm8k")}
+GRPO_FLAGS = [
+    "--model-name-or-path",
+    "{policy}",
+    "--dataset-path",
+    str(ARITHMETIC),
+    "--max-prompt-tokens",
+    "128",
+    "--response-length",
+    "48",
+    "--learning-rate",
+    "1e-6",
+    "--num-eval-prompts",
+    "0",
+]
+SCRIPTS = {
+    algo: dict(async_script=f"async_{algo}.py", sync_script=f"sync_baselines/sync_{algo}.py")
+    for algo in ("dpo", "rloo", "ppo", "grpo_gsm8k")
+}
 
 
 def sized(prompts: int, samples: int):
@@ -141,9 +167,20 @@ def run_variant(args: Args, setting: str, variant: str, path: Path):
     cwd = Path(args.work_dir) / f"{setting}__{variant}"
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
-    cmd = [sys.executable, str(REPO / SCRIPTS[spec["algo"]][script_key]), *flags, *variant_flags,
-           "--num-learner-steps", str(steps), "--seed", "1", "--sample-every", "1000",
-           "--output-dir", str(cwd / "model")]
+    cmd = [
+        sys.executable,
+        str(REPO / SCRIPTS[spec["algo"]][script_key]),
+        *flags,
+        *variant_flags,
+        "--num-learner-steps",
+        str(steps),
+        "--seed",
+        "1",
+        "--sample-every",
+        "1000",
+        "--output-dir",
+        str(cwd / "model"),
+    ]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     print(f"== {setting} {variant}: {' '.join(cmd)}", flush=True)
     start = time.time()
@@ -151,10 +188,17 @@ def run_variant(args: Args, setting: str, variant: str, path: Path):
     if proc.returncode != 0:
         sys.exit(f"error: {setting} {variant} failed:\n{proc.stderr[-5000:]}")
     (metrics_path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
-    result = dict(setting=setting, algorithm=spec["algo"], variant=variant, command=cmd[1:],
-                  warmup_steps=args.warmup_steps, process_seconds=time.time() - start,
-                  date=time.strftime("%Y-%m-%d %H:%M"), machine=f"{platform.machine()}, {os.cpu_count()} cores",
-                  metrics=[json.loads(line) for line in metrics_path.read_text().splitlines()])
+    result = dict(
+        setting=setting,
+        algorithm=spec["algo"],
+        variant=variant,
+        command=cmd[1:],
+        warmup_steps=args.warmup_steps,
+        process_seconds=time.time() - start,
+        date=time.strftime("%Y-%m-%d %H:%M"),
+        machine=f"{platform.machine()}, {os.cpu_count()} cores",
+        metrics=[json.loads(line) for line in metrics_path.read_text().splitlines()],
+    )
     path.write_text(json.dumps(result, indent=1))
     shutil.rmtree(cwd, ignore_errors=True)  # the saved model is large and not needed
 
@@ -164,9 +208,11 @@ def check_same_steps(path: Path, args: Args):
     done = json.loads(path.read_text())
     steps = int(done["command"][done["command"].index("--num-learner-steps") + 1])
     if (done["warmup_steps"], steps - done["warmup_steps"]) != (args.warmup_steps, args.measured_steps):
-        sys.exit(f"error: {path} was made with {done['warmup_steps']} warm-up + {steps - done['warmup_steps']} "
-                 f"measured steps, this invocation asks for {args.warmup_steps} + {args.measured_steps}; "
-                 "pass --force to rerun it or --results-dir to keep both")
+        sys.exit(
+            f"error: {path} was made with {done['warmup_steps']} warm-up + {steps - done['warmup_steps']} "
+            f"measured steps, this invocation asks for {args.warmup_steps} + {args.measured_steps}; "
+            "pass --force to rerun it or --results-dir to keep both"
+        )
 
 
 def mean(values):
@@ -180,8 +226,9 @@ def summarize(result):
     m = result["metrics"]
     timed = m[warm:]
     return dict(
-        step_time=(m[-1]["time/elapsed"] - m[warm - 1]["time/elapsed"]) / len(timed) if warm else
-        m[-1]["time/elapsed"] / len(m),
+        step_time=(m[-1]["time/elapsed"] - m[warm - 1]["time/elapsed"]) / len(timed)
+        if warm
+        else m[-1]["time/elapsed"] / len(m),
         generation=mean(x["time/generation"] + x.get("time/reward_labeling", 0.0) for x in timed),
         training=mean(x["time/training"] for x in timed),
         weight_sync=mean(x["time/weight_sync"] for x in timed),
@@ -231,20 +278,29 @@ def compare(runs):
         per_repeat = []
         for sync, split, run in zip(by_variant["sync"], by_variant["sync_split"], by_variant["async"]):
             g, t = split["generation"], split["training"]
-            per_repeat.append(dict(
-                g=g, t=t, sync=sync["step_time"], split=split["step_time"], async_=run["step_time"],
-                s_g=g / sync["generation"], s_t=t / sync["training"],
-                bound_split=(g + t) / max(g, t),
-                # what async could gain over the 2-thread sync: that sync's measured phases against max(G, T)
-                bound_sync=(sync["generation"] + sync["training"]) / max(g, t),
-                # stricter: the 2-thread sync's whole step, which also pays the weight sync (and logging) in series,
-                # over the slower phase alone, i.e. perfect overlap with a free hand-off
-                bound_sync_step=sync["step_time"] / max(g, t),
-                speedup_split=split["step_time"] / run["step_time"], speedup_sync=sync["step_time"] / run["step_time"],
-                weight_sync_share=run["weight_sync"] / run["step_time"],
-                idle_async=(run["learner_waiting"], run["actor_waiting"]),
-                idle_split=(split["learner_waiting"], split["actor_waiting"]),
-                steps=run["measured_steps"]))
+            per_repeat.append(
+                dict(
+                    g=g,
+                    t=t,
+                    sync=sync["step_time"],
+                    split=split["step_time"],
+                    async_=run["step_time"],
+                    s_g=g / sync["generation"],
+                    s_t=t / sync["training"],
+                    bound_split=(g + t) / max(g, t),
+                    # what async could gain over the 2-thread sync: that sync's measured phases against max(G, T)
+                    bound_sync=(sync["generation"] + sync["training"]) / max(g, t),
+                    # stricter: the 2-thread sync's whole step, which also pays the weight sync (and logging) in series,
+                    # over the slower phase alone, i.e. perfect overlap with a free hand-off
+                    bound_sync_step=sync["step_time"] / max(g, t),
+                    speedup_split=split["step_time"] / run["step_time"],
+                    speedup_sync=sync["step_time"] / run["step_time"],
+                    weight_sync_share=run["weight_sync"] / run["step_time"],
+                    idle_async=(run["learner_waiting"], run["actor_waiting"]),
+                    idle_split=(split["learner_waiting"], split["actor_waiting"]),
+                    steps=run["measured_steps"],
+                )
+            )
         rows[setting] = per_repeat
     return rows
 
@@ -255,8 +311,10 @@ def report(results_dir: Path):
     rows = compare(runs)
     table = []
     for setting, rs in rows.items():
-        gap = [100 * (r["speedup_split"] - 1) / (r["bound_split"] - 1) if r["bound_split"] > 1.001 else float("nan")
-               for r in rs]
+        gap = [
+            100 * (r["speedup_split"] - 1) / (r["bound_split"] - 1) if r["bound_split"] > 1.001 else float("nan")
+            for r in rs
+        ]
         table.append(
             f"| {setting} | {secs(med(rs, 'sync'))} | {secs(med(rs, 'split'))} | {secs(med(rs, 'async_'))} | "
             f"{spread([r['speedup_sync'] for r in rs])} | {spread([r['speedup_split'] for r in rs])} | "
@@ -269,14 +327,16 @@ def report(results_dir: Path):
             f"{secs(statistics.median(r['idle_async'][0] for r in rs))} / "
             f"{secs(statistics.median(r['idle_async'][1] for r in rs))} | "
             f"{secs(statistics.median(r['idle_split'][0] for r in rs))} / "
-            f"{secs(statistics.median(r['idle_split'][1] for r in rs))} | {len(rs)} x {rs[0]['steps']} |")
+            f"{secs(statistics.median(r['idle_split'][1] for r in rs))} | {len(rs)} x {rs[0]['steps']} |"
+        )
     header = (
         "| setting | sync s/step (2 threads) | sync s/step (1+1 split) | async s/step (1+1) | speedup vs sync | "
         "speedup vs split sync | G s/step | T s/step | ideal vs split (G+T)/max(G,T) | speedup / that ideal | "
         "overlap achieved | ideal vs sync | speedup / that ideal | ideal vs sync, whole step | speedup / that ideal | "
         "weight sync share (async) | async idle s/step learner / engine | split-sync idle s/step learner / engine | "
         "runs x timed steps |\n"
-        "|" + "---|" * 19)
+        "|" + "---|" * 19
+    )
     # the balance sweep: G and T of every setting that has split-sync runs
     balance = []
     for setting, by_variant in runs.items():
@@ -284,10 +344,13 @@ def report(results_dir: Path):
             split = by_variant["sync_split"]
             g, t = med(split, "generation"), med(split, "training")
             flags = SETTINGS[setting]["flags"]
-            size = " x ".join(flags[flags.index(flag) + 1] for flag in ("--prompts-per-step",
-                                                                       "--num-samples-per-prompt"))
-            balance.append(f"| {setting} | {SETTINGS[setting]['algo']} | {size} | {secs(g)} | {secs(t)} | "
-                           f"{g / t:.2f} | {len(split)} |")
+            size = " x ".join(
+                flags[flags.index(flag) + 1] for flag in ("--prompts-per-step", "--num-samples-per-prompt")
+            )
+            balance.append(
+                f"| {setting} | {SETTINGS[setting]['algo']} | {size} | {secs(g)} | {secs(t)} | "
+                f"{g / t:.2f} | {len(split)} |"
+            )
     (results_dir / "speed.md").write_text(
         "Wall time per learner step after warm-up (lower is better); with several runs per variant, the median and "
         "[min-max]\nof the per-run speedups (run r of each variant compared). G = generation + reward labeling, "
@@ -299,8 +362,8 @@ def report(results_dir: Path):
         "Produced by `python benchmark/speed.py`.\n\n" + header + "\n" + "\n".join(table) + "\n\n"
         "Balance: G and T per setting from its split-sync runs (median), G/T = 1 is where overlap pays most.\n\n"
         "| setting | algorithm | prompts x samples | G s/step | T s/step | G/T | runs |\n"
-        "|---|---|---|---|---|---|---|\n"
-        + "\n".join(balance) + "\n")
+        "|---|---|---|---|---|---|---|\n" + "\n".join(balance) + "\n"
+    )
     if rows:
         plot(rows, results_dir)
     return table
@@ -315,11 +378,18 @@ def plot(rows, results_dir: Path):
     fig, ax = plt.subplots(figsize=(2.2 + 2.2 * len(rows), 3.6))
     width = 0.25
     for i, (setting, rs) in enumerate(rows.items()):
-        for j, (key, variant, color) in enumerate((("sync", "sync", "#999999"), ("split", "sync_split", "#5b8bd0"),
-                                                   ("async_", "async", "#d0785b"))):
+        for j, (key, variant, color) in enumerate(
+            (("sync", "sync", "#999999"), ("split", "sync_split", "#5b8bd0"), ("async_", "async", "#d0785b"))
+        ):
             ax.bar(i + (j - 1) * width, med(rs, key), width, color=color, label=variant if i == 0 else None)
-        ax.hlines(med(rs, "split") / med(rs, "bound_split"), i - 1.5 * width, i + 1.5 * width, colors="k",
-                  linestyles="dashed", label="ideal async (split sync / bound)" if i == 0 else None)
+        ax.hlines(
+            med(rs, "split") / med(rs, "bound_split"),
+            i - 1.5 * width,
+            i + 1.5 * width,
+            colors="k",
+            linestyles="dashed",
+            label="ideal async (split sync / bound)" if i == 0 else None,
+        )
     ax.set_xticks(range(len(rows)), list(rows))
     ax.set_ylabel("seconds per learner step")
     ax.set_title("sync vs async, SmolLM2-135M on a 2-core CPU")
@@ -333,18 +403,40 @@ def plot(rows, results_dir: Path):
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     s_g = statistics.median(r["s_g"] for rs in rows.values() for r in rs)
     s_t = statistics.median(r["s_t"] for rs in rows.values() for r in rs)
-    ratio = [0.1 * 1.05 ** i for i in range(int(math.log(40) / math.log(1.05)))]
-    ax.plot(ratio, [(1 + x) / max(1, x) for x in ratio], color="#5b8bd0", lw=1, ls="--",
-            label="ideal vs split sync: (G+T)/max(G,T)")
-    ax.plot(ratio, [(x / s_g + 1 / s_t) / max(1, x) for x in ratio], color="#555555", lw=1, ls="--",
-            label=f"ideal vs 2-thread sync: (G/s_G + T/s_T)/max(G,T), s_G={s_g:.2f}, s_T={s_t:.2f}")
-    for key, color, label in (("speedup_split", "#5b8bd0", "measured vs split sync"),
-                              ("speedup_sync", "#333333", "measured vs 2-thread sync")):
+    ratio = [0.1 * 1.05**i for i in range(int(math.log(40) / math.log(1.05)))]
+    ax.plot(
+        ratio,
+        [(1 + x) / max(1, x) for x in ratio],
+        color="#5b8bd0",
+        lw=1,
+        ls="--",
+        label="ideal vs split sync: (G+T)/max(G,T)",
+    )
+    ax.plot(
+        ratio,
+        [(x / s_g + 1 / s_t) / max(1, x) for x in ratio],
+        color="#555555",
+        lw=1,
+        ls="--",
+        label=f"ideal vs 2-thread sync: (G/s_G + T/s_T)/max(G,T), s_G={s_g:.2f}, s_T={s_t:.2f}",
+    )
+    for key, color, label in (
+        ("speedup_split", "#5b8bd0", "measured vs split sync"),
+        ("speedup_sync", "#333333", "measured vs 2-thread sync"),
+    ):
         for k, (setting, rs) in enumerate(rows.items()):
             x, ys = med(rs, "g") / med(rs, "t"), [r[key] for r in rs]
             y = statistics.median(ys)
-            ax.errorbar([x], [y], yerr=[[y - min(ys)], [max(ys) - y]], fmt="o", color=color, ms=4, capsize=2,
-                        label=label if k == 0 else None)
+            ax.errorbar(
+                [x],
+                [y],
+                yerr=[[y - min(ys)], [max(ys) - y]],
+                fmt="o",
+                color=color,
+                ms=4,
+                capsize=2,
+                label=label if k == 0 else None,
+            )
             if key == "speedup_sync":
                 ax.annotate(setting, (x, y), fontsize=7, xytext=(3, -9), textcoords="offset points")
     ax.axhline(1.0, color="k", lw=0.5)

@@ -47,6 +47,7 @@ import tyro
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 import make_arithmetic as task  # noqa: E402  the problem generator and its gold grader
+
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 
 # ONE table of every per-algorithm choice; {sft} and {data} are filled in at run time. All four sample 4 responses per
@@ -56,19 +57,52 @@ PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 # (GRPO collapsed at 1e-4: KL 74, gold 0.16).
 VERIFIER = ["--dataset-path", "{data}", "--prompt-template", PROMPT_TEMPLATE, "--num-samples-per-prompt", "4"]
 ALGORITHMS = {
-    "dpo": dict(async_script="async_dpo.py", sync_script="sync_baselines/sync_dpo.py", learning_rate=1e-4,
-                flags=["--reward", "verifier", "--beta", "0.1"], corrections=False),
-    "rloo": dict(async_script="async_rloo.py", sync_script="sync_baselines/sync_rloo.py", learning_rate=1e-4,
-                 flags=["--reward", "verifier", "--kl-coef", "0.05"], corrections=True),
-    "ppo": dict(async_script="async_ppo.py", sync_script="sync_baselines/sync_ppo.py", learning_rate=1e-4,
-                flags=["--reward", "verifier", "--kl-coef", "0.05"], corrections=True),
-    "grpo_gsm8k": dict(async_script="async_grpo_gsm8k.py", sync_script="sync_baselines/sync_grpo_gsm8k.py",
-                       learning_rate=3e-5, flags=["--num-eval-prompts", "0"], corrections=True),  # evaluated here
+    "dpo": dict(
+        async_script="async_dpo.py",
+        sync_script="sync_baselines/sync_dpo.py",
+        learning_rate=1e-4,
+        flags=["--reward", "verifier", "--beta", "0.1"],
+        corrections=False,
+    ),
+    "rloo": dict(
+        async_script="async_rloo.py",
+        sync_script="sync_baselines/sync_rloo.py",
+        learning_rate=1e-4,
+        flags=["--reward", "verifier", "--kl-coef", "0.05"],
+        corrections=True,
+    ),
+    "ppo": dict(
+        async_script="async_ppo.py",
+        sync_script="sync_baselines/sync_ppo.py",
+        learning_rate=1e-4,
+        flags=["--reward", "verifier", "--kl-coef", "0.05"],
+        corrections=True,
+    ),
+    "grpo_gsm8k": dict(
+        async_script="async_grpo_gsm8k.py",
+        sync_script="sync_baselines/sync_grpo_gsm8k.py",
+        learning_rate=3e-5,
+        flags=["--num-eval-prompts", "0"],
+        corrections=True,
+    ),  # evaluated here
 }
 # flags every run gets (prompt/response sizes fit the generated problems; no sample tables: they cost time)
-COMMON_FLAGS = ["--model-name-or-path", "{sft}", "--max-prompt-tokens", "96", "--temperature", "0.7",
-                "--torch-threads", "1", "--sample-every", "1000000", "--keep-checkpoints", "0",
-                "--weight-decay", "0.01"]  # the AdamW default every committed run of this sweep was made with
+COMMON_FLAGS = [
+    "--model-name-or-path",
+    "{sft}",
+    "--max-prompt-tokens",
+    "96",
+    "--temperature",
+    "0.7",
+    "--torch-threads",
+    "1",
+    "--sample-every",
+    "1000000",
+    "--keep-checkpoints",
+    "0",
+    "--weight-decay",
+    "0.01",
+]  # the AdamW default every committed run of this sweep was made with
 # the paper's off-policyness knobs: sync with N mini-batches per round (N=1 is fully on-policy), async with K steps of
 # lag under each correction
 SYNC_N = (1, 4, 16, 32)
@@ -152,8 +186,11 @@ def make_data(args: Args, task, data_dir: Path):
     """Train / held-out problems (disjoint questions) as GSM8K-format JSONL, what the scripts' --dataset-path reads."""
     train = task.make_arithmetic_problems(args.num_train_problems, args.difficulty, seed=0)
     seen = {p["question"] for p in train}
-    test = [p for p in task.make_arithmetic_problems(4 * args.num_eval_problems, args.difficulty, seed=1)
-            if p["question"] not in seen][: args.num_eval_problems]
+    test = [
+        p
+        for p in task.make_arithmetic_problems(4 * args.num_eval_problems, args.difficulty, seed=1)
+        if p["question"] not in seen
+    ][: args.num_eval_problems]
     data_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(data_dir / "train.jsonl", train)
     write_jsonl(data_dir / "test.jsonl", test)
@@ -169,8 +206,12 @@ def train_tokenizer(problems):
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     corpus = [PROMPT_TEMPLATE.format(question=p["question"]) + " " + p["answer"] for p in problems]
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=512, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=512, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 
@@ -225,8 +266,13 @@ def sample(model, prompts, n, temperature, max_new, eos_id, seed, chunk=512):
                     break
                 mask = torch.cat([mask, torch.ones(len(batch), 1, dtype=mask.dtype)], 1)
                 positions = positions[:, -1:] + 1
-                result = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions,
-                               past_key_values=result.past_key_values, use_cache=True)
+                result = model(
+                    input_ids=nxt[:, None],
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=result.past_key_values,
+                    use_cache=True,
+                )
             for seq in torch.stack(tokens, 1).tolist():
                 out.append(seq[: seq.index(eos_id) + 1] if eos_id in seq else seq)
     return out
@@ -253,8 +299,7 @@ def response_logprob_sums(model, prompts, responses, temperature, pad_id, chunk=
 
 
 def grade(task, tokenizer, responses, answers, n):
-    return [task.grade(tokenizer.decode(r, skip_special_tokens=True), answers[i // n])
-            for i, r in enumerate(responses)]
+    return [task.grade(tokenizer.decode(r, skip_special_tokens=True), answers[i // n]) for i, r in enumerate(responses)]
 
 
 def evaluate_policy(policy, sft, tokenizer, task, eval_set, args: Args, seed: int):
@@ -265,13 +310,21 @@ def evaluate_policy(policy, sft, tokenizer, task, eval_set, args: Args, seed: in
     greedy = sample(policy, prompts, 1, 0.0, args.response_length, eos, seed)
     repeated = [p for p in prompts for _ in range(n)]
     # KL estimated on the policy's own samples, at the sampling temperature: E_y~pi [log pi(y) - log pi_sft(y)]
-    kls = [a - b for a, b in zip(response_logprob_sums(policy, repeated, samples, 0.7, eos),
-                                 response_logprob_sums(sft, repeated, samples, 0.7, eos))]
+    kls = [
+        a - b
+        for a, b in zip(
+            response_logprob_sums(policy, repeated, samples, 0.7, eos),
+            response_logprob_sums(sft, repeated, samples, 0.7, eos),
+        )
+    ]
     gold = grade(task, tokenizer, samples, answers, n)
-    return dict(gold_reward=sum(gold) / len(gold),
-                greedy_accuracy=sum(grade(task, tokenizer, greedy, answers, 1)) / len(greedy),
-                kl=sum(kls) / len(kls), eos_rate=sum(eos in s for s in samples) / len(samples),
-                response_length=sum(map(len, samples)) / len(samples))
+    return dict(
+        gold_reward=sum(gold) / len(gold),
+        greedy_accuracy=sum(grade(task, tokenizer, greedy, answers, 1)) / len(greedy),
+        kl=sum(kls) / len(kls),
+        eos_rate=sum(eos in s for s in samples) / len(samples),
+        response_length=sum(map(len, samples)) / len(samples),
+    )
 
 
 def train_sft(args: Args, tokenizer, task, train, eval_set, out_dir: Path, log, hidden_size: int = 128):
@@ -283,10 +336,20 @@ def train_sft(args: Args, tokenizer, task, train, eval_set, out_dir: Path, log, 
     torch.manual_seed(0)
     # head_dim 64: vLLM's CPU attention needs head_dim >= 32; tied embeddings keep the tiny model tiny
     heads = hidden_size // 64
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=heads, head_dim=64,
-                         max_position_embeddings=256, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
     model = LlamaForCausalLM(config)
     prompts, _ = encode(tokenizer, train)
     answers = tokenizer([" " + p["answer"] for p in train])["input_ids"]
@@ -318,12 +381,23 @@ def train_sft(args: Args, tokenizer, task, train, eval_set, out_dir: Path, log, 
                 break
     model.eval().save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    return model, dict(sft_steps=step, sft_greedy_accuracy=accuracy, sft_history=history,
-                       policy_parameters=sum(p.numel() for p in model.parameters()))
+    return model, dict(
+        sft_steps=step,
+        sft_greedy_accuracy=accuracy,
+        sft_history=history,
+        policy_parameters=sum(p.numel() for p in model.parameters()),
+    )
 
 
-PREP_FLAGS = ("difficulty", "num_train_problems", "num_eval_problems", "sft_max_steps", "sft_target_accuracy",
-              "eval_samples", "response_length")
+PREP_FLAGS = (
+    "difficulty",
+    "num_train_problems",
+    "num_eval_problems",
+    "sft_max_steps",
+    "sft_target_accuracy",
+    "eval_samples",
+    "response_length",
+)
 
 
 def prepare(args: Args, task):
@@ -338,9 +412,11 @@ def prepare(args: Args, task):
         prep = json.loads(prep_file.read_text())
         # the cache is keyed by folder: a prep built with other flags must not be reused silently
         if prep.get("flags") != wanted:
-            sys.exit(f"error: the prep in {work} was built with {prep.get('flags')}, "
-                     f"this invocation asks for {wanted}; "
-                     "pass another --work-dir (and --results-dir) or delete that folder")
+            sys.exit(
+                f"error: the prep in {work} was built with {prep.get('flags')}, "
+                f"this invocation asks for {wanted}; "
+                "pass another --work-dir (and --results-dir) or delete that folder"
+            )
         return prep
     torch.set_num_threads(args.prep_threads)
     log = lambda msg: print(f"[prep {time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -348,17 +424,28 @@ def prepare(args: Args, task):
     train, test = make_data(args, task, work / "data")
     tokenizer = train_tokenizer(train)
     eval_set = encode(tokenizer, test)
-    log(f"{len(train)} train / {len(test)} held-out problems, vocabulary {len(tokenizer)}, "
-        f"prompt ~{sum(map(len, eval_set[0])) / len(test):.0f} tokens")
+    log(
+        f"{len(train)} train / {len(test)} held-out problems, vocabulary {len(tokenizer)}, "
+        f"prompt ~{sum(map(len, eval_set[0])) / len(test):.0f} tokens"
+    )
     _, sft_stats = train_sft(args, tokenizer, task, train, eval_set, work / "sft", log)
     sft_time = time.time() - start
     # the starting point of every run, measured exactly as the runs are (KL to itself is 0 by definition)
     sft = AutoModelForCausalLM.from_pretrained(work / "sft").eval()
     initial = evaluate_policy(sft, sft, AutoTokenizer.from_pretrained(work / "sft"), task, eval_set, args, seed=0)
-    prep = dict(flags=wanted, difficulty=args.difficulty, num_train_problems=len(train), num_eval_problems=len(test),
-                vocab_size=len(tokenizer), **sft_stats, initial_policy=initial,
-                sft_seconds=round(sft_time), total_seconds=round(time.time() - start),
-                threads=args.prep_threads, machine=f"{platform.machine()}, {os.cpu_count()} cores (shared)")
+    prep = dict(
+        flags=wanted,
+        difficulty=args.difficulty,
+        num_train_problems=len(train),
+        num_eval_problems=len(test),
+        vocab_size=len(tokenizer),
+        **sft_stats,
+        initial_policy=initial,
+        sft_seconds=round(sft_time),
+        total_seconds=round(time.time() - start),
+        threads=args.prep_threads,
+        machine=f"{platform.machine()}, {os.cpu_count()} cores (shared)",
+    )
     prep_file.write_text(json.dumps(prep, indent=1))
     log(json.dumps({k: v for k, v in prep.items() if k != "sft_history"}))
     return prep
@@ -370,16 +457,23 @@ def setting_flags(setting: str):
     kind, value, correction = parse_setting(setting)
     if kind == "sync":
         return "sync_script", value, ["--num-mini-batches", str(value)]
-    return "async_script", 1, ["--async-steps", str(value)] + (["--off-policy-correction", correction]
-                                                                 if correction else [])
+    return (
+        "async_script",
+        1,
+        ["--async-steps", str(value)] + (["--off-policy-correction", correction] if correction else []),
+    )
 
 
 def budget(args: Args, setting: str):
     """The paper's protocol: N mini-batches of a fixed size per generation round, num_updates / N rounds; a checkpoint
     every eval_every_updates updates, or every round where a round holds more updates (issue 54's sync-128)."""
     n = setting_flags(setting)[1]
-    return {"--prompts-per-step": n * args.mini_batch_prompts, "--num-learner-steps": args.num_updates // n,
-            "--response-length": args.response_length, "--save-every": max(1, args.eval_every_updates // n)}
+    return {
+        "--prompts-per-step": n * args.mini_batch_prompts,
+        "--num-learner-steps": args.num_updates // n,
+        "--response-length": args.response_length,
+        "--save-every": max(1, args.eval_every_updates // n),
+    }
 
 
 def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed: int):
@@ -400,8 +494,17 @@ def run_one(args: Args, task, algo: str, setting: str, learning_rate: float, see
     cwd = work / "runs" / path.stem
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
-    cmd = [sys.executable, str(REPO / spec[script_key]), *flags, *flags_of_setting, "--seed", str(seed),
-           *[str(x) for item in budget(args, setting).items() for x in item], "--output-dir", str(cwd / "model")]
+    cmd = [
+        sys.executable,
+        str(REPO / spec[script_key]),
+        *flags,
+        *flags_of_setting,
+        "--seed",
+        str(seed),
+        *[str(x) for item in budget(args, setting).items() for x in item],
+        "--output-dir",
+        str(cwd / "model"),
+    ]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {path.stem}: {' '.join(cmd)}", flush=True)
     start = time.time()
@@ -422,24 +525,44 @@ def run_one(args: Args, task, algo: str, setting: str, learning_rate: float, see
     for updates, folder in points:
         policy = AutoModelForCausalLM.from_pretrained(folder).eval()
         # the evaluation seed differs per run seed, not per setting or point: all are compared on the same random draws
-        curve.append(dict(updates=updates, **evaluate_policy(policy, sft, tokenizer, task, encode(tokenizer, test),
-                                                             args, seed=1000 + seed)))
+        curve.append(
+            dict(
+                updates=updates,
+                **evaluate_policy(policy, sft, tokenizer, task, encode(tokenizer, test), args, seed=1000 + seed),
+            )
+        )
     # how far off-policy the data really were, over the whole run: async's engine-vs-learner logprob gap (before each
     # step's first update: K versions of drift), and the largest importance ratio (sync-N's drift within a round)
     over_run = lambda key, how: how([m[key] for m in metrics]) if all(key in m for m in metrics) else None
-    off_policy = dict(logprob_gap_mean=over_run("async/behaviour_learner_logprob_gap", lambda v: sum(v) / len(v)),
-                      logprob_gap_max=over_run("async/behaviour_learner_logprob_gap", max),
-                      importance_ratio_max=over_run("policy/importance_ratio_max", max),
-                      clipfrac_mean=over_run("policy/clipfrac", lambda v: sum(v) / len(v)))
-    result = dict(algorithm=algo, setting=setting, learning_rate=learning_rate, seed=seed, command=cmd[1:],
-                  **{k: v for k, v in curve[-1].items() if k != "updates"}, curve=curve, off_policy=off_policy,
-                  episodes=metrics[-1]["episodes"], run_seconds=round(run_seconds, 1),
-                  eval_seconds=round(time.time() - start - run_seconds, 1), date=time.strftime("%Y-%m-%d %H:%M"),
-                  machine=f"{platform.machine()}, {os.cpu_count()} cores", final_metrics=metrics[-1])
+    off_policy = dict(
+        logprob_gap_mean=over_run("async/behaviour_learner_logprob_gap", lambda v: sum(v) / len(v)),
+        logprob_gap_max=over_run("async/behaviour_learner_logprob_gap", max),
+        importance_ratio_max=over_run("policy/importance_ratio_max", max),
+        clipfrac_mean=over_run("policy/clipfrac", lambda v: sum(v) / len(v)),
+    )
+    result = dict(
+        algorithm=algo,
+        setting=setting,
+        learning_rate=learning_rate,
+        seed=seed,
+        command=cmd[1:],
+        **{k: v for k, v in curve[-1].items() if k != "updates"},
+        curve=curve,
+        off_policy=off_policy,
+        episodes=metrics[-1]["episodes"],
+        run_seconds=round(run_seconds, 1),
+        eval_seconds=round(time.time() - start - run_seconds, 1),
+        date=time.strftime("%Y-%m-%d %H:%M"),
+        machine=f"{platform.machine()}, {os.cpu_count()} cores",
+        final_metrics=metrics[-1],
+    )
     path.write_text(json.dumps(result, indent=1))
     shutil.rmtree(cwd, ignore_errors=True)  # the run folder and its checkpoints are not needed any more
-    print("   gold " + " ".join(f"{p['gold_reward']:.3f}" for p in curve) + f"  final KL {curve[-1]['kl']:.3f}  "
-          f"({run_seconds:.0f}s run + {result['eval_seconds']:.0f}s eval)", flush=True)
+    print(
+        "   gold " + " ".join(f"{p['gold_reward']:.3f}" for p in curve) + f"  final KL {curve[-1]['kl']:.3f}  "
+        f"({run_seconds:.0f}s run + {result['eval_seconds']:.0f}s eval)",
+        flush=True,
+    )
     return time.time() - start
 
 
@@ -476,8 +599,10 @@ def check_same_budget(path: Path, args: Args, setting: str):
     wanted = budget(args, setting)
     found = {flag: int(command[command.index(flag) + 1]) if flag in command else None for flag in wanted}
     if found != wanted:
-        sys.exit(f"error: {path} was made with {found}, this invocation asks for {wanted}; "
-                 "pass --force to rerun it or --results-dir to keep both sweeps")
+        sys.exit(
+            f"error: {path} was made with {found}, this invocation asks for {wanted}; "
+            "pass --force to rerun it or --results-dir to keep both sweeps"
+        )
 
 
 # REPORT: rebuilt from the result files alone
@@ -497,8 +622,14 @@ def gold_at_kl(curve, kl: float):
 
 def mean_curve(runs):
     """Seed-mean gold and KL at each evaluated update count (every seed of a setting is evaluated at the same ones)."""
-    return [dict(updates=points[0]["updates"], gold_reward=mean_std([p["gold_reward"] for p in points])[0],
-                 kl=mean_std([p["kl"] for p in points])[0]) for points in zip(*[r["curve"] for r in runs])]
+    return [
+        dict(
+            updates=points[0]["updates"],
+            gold_reward=mean_std([p["gold_reward"] for p in points])[0],
+            kl=mean_std([p["kl"] for p in points])[0],
+        )
+        for points in zip(*[r["curve"] for r in runs])
+    ]
 
 
 def load_results(results_dir: Path):
@@ -524,21 +655,30 @@ def report(results_dir: Path):
     prep_path = results_dir / "staleness" / "prep.json"
     prep = json.loads(prep_path.read_text()) if prep_path.exists() else None
     fmt = lambda ms: f"{ms[0]:.3f} ± {ms[1]:.3f}" if not math.isnan(ms[1]) else f"{ms[0]:.3f}"
-    lines = ["Staleness with a verifiable reward: every algorithm trains on the verifier that also scores it (reward = "
-             "gold), so nothing can be over-optimised and this does not test the paper's Sec. 3 question (a proxy "
-             "reward model, gold win-rate against KL): that is benchmark/staleness_paper.py (staleness_paper.md). "
-             "Gold = verifier accuracy of temperature-0.7 samples on held-out problems; KL = mean over the policy's "
-             "own samples of sum_t log pi - log pi_sft (T=0.7).",
-             "sync-N: N mini-batches per generation round; async-K[-correction]: batches generated K policy versions "
-             "ago, trained with that --off-policy-correction. Gold at matched KL: each run's gold where its curve "
-             "first reaches the largest KL that every run of the algorithm reaches (linear between evaluations).",
-             "Produced by `python benchmark/staleness.py` (see its docstring); mean ± std over seeds.", ""]
+    lines = [
+        "Staleness with a verifiable reward: every algorithm trains on the verifier that also scores it (reward = "
+        "gold), so nothing can be over-optimised and this does not test the paper's Sec. 3 question (a proxy "
+        "reward model, gold win-rate against KL): that is benchmark/staleness_paper.py (staleness_paper.md). "
+        "Gold = verifier accuracy of temperature-0.7 samples on held-out problems; KL = mean over the policy's "
+        "own samples of sum_t log pi - log pi_sft (T=0.7).",
+        "sync-N: N mini-batches per generation round; async-K[-correction]: batches generated K policy versions "
+        "ago, trained with that --off-policy-correction. Gold at matched KL: each run's gold where its curve "
+        "first reaches the largest KL that every run of the algorithm reaches (linear between evaluations).",
+        "Produced by `python benchmark/staleness.py` (see its docstring); mean ± std over seeds.",
+        "",
+    ]
     if prep:
         init = prep["initial_policy"]
-        lines += [f"Initial SFT policy: gold {init['gold_reward']:.3f}, greedy {init['greedy_accuracy']:.3f} "
-                  f"({prep['policy_parameters']:,} parameters, difficulty {prep['difficulty']}).", ""]
-    lines += ["| algorithm | setting | final gold | gold at matched KL | matched KL | final KL | final greedy | "
-              "seeds | episodes | s/run |", "|" + "---|" * 10]
+        lines += [
+            f"Initial SFT policy: gold {init['gold_reward']:.3f}, greedy {init['greedy_accuracy']:.3f} "
+            f"({prep['policy_parameters']:,} parameters, difficulty {prep['difficulty']}).",
+            "",
+        ]
+    lines += [
+        "| algorithm | setting | final gold | gold at matched KL | matched KL | final KL | final greedy | "
+        "seeds | episodes | s/run |",
+        "|" + "---|" * 10,
+    ]
     for algo in ALGORITHMS:
         found = [s for s in settings_of(algo) + ["sync-2", "sync-8"] if runs.get((algo, s))]
         if not found:
@@ -547,16 +687,23 @@ def report(results_dir: Path):
         for setting in found:
             rs = runs[(algo, setting)]
             gold_matched = mean_std([gold_at_kl(r["curve"], matched) for r in rs])
-            lines.append(f"| {algo} | {setting} | {fmt(mean_std([r['gold_reward'] for r in rs]))} | "
-                         f"{fmt(gold_matched)} | {matched:.3f} | {fmt(mean_std([r['kl'] for r in rs]))} | "
-                         f"{fmt(mean_std([r['greedy_accuracy'] for r in rs]))} | {len(rs)} | {rs[0]['episodes']} | "
-                         f"{mean_std([r['run_seconds'] + r['eval_seconds'] for r in rs])[0]:.0f} |")
+            lines.append(
+                f"| {algo} | {setting} | {fmt(mean_std([r['gold_reward'] for r in rs]))} | "
+                f"{fmt(gold_matched)} | {matched:.3f} | {fmt(mean_std([r['kl'] for r in rs]))} | "
+                f"{fmt(mean_std([r['greedy_accuracy'] for r in rs]))} | {len(rs)} | {rs[0]['episodes']} | "
+                f"{mean_std([r['run_seconds'] + r['eval_seconds'] for r in rs])[0]:.0f} |"
+            )
     lines += cost_tables(runs, prep) + off_policy_table(runs)
     if rate_sweep:
-        lines += ["", "Learning-rate sweep on sync-1, one seed per rate (the lowest seed run at every rate, the one the "
-                  "rates were chosen on; the chosen rate's seed means are in the first table). Gold at each "
-                  "evaluation, from update 0; the rate each algorithm uses is marked *:", "",
-                  "| algorithm | learning rate | gold along the run | final KL | seed |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Learning-rate sweep on sync-1, one seed per rate (the lowest seed run at every rate, the one the "
+            "rates were chosen on; the chosen rate's seed means are in the first table). Gold at each "
+            "evaluation, from update 0; the rate each algorithm uses is marked *:",
+            "",
+            "| algorithm | learning rate | gold along the run | final KL | seed |",
+            "|---|---|---|---|---|",
+        ]
         for (algo, lr), rs in sorted(rate_sweep.items()):
             run = min(rs, key=lambda r: r["seed"])
             mark = " *" if lr == ALGORITHMS[algo]["learning_rate"] else ""
@@ -610,17 +757,25 @@ def cost_tables(runs, prep):
         n = prep["flags"]["num_eval_problems"] * prep["flags"]["eval_samples"]
         gold = mean_std([r["gold_reward"] for a in algos for r in runs[(a, "sync-1")]])[0]
         se = math.sqrt(2 * gold * (1 - gold) / n)
-        noise = (f" One evaluation is the accuracy of {n:,} samples, so two runs' golds differ by about {se:.3f} from "
-                 f"sampling alone (one standard error); a mean of {len(late)} evaluations lowers that, to "
-                 f"{se / math.sqrt(len(late)):.3f} if their draws were independent (they share random numbers, so "
-                 "the seeds' spread is the real measure).")
-    lines = ["", f"What staleness costs: late gold (the mean gold of the evaluations at updates "
-             f"{', '.join(map(str, late))}) minus sync-1's, per seed, then mean ± std over seeds (async-K under the "
-             "paper's loss, `--off-policy-correction paper`, for the algorithms that have a ratio)." + noise +
-             f" Rank: by the mean cost over {', '.join(RANKED)}, most robust first (± the std over seeds of each "
-             "seed's own mean cost); the same mean on the final gold alone is shown beside it.", "",
-             "| algorithm | sync-1 late gold | " + " | ".join(columns) + " | mean cost | on final gold | rank |",
-             "|" + "---|" * (len(columns) + 5)]
+        noise = (
+            f" One evaluation is the accuracy of {n:,} samples, so two runs' golds differ by about {se:.3f} from "
+            f"sampling alone (one standard error); a mean of {len(late)} evaluations lowers that, to "
+            f"{se / math.sqrt(len(late)):.3f} if their draws were independent (they share random numbers, so "
+            "the seeds' spread is the real measure)."
+        )
+    lines = [
+        "",
+        f"What staleness costs: late gold (the mean gold of the evaluations at updates "
+        f"{', '.join(map(str, late))}) minus sync-1's, per seed, then mean ± std over seeds (async-K under the "
+        "paper's loss, `--off-policy-correction paper`, for the algorithms that have a ratio)."
+        + noise
+        + f" Rank: by the mean cost over {', '.join(RANKED)}, most robust first (± the std over seeds of each "
+        "seed's own mean cost); the same mean on the final gold alone is shown beside it.",
+        "",
+        "| algorithm | sync-1 late gold | " + " | ".join(columns) + " | mean cost | on final gold | rank |",
+        "|" + "---|" * (len(columns) + 5),
+    ]
+
     def seed_spread(algo):
         """The std over seeds of each seed's own mean cost over RANKED (seeds that have every RANKED setting): how far
         the ranking's number moves from one seed to the next."""
@@ -635,21 +790,34 @@ def cost_tables(runs, prep):
     for algo in algos:
         costs = {s: cost(algo, named(algo, s)) for s in columns}
         if all(costs[s] for s in RANKED):
-            mean_cost[algo] = [sum(cost(algo, named(algo, s), gold)[0] for s in RANKED) / len(RANKED)
-                               for gold in (late_gold, final_gold)] + [seed_spread(algo)]
+            mean_cost[algo] = [
+                sum(cost(algo, named(algo, s), gold)[0] for s in RANKED) / len(RANKED)
+                for gold in (late_gold, final_gold)
+            ] + [seed_spread(algo)]
     order = sorted(mean_cost, key=lambda a: mean_cost[a][0], reverse=True)
     for algo in algos:
         costs = {s: cost(algo, named(algo, s)) for s in columns}
         base = mean_std([late_gold(r) for r in runs[(algo, "sync-1")]])
-        lines.append(f"| {algo} | {base[0]:.3f} | " + " | ".join(fmt(costs[s]) if costs[s] else "–" for s in columns)
-                     + (f" | {fmt((mean_cost[algo][0], mean_cost[algo][2]))} | {mean_cost[algo][1]:+.3f} | "
-                        f"{order.index(algo) + 1 if len(order) > 1 else '–'} |"
-                        if algo in mean_cost else " | – | – | (incomplete) |"))
+        lines.append(
+            f"| {algo} | {base[0]:.3f} | "
+            + " | ".join(fmt(costs[s]) if costs[s] else "–" for s in columns)
+            + (
+                f" | {fmt((mean_cost[algo][0], mean_cost[algo][2]))} | {mean_cost[algo][1]:+.3f} | "
+                f"{order.index(algo) + 1 if len(order) > 1 else '–'} |"
+                if algo in mean_cost
+                else " | – | – | (incomplete) |"
+            )
+        )
     corrected = [a for a in algos if ALGORITHMS[a]["corrections"]]
     if corrected:
-        lines += ["", "Which correction recovers what staleness costs: late gold minus sync-1's at the largest lags, "
-                  "per `--off-policy-correction` (mean ± std over seeds).", "",
-                  "| algorithm | K | " + " | ".join(CORRECTIONS) + " |", "|" + "---|" * (len(CORRECTIONS) + 2)]
+        lines += [
+            "",
+            "Which correction recovers what staleness costs: late gold minus sync-1's at the largest lags, "
+            "per `--off-policy-correction` (mean ± std over seeds).",
+            "",
+            "| algorithm | K | " + " | ".join(CORRECTIONS) + " |",
+            "|" + "---|" * (len(CORRECTIONS) + 2),
+        ]
         for algo in corrected:
             for k in ASYNC_K[-2:]:
                 costs = [cost(algo, f"async-{k}-{c}") for c in CORRECTIONS]
@@ -667,17 +835,23 @@ def off_policy_table(runs):
             if not have:
                 continue
             mean = lambda key, f: f.format(sum(h[key] for h in have) / len(have)) if have[0][key] is not None else "–"
-            lines.append(f"| {algo} | {setting} | {mean('logprob_gap_mean', '{:.1e}')} | "
-                         f"{mean('logprob_gap_max', '{:.1e}')} | {mean('importance_ratio_max', '{:.3f}')} | "
-                         f"{mean('clipfrac_mean', '{:.4f}')} | {len(have)} |")
+            lines.append(
+                f"| {algo} | {setting} | {mean('logprob_gap_mean', '{:.1e}')} | "
+                f"{mean('logprob_gap_max', '{:.1e}')} | {mean('importance_ratio_max', '{:.3f}')} | "
+                f"{mean('clipfrac_mean', '{:.4f}')} | {len(have)} |"
+            )
     if not lines:
         return []
-    return ["", "How far off-policy the data were, over each run: the mean and largest per-step gap |vLLM logprob - "
-            "learner logprob| of the sampled tokens before the step's first update (`async/behaviour_learner_logprob_"
-            "gap`: K policy versions of drift in async, ~1e-6 in sync), the largest importance ratio (sync-N's drift "
-            "within a round shows here) and the mean clipped fraction.", "",
-            "| algorithm | setting | gap, mean | gap, max | importance ratio, max | clipfrac | seeds |",
-            "|---|---|---|---|---|---|---|"] + lines
+    return [
+        "",
+        "How far off-policy the data were, over each run: the mean and largest per-step gap |vLLM logprob - "
+        "learner logprob| of the sampled tokens before the step's first update (`async/behaviour_learner_logprob_"
+        "gap`: K policy versions of drift in async, ~1e-6 in sync), the largest importance ratio (sync-N's drift "
+        "within a round shows here) and the mean clipped fraction.",
+        "",
+        "| algorithm | setting | gap, mean | gap, max | importance ratio, max | clipfrac | seeds |",
+        "|---|---|---|---|---|---|---|",
+    ] + lines
 
 
 def plot(runs, prep, results_dir: Path):
@@ -689,15 +863,20 @@ def plot(runs, prep, results_dir: Path):
 
     algos = [a for a in ALGORITHMS if any(key[0] == a for key in runs)]
     columns = ["sync"] + [f"async, {c}" for c in CORRECTIONS]
-    for x_key, name, x_label in (("kl", "staleness.png", "KL(pi || pi_sft)"), ("updates", "staleness_updates.png",
-                                                                              "optimizer updates")):
+    for x_key, name, x_label in (
+        ("kl", "staleness.png", "KL(pi || pi_sft)"),
+        ("updates", "staleness_updates.png", "optimizer updates"),
+    ):
         fig, axes = plt.subplots(len(algos), 4, figsize=(14, 3.0 * len(algos)), squeeze=False, sharey="row")
         for row, algo in zip(axes, algos):
             for col, (ax, column) in enumerate(zip(row, columns)):
                 for setting in settings_of(algo) + ["sync-2", "sync-8"]:
                     kind, value, correction = parse_setting(setting)
-                    in_column = (kind == "sync" and col == 0) or (kind == "async" and col > 0 and (
-                        correction == CORRECTIONS[col - 1] or (correction is None and col == 1)))
+                    in_column = (kind == "sync" and col == 0) or (
+                        kind == "async"
+                        and col > 0
+                        and (correction == CORRECTIONS[col - 1] or (correction is None and col == 1))
+                    )
                     reference = setting == "sync-1" and col > 0
                     if not runs.get((algo, setting)) or not (in_column or reference):
                         continue
@@ -705,14 +884,22 @@ def plot(runs, prep, results_dir: Path):
                     if reference:
                         style = dict(color="k", linestyle="--", label="sync-1")
                     elif kind == "sync":
-                        style = dict(color=plt.get_cmap("viridis")(math.log2(value) / 5.5), marker="o",
-                                     label=f"N={value}")
+                        style = dict(
+                            color=plt.get_cmap("viridis")(math.log2(value) / 5.5), marker="o", label=f"N={value}"
+                        )
                     else:
-                        style = dict(color=plt.get_cmap("Reds")(0.35 + 0.65 * math.log2(value) / 3), marker="^",
-                                     label=f"K={value}")
+                        style = dict(
+                            color=plt.get_cmap("Reds")(0.35 + 0.65 * math.log2(value) / 3),
+                            marker="^",
+                            label=f"K={value}",
+                        )
                     ax.plot([p[x_key] for p in curve], [p["gold_reward"] for p in curve], markersize=3, **style)
-                ax.set_title(f"{algo}: {column}" if col == 0 or ALGORITHMS[algo]["corrections"] or col == 1
-                             else f"{algo}: (no correction modes)", fontsize=9)
+                ax.set_title(
+                    f"{algo}: {column}"
+                    if col == 0 or ALGORITHMS[algo]["corrections"] or col == 1
+                    else f"{algo}: (no correction modes)",
+                    fontsize=9,
+                )
                 ax.grid(alpha=0.3)
                 if ax.get_legend_handles_labels()[0]:
                     ax.legend(fontsize=7)
@@ -729,8 +916,16 @@ def quick_settings(args: Args):
     their defaults shrink: a flag given explicitly next to --quick wins."""
     args.settings = [s for s in (args.settings or QUICK_SETTINGS) if s in QUICK_SETTINGS]
     args.seeds = args.seeds[:1]
-    quick = dict(num_updates=4, eval_every_updates=2, num_train_problems=128, num_eval_problems=8, sft_max_steps=10,
-                 eval_samples=2, mini_batch_prompts=2, response_length=32)
+    quick = dict(
+        num_updates=4,
+        eval_every_updates=2,
+        num_train_problems=128,
+        num_eval_problems=8,
+        sft_max_steps=10,
+        eval_samples=2,
+        mini_batch_prompts=2,
+        response_length=32,
+    )
     defaults = Args()
     for name, value in quick.items():
         if getattr(args, name) == getattr(defaults, name):
@@ -748,8 +943,10 @@ def check(args: Args):
     for s in args.settings or [s for a in args.algorithms for s in settings_of(a)]:
         n = setting_flags(s)[1]
         if args.eval_every_updates % n or args.num_updates % args.eval_every_updates:
-            sys.exit(f"error: --eval-every-updates {args.eval_every_updates} must be a multiple of N of {s} and "
-                     f"divide --num-updates {args.num_updates}")
+            sys.exit(
+                f"error: --eval-every-updates {args.eval_every_updates} must be a multiple of N of {s} and "
+                f"divide --num-updates {args.num_updates}"
+            )
 
 
 if __name__ == "__main__":
@@ -779,8 +976,10 @@ if __name__ == "__main__":
                             if args.max_runs is not None and new_runs >= args.max_runs:
                                 continue
                             expected = max(durations) if durations else 0.0
-                            if args.time_budget_hours is not None and \
-                                    time.time() - invocation_start + expected > 3600 * args.time_budget_hours:
+                            if (
+                                args.time_budget_hours is not None
+                                and time.time() - invocation_start + expected > 3600 * args.time_budget_hours
+                            ):
                                 print(f"== time budget reached: not starting {path.stem}")
                                 continue
                             claimed = claim(Path(args.work_dir), path.stem)

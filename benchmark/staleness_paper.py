@@ -54,16 +54,47 @@ import staleness as base  # noqa: E402  the shared prep (data, tokenizer, SFT), 
 # One rate for every algorithm, as in the paper: chosen by the gate runs on sync-1 (docs/benchmarks.md)
 LEARNING_RATE = 1e-4
 ALGORITHMS = {
-    "dpo": dict(async_script="async_dpo.py", sync_script="sync_baselines/sync_dpo.py", corrections=False,
-                flags=["--num-samples-per-prompt", "2", "--beta", "0.1"]),
-    "rloo": dict(async_script="async_rloo.py", sync_script="sync_baselines/sync_rloo.py", corrections=True,
-                 flags=["--num-samples-per-prompt", "2", "--kl-coef", "0.05"]),
-    "ppo": dict(async_script="async_ppo.py", sync_script="sync_baselines/sync_ppo.py", corrections=True,
-                flags=["--num-samples-per-prompt", "1", "--kl-coef", "0.05"]),
+    "dpo": dict(
+        async_script="async_dpo.py",
+        sync_script="sync_baselines/sync_dpo.py",
+        corrections=False,
+        flags=["--num-samples-per-prompt", "2", "--beta", "0.1"],
+    ),
+    "rloo": dict(
+        async_script="async_rloo.py",
+        sync_script="sync_baselines/sync_rloo.py",
+        corrections=True,
+        flags=["--num-samples-per-prompt", "2", "--kl-coef", "0.05"],
+    ),
+    "ppo": dict(
+        async_script="async_ppo.py",
+        sync_script="sync_baselines/sync_ppo.py",
+        corrections=True,
+        flags=["--num-samples-per-prompt", "1", "--kl-coef", "0.05"],
+    ),
 }
-COMMON_FLAGS = ["--model-name-or-path", "{sft}", "--reward", "model", "--reward-model-path", "{rm}",
-                "--dataset-path", "{prompts}", "--missing-eos-penalty", "{penalty}", "--max-prompt-tokens", "96",
-                "--temperature", "0.7", "--torch-threads", "1", "--sample-every", "1000000", "--keep-checkpoints", "0"]
+COMMON_FLAGS = [
+    "--model-name-or-path",
+    "{sft}",
+    "--reward",
+    "model",
+    "--reward-model-path",
+    "{rm}",
+    "--dataset-path",
+    "{prompts}",
+    "--missing-eos-penalty",
+    "{penalty}",
+    "--max-prompt-tokens",
+    "96",
+    "--temperature",
+    "0.7",
+    "--torch-threads",
+    "1",
+    "--sample-every",
+    "1000000",
+    "--keep-checkpoints",
+    "0",
+]
 SYNC_N = (1, 4, 16, 32)
 # issue 41's sweep on a gate candidate's miniature (--gate): the paper's N (Fig. 4: 1-16) and 32; a superset of SYNC_N,
 # so the report lists every sweep's settings in this order
@@ -175,8 +206,9 @@ class Args:
 # GOLD, WIN-RATE AND THE PROXY REWARD MODEL
 def gold_scores(tokenizer, responses, answers, n):
     """The continuous gold of each response (prompt-major, n per prompt)."""
-    return [task.gold_score(tokenizer.decode(r, skip_special_tokens=True), answers[i // n])
-            for i, r in enumerate(responses)]
+    return [
+        task.gold_score(tokenizer.decode(r, skip_special_tokens=True), answers[i // n]) for i, r in enumerate(responses)
+    ]
 
 
 def win_rate(policy_gold, reference_gold, n, m):
@@ -211,8 +243,17 @@ def proxy_rewards(rm, prompts, responses, eos_id, penalty, pad_id):
     return [s if r and r[-1] == eos_id else penalty for s, r in zip(scores.tolist(), responses)]
 
 
-def train_reward_model(args: Args, tokenizer, train_set, eval_set, sft_dir: Path, out_dir: Path, log,
-                       problems: Optional[int] = None, layers: Optional[int] = None):
+def train_reward_model(
+    args: Args,
+    tokenizer,
+    train_set,
+    eval_set,
+    sft_dir: Path,
+    out_dir: Path,
+    log,
+    problems: Optional[int] = None,
+    layers: Optional[int] = None,
+):
     """Bradley-Terry on gold-labelled pairs of the SFT policy's own samples (disjoint pairs of rm_samples per training
     problem; tied pairs carry no preference and are dropped). Starts from the SFT weights with a new scalar head, as
     the paper's RM starts from its SFT model. Its score is then scaled to unit variance on SFT samples of held-out
@@ -236,8 +277,9 @@ def train_reward_model(args: Args, tokenizer, train_set, eval_set, sft_dir: Path
     train_pairs, test_pairs = pairs[:split], pairs[split:]
     log(f"RM: {len(pairs)} gold-labelled pairs of {len(responses) // 2} ({len(responses) // 2 - len(pairs)} tied)")
     torch.manual_seed(0)
-    rm = LlamaForSequenceClassification.from_pretrained(sft_dir, num_labels=1,
-                                                        **(dict(num_hidden_layers=layers) if layers else {}))
+    rm = LlamaForSequenceClassification.from_pretrained(
+        sft_dir, num_labels=1, **(dict(num_hidden_layers=layers) if layers else {})
+    )
     optimizer = torch.optim.AdamW(rm.parameters(), lr=args.rm_learning_rate, weight_decay=0.0)
     rng, batch_size = random.Random(0), 32
     total = args.rm_epochs * math.ceil(len(train_pairs) / batch_size)
@@ -269,11 +311,16 @@ def train_reward_model(args: Args, tokenizer, train_set, eval_set, sft_dir: Path
     tokenizer.save_pretrained(out_dir)
     penalty = round(scores.mean().item() - 2.0, 2)
     gold_t = torch.tensor(held_out_gold)
-    return dict(rm_pairs=len(pairs), rm_tied_pairs=len(responses) // 2 - len(pairs), rm_train_pairs=len(train_pairs),
-                rm_test_pair_accuracy=(chosen > rejected).float().mean().item(),
-                rm_gold_correlation=torch.corrcoef(torch.stack([scores, gold_t]))[0, 1].item(),
-                rm_score_mean=scores.mean().item(), missing_eos_penalty=penalty,
-                rm_parameters=sum(p.numel() for p in rm.parameters()))
+    return dict(
+        rm_pairs=len(pairs),
+        rm_tied_pairs=len(responses) // 2 - len(pairs),
+        rm_train_pairs=len(train_pairs),
+        rm_test_pair_accuracy=(chosen > rejected).float().mean().item(),
+        rm_gold_correlation=torch.corrcoef(torch.stack([scores, gold_t]))[0, 1].item(),
+        rm_score_mean=scores.mean().item(),
+        missing_eos_penalty=penalty,
+        rm_parameters=sum(p.numel() for p in rm.parameters()),
+    )
 
 
 def evaluate(policy, sft, rm, tokenizer, eval_set, prep, args: Args, seed: int):
@@ -282,14 +329,24 @@ def evaluate(policy, sft, rm, tokenizer, eval_set, prep, args: Args, seed: int):
     prompts, answers, n, eos = eval_set["prompts"], eval_set["answers"], args.eval_samples, tokenizer.eos_token_id
     samples = base.sample(policy, prompts, n, 0.7, args.response_length, eos, seed)
     repeated = [p for p in prompts for _ in range(n)]
-    kls = [a - b for a, b in zip(base.response_logprob_sums(policy, repeated, samples, 0.7, eos),
-                                 base.response_logprob_sums(sft, repeated, samples, 0.7, eos))]
+    kls = [
+        a - b
+        for a, b in zip(
+            base.response_logprob_sums(policy, repeated, samples, 0.7, eos),
+            base.response_logprob_sums(sft, repeated, samples, 0.7, eos),
+        )
+    ]
     gold = gold_scores(tokenizer, samples, answers, n)
     proxy = proxy_rewards(rm, repeated, samples, eos, prep["missing_eos_penalty"], tokenizer.pad_token_id)
-    return dict(win_rate=win_rate(gold, eval_set["sft_gold"], n, n), gold=sum(gold) / len(gold),
-                proxy=sum(proxy) / len(proxy), kl=sum(kls) / len(kls),
-                exact=sum(g == 1.0 for g in gold) / len(gold), eos_rate=sum(eos in s for s in samples) / len(samples),
-                response_length=sum(map(len, samples)) / len(samples))
+    return dict(
+        win_rate=win_rate(gold, eval_set["sft_gold"], n, n),
+        gold=sum(gold) / len(gold),
+        proxy=sum(proxy) / len(proxy),
+        kl=sum(kls) / len(kls),
+        exact=sum(g == 1.0 for g in gold) / len(gold),
+        eos_rate=sum(eos in s for s in samples) / len(samples),
+        response_length=sum(map(len, samples)) / len(samples),
+    )
 
 
 # PREP: the shared SFT prep of benchmark/staleness.py, then the SFT reference samples and the proxy reward model
@@ -315,8 +372,12 @@ def load_eval_set(work: Path, tokenizer, args: Args):
         samples = base.sample(sft, prompts, args.eval_samples, 0.7, args.response_length, tokenizer.eos_token_id, 0)
         cache.write_text(json.dumps(samples))
     samples = json.loads(cache.read_text())
-    return dict(prompts=prompts, answers=answers, sft_samples=samples,
-                sft_gold=gold_scores(tokenizer, samples, answers, args.eval_samples))
+    return dict(
+        prompts=prompts,
+        answers=answers,
+        sft_samples=samples,
+        sft_gold=gold_scores(tokenizer, samples, answers, args.eval_samples),
+    )
 
 
 def prepare(args: Args):
@@ -331,9 +392,11 @@ def prepare(args: Args):
     if prep_file.exists():
         prep = json.loads(prep_file.read_text())
         if prep.get("flags") != wanted:
-            sys.exit(f"error: the prep in {work} was built with {prep.get('flags')}, this invocation asks for "
-                     f"{wanted}; "
-                     "pass another --work-dir (and --results-dir) or delete that folder")
+            sys.exit(
+                f"error: the prep in {work} was built with {prep.get('flags')}, this invocation asks for "
+                f"{wanted}; "
+                "pass another --work-dir (and --results-dir) or delete that folder"
+            )
         return prep
     start = time.time()
     sft_prep = base.prepare(args, task)  # data, tokenizer, SFT (prep.json; its own flags check)
@@ -342,14 +405,21 @@ def prepare(args: Args):
     tokenizer = AutoTokenizer.from_pretrained(work / "sft")
     train = [json.loads(line) for line in (work / "data" / "train.jsonl").read_text().splitlines()]
     (work / "prompts").mkdir(exist_ok=True)  # what --reward model reads: the prompt text in the "query" field
-    base.write_jsonl(work / "prompts" / "train.jsonl",
-                     [{"query": base.PROMPT_TEMPLATE.format(question=p["question"])} for p in train])
+    base.write_jsonl(
+        work / "prompts" / "train.jsonl",
+        [{"query": base.PROMPT_TEMPLATE.format(question=p["question"])} for p in train],
+    )
     eval_set = load_eval_set(work, tokenizer, args)
     rm_start = time.time()
-    rm_stats = train_reward_model(args, tokenizer, base.encode(tokenizer, train), eval_set, work / "sft", work / "rm",
-                                  log)
-    prep = dict(flags=wanted, **{k: v for k, v in sft_prep.items() if k not in ("flags", "initial_policy")},
-                **rm_stats, rm_seconds=round(time.time() - rm_start))
+    rm_stats = train_reward_model(
+        args, tokenizer, base.encode(tokenizer, train), eval_set, work / "sft", work / "rm", log
+    )
+    prep = dict(
+        flags=wanted,
+        **{k: v for k, v in sft_prep.items() if k not in ("flags", "initial_policy")},
+        **rm_stats,
+        rm_seconds=round(time.time() - rm_start),
+    )
     sft = AutoModelForCausalLM.from_pretrained(work / "sft").eval()
     rm = load_rm(work / "rm")
     # other draws than the reference's, as every run's update 0: the SFT policy's win-rate against itself, ~0.5
@@ -373,16 +443,21 @@ def scale_prep(args: Args, prep, rm_dir: Path):
         torch.set_num_threads(args.prep_threads)
         log = lambda msg: print(f"[prep width {args.policy_width} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
         tokenizer = AutoTokenizer.from_pretrained(work / "sft")
-        train, test = ([json.loads(line) for line in (work / "data" / f"{part}.jsonl").read_text().splitlines()]
-                       for part in ("train", "test"))
+        train, test = (
+            [json.loads(line) for line in (work / "data" / f"{part}.jsonl").read_text().splitlines()]
+            for part in ("train", "test")
+        )
         start = time.time()
-        _, stats = base.train_sft(args, tokenizer, task, train, base.encode(tokenizer, test), folder, log,
-                                  hidden_size=args.policy_width)
+        _, stats = base.train_sft(
+            args, tokenizer, task, train, base.encode(tokenizer, test), folder, log, hidden_size=args.policy_width
+        )
         sft = AutoModelForCausalLM.from_pretrained(folder).eval()
-        stats["initial_policy"] = evaluate(sft, sft, load_rm(rm_dir), tokenizer, load_eval_set(work, tokenizer, args),
-                                           prep, args, seed=999)
-        stats_file.write_text(json.dumps(dict(stats, policy_width=args.policy_width,
-                                              sft_seconds=round(time.time() - start)), indent=1))
+        stats["initial_policy"] = evaluate(
+            sft, sft, load_rm(rm_dir), tokenizer, load_eval_set(work, tokenizer, args), prep, args, seed=999
+        )
+        stats_file.write_text(
+            json.dumps(dict(stats, policy_width=args.policy_width, sft_seconds=round(time.time() - start)), indent=1)
+        )
         log(json.dumps({k: v for k, v in stats.items() if k != "sft_history"}))
     return dict(prep, **json.loads(stats_file.read_text()))
 
@@ -400,8 +475,18 @@ def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed:
     return Path(args.results_dir) / folder / name
 
 
-def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, seed: int, path: Path,
-            rm_dir: Optional[Path] = None, overrides: Optional[dict] = None, extra: Optional[dict] = None):
+def run_one(
+    args: Args,
+    prep,
+    algo: str,
+    setting: str,
+    learning_rate: float,
+    seed: int,
+    path: Path,
+    rm_dir: Optional[Path] = None,
+    overrides: Optional[dict] = None,
+    extra: Optional[dict] = None,
+):
     """One run and the evaluation of its checkpoints. A run on a gate candidate's miniature (the gate search, --gate)
     passes its own proxy (rm_dir; prep then holds its missing-EOS penalty), flag overrides ({"--kl-coef": "0.01"}) and
     fields to record (extra)."""
@@ -413,8 +498,12 @@ def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, see
     spec = ALGORITHMS[algo]
     script_key, n, flags_of_setting = base.setting_flags(setting)
     flags = COMMON_FLAGS + spec["flags"] + ["--learning-rate", f"{learning_rate:g}"]
-    for key, value in {"{sft}": sft_dir(args), "{rm}": rm_dir, "{prompts}": work / "prompts",
-                       "{penalty}": prep["missing_eos_penalty"]}.items():
+    for key, value in {
+        "{sft}": sft_dir(args),
+        "{rm}": rm_dir,
+        "{prompts}": work / "prompts",
+        "{penalty}": prep["missing_eos_penalty"],
+    }.items():
         flags = [f.replace(key, str(value)) for f in flags]
     for flag, value in (overrides or {}).items():
         if flag in flags:
@@ -425,8 +514,17 @@ def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, see
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
     script = Path(args.scripts_dir) / spec[script_key]
-    cmd = [sys.executable, str(script), *flags, *flags_of_setting, "--seed", str(seed),
-           *[str(x) for item in base.budget(args, setting).items() for x in item], "--output-dir", str(cwd / "model")]
+    cmd = [
+        sys.executable,
+        str(script),
+        *flags,
+        *flags_of_setting,
+        "--seed",
+        str(seed),
+        *[str(x) for item in base.budget(args, setting).items() for x in item],
+        "--output-dir",
+        str(cwd / "model"),
+    ]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {path.stem}: {' '.join(cmd)}", flush=True)
     start = time.time()
@@ -443,25 +541,56 @@ def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, see
     sft, rm = AutoModelForCausalLM.from_pretrained(sft_dir(args)).eval(), load_rm(rm_dir)
     eval_set = load_eval_set(work, tokenizer, args)
     # the evaluation seed differs per run seed, not per setting or point: all are compared on the same random draws
-    curve = [dict(updates=u, **evaluate(AutoModelForCausalLM.from_pretrained(folder).eval(), sft, rm, tokenizer,
-                                        eval_set, prep, args, seed=1000 + seed)) for u, folder in points]
+    curve = [
+        dict(
+            updates=u,
+            **evaluate(
+                AutoModelForCausalLM.from_pretrained(folder).eval(),
+                sft,
+                rm,
+                tokenizer,
+                eval_set,
+                prep,
+                args,
+                seed=1000 + seed,
+            ),
+        )
+        for u, folder in points
+    ]
     over_run = lambda key, how: how([m[key] for m in metrics]) if all(key in m for m in metrics) else None
-    off_policy = dict(logprob_gap_mean=over_run("async/behaviour_learner_logprob_gap", lambda v: sum(v) / len(v)),
-                      importance_ratio_max=over_run("policy/importance_ratio_max", max),
-                      clipfrac_mean=over_run("policy/clipfrac", lambda v: sum(v) / len(v)))
-    result = dict(algorithm=algo, setting=setting, learning_rate=learning_rate, seed=seed, **(extra or {}),
-                  command=cmd[1:],
-                  curve=curve, off_policy=off_policy, episodes=metrics[-1]["episodes"],
-                  train_scores=[m["objective/scores"] for m in metrics if "objective/scores" in m],
-                  run_seconds=round(run_seconds, 1), eval_seconds=round(time.time() - start - run_seconds, 1),
-                  date=time.strftime("%Y-%m-%d %H:%M"), machine=f"{platform.machine()}, {os.cpu_count()} cores",
-                  commit=subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                        text=True).stdout.strip())
+    off_policy = dict(
+        logprob_gap_mean=over_run("async/behaviour_learner_logprob_gap", lambda v: sum(v) / len(v)),
+        importance_ratio_max=over_run("policy/importance_ratio_max", max),
+        clipfrac_mean=over_run("policy/clipfrac", lambda v: sum(v) / len(v)),
+    )
+    result = dict(
+        algorithm=algo,
+        setting=setting,
+        learning_rate=learning_rate,
+        seed=seed,
+        **(extra or {}),
+        command=cmd[1:],
+        curve=curve,
+        off_policy=off_policy,
+        episodes=metrics[-1]["episodes"],
+        train_scores=[m["objective/scores"] for m in metrics if "objective/scores" in m],
+        run_seconds=round(run_seconds, 1),
+        eval_seconds=round(time.time() - start - run_seconds, 1),
+        date=time.strftime("%Y-%m-%d %H:%M"),
+        machine=f"{platform.machine()}, {os.cpu_count()} cores",
+        commit=subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
+    )
     path.write_text(json.dumps(result, indent=1))
     shutil.rmtree(cwd, ignore_errors=True)
-    print("   win " + " ".join(f"{p['win_rate']:.3f}" for p in curve) + "\n   proxy " +
-          " ".join(f"{p['proxy']:.2f}" for p in curve) + f"\n   final KL {curve[-1]['kl']:.3f}  "
-          f"({run_seconds:.0f}s run + {result['eval_seconds']:.0f}s eval)", flush=True)
+    print(
+        "   win "
+        + " ".join(f"{p['win_rate']:.3f}" for p in curve)
+        + "\n   proxy "
+        + " ".join(f"{p['proxy']:.2f}" for p in curve)
+        + f"\n   final KL {curve[-1]['kl']:.3f}  "
+        f"({run_seconds:.0f}s run + {result['eval_seconds']:.0f}s eval)",
+        flush=True,
+    )
     return time.time() - start
 
 
@@ -472,17 +601,21 @@ def run_one(args: Args, prep, algo: str, setting: str, learning_rate: float, see
 # --kl-coef, DPO --beta; a flag an algorithm does not read is not passed to it).
 GATE_CANDIDATES = {
     "rm-e1__u512": dict(rm=dict(epochs=1), updates=512, eval_every=64, lr=1e-4, flags={}),
-    "rm-e1__u512__kl0.01": dict(rm=dict(epochs=1), updates=512, eval_every=64, lr=1e-4,
-                                flags={"--kl-coef": "0.01", "--beta": "0.03"}),
-    "rm-full__u512__kl0.01": dict(rm=dict(), updates=512, eval_every=64, lr=1e-4,
-                                  flags={"--kl-coef": "0.01", "--beta": "0.03"}),
+    "rm-e1__u512__kl0.01": dict(
+        rm=dict(epochs=1), updates=512, eval_every=64, lr=1e-4, flags={"--kl-coef": "0.01", "--beta": "0.03"}
+    ),
+    "rm-full__u512__kl0.01": dict(
+        rm=dict(), updates=512, eval_every=64, lr=1e-4, flags={"--kl-coef": "0.01", "--beta": "0.03"}
+    ),
     "rm-full__u512": dict(rm=dict(), updates=512, eval_every=64, lr=1e-4, flags={}),
     # added after the first results: at kl-coef 0.01 only the seeds that escape to large KL over-optimise; these push
     # every seed further
-    "rm-full__u512__kl0.003": dict(rm=dict(), updates=512, eval_every=64, lr=1e-4,
-                                   flags={"--kl-coef": "0.003", "--beta": "0.01"}),
-    "rm-full__u1024__kl0.01": dict(rm=dict(), updates=1024, eval_every=128, lr=1e-4,
-                                   flags={"--kl-coef": "0.01", "--beta": "0.03"}),
+    "rm-full__u512__kl0.003": dict(
+        rm=dict(), updates=512, eval_every=64, lr=1e-4, flags={"--kl-coef": "0.003", "--beta": "0.01"}
+    ),
+    "rm-full__u1024__kl0.01": dict(
+        rm=dict(), updates=1024, eval_every=128, lr=1e-4, flags={"--kl-coef": "0.01", "--beta": "0.03"}
+    ),
     "rm2k__u512": dict(rm=dict(problems=2048), updates=512, eval_every=64, lr=1e-4, flags={}),
     "rm-l1__u512": dict(rm=dict(layers=1), updates=512, eval_every=64, lr=1e-4, flags={}),
     "rm-e1__u512__lr2e-4": dict(rm=dict(epochs=1), updates=512, eval_every=64, lr=2e-4, flags={}),
@@ -512,9 +645,17 @@ def gate_rm(args: Args, prep, rm_spec: dict):
         train = [json.loads(line) for line in (work / "data" / "train.jsonl").read_text().splitlines()]
         rm_args = dataclasses.replace(args, rm_epochs=rm_spec.get("epochs", args.rm_epochs))
         log = lambda msg: print(f"[gate rm {name} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-        stats = train_reward_model(rm_args, tokenizer, base.encode(tokenizer, train),
-                                   load_eval_set(work, tokenizer, args), work / "sft", folder, log,
-                                   problems=rm_spec.get("problems"), layers=rm_spec.get("layers"))
+        stats = train_reward_model(
+            rm_args,
+            tokenizer,
+            base.encode(tokenizer, train),
+            load_eval_set(work, tokenizer, args),
+            work / "sft",
+            folder,
+            log,
+            problems=rm_spec.get("problems"),
+            layers=rm_spec.get("layers"),
+        )
         stats_file.write_text(json.dumps(dict(spec=rm_spec, **stats), indent=1))
         log(json.dumps(stats))
     return folder, dict(prep, **json.loads(stats_file.read_text()))
@@ -526,9 +667,16 @@ def gate_miniature(args: Args, prep, name: str, algo: str):
     cand = GATE_CANDIDATES[name]
     rm_dir, rm_prep = gate_rm(args, prep, cand["rm"])
     reads = "--beta" if algo == "dpo" else "--kl-coef"
-    return rm_prep, dict(rm_dir=rm_dir, overrides={f: v for f, v in cand["flags"].items() if f == reads},
-                         extra=dict(gate_candidate=name, gate_spec=cand, scripts_dir=args.scripts_dir,
-                                    rm_stats={k: v for k, v in rm_prep.items() if k.startswith("rm_")}))
+    return rm_prep, dict(
+        rm_dir=rm_dir,
+        overrides={f: v for f, v in cand["flags"].items() if f == reads},
+        extra=dict(
+            gate_candidate=name,
+            gate_spec=cand,
+            scripts_dir=args.scripts_dir,
+            rm_stats={k: v for k, v in rm_prep.items() if k.startswith("rm_")},
+        ),
+    )
 
 
 def may_start(args: Args, path: Path, invocation_start: float, durations: list, new_runs: int) -> bool:
@@ -552,7 +700,7 @@ def gate_search(args: Args, prep):
     out.mkdir(parents=True, exist_ok=True)
     names = args.gate_candidates or list(GATE_CANDIDATES)
     invocation_start, durations, new_runs = time.time(), [], 0
-    for seed in (args.seeds if args.seeds != Args().seeds else GATE_SEEDS):
+    for seed in args.seeds if args.seeds != Args().seeds else GATE_SEEDS:
         for name in names:
             cand = GATE_CANDIDATES[name]
             run_args = dataclasses.replace(args, num_updates=cand["updates"], eval_every_updates=cand["eval_every"])
@@ -568,11 +716,22 @@ def gate_search(args: Args, prep):
                 try:
                     rm_prep, miniature = gate_miniature(args, prep, name, algo)
                     if rm_prep["rm_gold_correlation"] < GATE_MIN_CORRELATION:
-                        (out / f"{name}__skipped.json").write_text(json.dumps(dict(
-                            gate_candidate=name, gate_spec=cand, reason="proxy uninformative",
-                            rm_stats=miniature["extra"]["rm_stats"]), indent=1))
-                        print(f"== {name}: proxy uninformative (gold correlation {rm_prep['rm_gold_correlation']:.2f} "
-                              f"< {GATE_MIN_CORRELATION}), skipped", flush=True)
+                        (out / f"{name}__skipped.json").write_text(
+                            json.dumps(
+                                dict(
+                                    gate_candidate=name,
+                                    gate_spec=cand,
+                                    reason="proxy uninformative",
+                                    rm_stats=miniature["extra"]["rm_stats"],
+                                ),
+                                indent=1,
+                            )
+                        )
+                        print(
+                            f"== {name}: proxy uninformative (gold correlation {rm_prep['rm_gold_correlation']:.2f} "
+                            f"< {GATE_MIN_CORRELATION}), skipped",
+                            flush=True,
+                        )
                         break
                     durations.append(run_one(run_args, rm_prep, algo, "sync-1", cand["lr"], seed, path, **miniature))
                     new_runs += 1
@@ -591,48 +750,63 @@ def gate_report(results_dir: Path):
     if not found and not list((results_dir / "staleness_gate").glob("*__skipped.json")):
         return []
     ci = lambda mc: f"{mc[0]:+.3f} ± {mc[1]:.3f}" if not math.isnan(mc[1]) else f"{mc[0]:+.3f}"
-    lines = ["Gate search (issue 41): sync-1 runs of recalibrated miniatures, looking for over-optimisation: the proxy "
-             "still rising while the gold has peaked and fallen by more than its 95% CI over seeds.",
-             "Produced by `python benchmark/staleness_paper.py --gate-search` (candidates: GATE_CANDIDATES in "
-             "benchmark/staleness_paper.py; rerun to go on). Gold fall = gold at the evaluation where the seeds' mean "
-             "gold peaks minus the final gold, paired by seed; proxy rise = the proxy's change over the same stretch.",
-             "", "| candidate | algorithm | seeds | RM pairs (test acc., gold corr.) | proxy along the run | "
-             "gold along the run | final KL | gold peak (update) | gold fall after it | proxy rise after it | "
-             "over-optimised |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "Gate search (issue 41): sync-1 runs of recalibrated miniatures, looking for over-optimisation: the proxy "
+        "still rising while the gold has peaked and fallen by more than its 95% CI over seeds.",
+        "Produced by `python benchmark/staleness_paper.py --gate-search` (candidates: GATE_CANDIDATES in "
+        "benchmark/staleness_paper.py; rerun to go on). Gold fall = gold at the evaluation where the seeds' mean "
+        "gold peaks minus the final gold, paired by seed; proxy rise = the proxy's change over the same stretch.",
+        "",
+        "| candidate | algorithm | seeds | RM pairs (test acc., gold corr.) | proxy along the run | "
+        "gold along the run | final KL | gold peak (update) | gold fall after it | proxy rise after it | "
+        "over-optimised |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     order = {name: i for i, name in enumerate(GATE_CANDIDATES)}
-    for (name, algo), rs in sorted(found.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][0],
-                                                                   list(ALGORITHMS).index(kv[0][1]))):
+    for (name, algo), rs in sorted(
+        found.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][0], list(ALGORITHMS).index(kv[0][1]))
+    ):
         curves = [r["curve"] for r in rs]
         if len({len(c) for c in curves}) > 1:
             continue
         o, stats = over_optimisation(rs), rs[0].get("rm_stats", {})
-        mean = lambda key: " ".join(f"{sum(c[i][key] for c in curves) / len(curves):.3f}"
-                                    for i in range(len(curves[0])))
-        lines.append(f"| {name} | {algo} | {len(rs)} | {stats.get('rm_pairs', 0):,} "
-                     f"({stats.get('rm_test_pair_accuracy', 0):.2f}, {stats.get('rm_gold_correlation', 0):.2f}) | "
-                     f"{mean('proxy')} | {mean('gold')} | {sum(c[-1]['kl'] for c in curves) / len(curves):.2f} | "
-                     f"{o['peak_gold']:.3f} ({o['peak_update']}) | {ci(o['gold_fall'])} | {ci(o['proxy_rise'])} | "
-                     f"{o['verdict']} |")
+        mean = lambda key: " ".join(
+            f"{sum(c[i][key] for c in curves) / len(curves):.3f}" for i in range(len(curves[0]))
+        )
+        lines.append(
+            f"| {name} | {algo} | {len(rs)} | {stats.get('rm_pairs', 0):,} "
+            f"({stats.get('rm_test_pair_accuracy', 0):.2f}, {stats.get('rm_gold_correlation', 0):.2f}) | "
+            f"{mean('proxy')} | {mean('gold')} | {sum(c[-1]['kl'] for c in curves) / len(curves):.2f} | "
+            f"{o['peak_gold']:.3f} ({o['peak_update']}) | {ci(o['gold_fall'])} | {ci(o['proxy_rise'])} | "
+            f"{o['verdict']} |"
+        )
     # per run, ordered by the KL it ends at: whether over-optimisation is a trend of the candidate or an event of a seed
     runs = sorted((r for rs in found.values() for r in rs), key=lambda r: r["curve"][-1]["kl"])
     if runs:
-        lines += ["", "Per run, by final KL: the fall of its gold from its own peak to the end, and its proxy's rise "
-                  "over the same stretch.", "",
-                  "| candidate | algorithm | seed | final KL | gold peak (update) | gold fall after it | "
-                  "proxy rise after it |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Per run, by final KL: the fall of its gold from its own peak to the end, and its proxy's rise "
+            "over the same stretch.",
+            "",
+            "| candidate | algorithm | seed | final KL | gold peak (update) | gold fall after it | "
+            "proxy rise after it |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in runs:
             c = r["curve"]
             peak = max(range(len(c)), key=lambda i: c[i]["gold"])
-            lines.append(f"| {r['gate_candidate']} | {r['algorithm']} | {r['seed']} | {c[-1]['kl']:.1f} | "
-                         f"{c[peak]['gold']:.3f} ({c[peak]['updates']}) | {c[peak]['gold'] - c[-1]['gold']:+.3f} | "
-                         f"{c[-1]['proxy'] - c[peak]['proxy']:+.2f} |")
+            lines.append(
+                f"| {r['gate_candidate']} | {r['algorithm']} | {r['seed']} | {c[-1]['kl']:.1f} | "
+                f"{c[peak]['gold']:.3f} ({c[peak]['updates']}) | {c[peak]['gold'] - c[-1]['gold']:+.3f} | "
+                f"{c[-1]['proxy'] - c[peak]['proxy']:+.2f} |"
+            )
     for path in sorted((results_dir / "staleness_gate").glob("*__skipped.json")):
         r = json.loads(path.read_text())
-        lines.append(f"\nSkipped {r['gate_candidate']}: {r['reason']} (its proxy's gold correlation on held-out SFT "
-                     f"samples {r['rm_stats']['rm_gold_correlation']:.2f}, held-out pair accuracy "
-                     f"{r['rm_stats']['rm_test_pair_accuracy']:.2f}; at least {GATE_MIN_CORRELATION} is needed).")
+        lines.append(
+            f"\nSkipped {r['gate_candidate']}: {r['reason']} (its proxy's gold correlation on held-out SFT "
+            f"samples {r['rm_stats']['rm_gold_correlation']:.2f}, held-out pair accuracy "
+            f"{r['rm_stats']['rm_test_pair_accuracy']:.2f}; at least {GATE_MIN_CORRELATION} is needed)."
+        )
     (results_dir / "staleness_gate.md").write_text("\n".join(lines) + "\n")
     gate_plot(found, results_dir)
     return lines
@@ -650,8 +824,9 @@ def gate_plot(found, results_dir: Path):
     algos = [a for a in ALGORITHMS if any(k[1] == a for k in found)]
     if not names:
         return
-    fig, axes = plt.subplots(len(names), 2 * len(algos), figsize=(3.6 * 2 * len(algos), 2.8 * len(names)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(names), 2 * len(algos), figsize=(3.6 * 2 * len(algos), 2.8 * len(names)), squeeze=False
+    )
     for row, name in zip(axes, names):
         for col, algo in enumerate(algos):
             rs = found.get((name, algo))
@@ -727,8 +902,11 @@ def scores_of(runs, algo):
         return None, {}
     kl_max = min(reach(r["curve"]) for s in found for r in runs[(algo, s)])
     base_runs = {r["seed"]: r["curve"] for r in runs[(algo, "sync-1")]}
-    return kl_max, {s: [shortfall(r["curve"], base_runs[r["seed"]], kl_max) for r in runs[(algo, s)]
-                        if r["seed"] in base_runs] for s in found if s != "sync-1"}
+    return kl_max, {
+        s: [shortfall(r["curve"], base_runs[r["seed"]], kl_max) for r in runs[(algo, s)] if r["seed"] in base_runs]
+        for s in found
+        if s != "sync-1"
+    }
 
 
 def by_seed(runs, algo, scores):
@@ -742,9 +920,15 @@ def final_drops(runs, algo):
     seed's final gold win-rate below the same seed's sync-1 final win-rate, as {setting: {seed: drop}}; positive =
     staleness costs."""
     base_final = {r["seed"]: r["curve"][-1]["win_rate"] for r in runs.get((algo, "sync-1"), [])}
-    return {s: {r["seed"]: base_final[r["seed"]] - r["curve"][-1]["win_rate"] for r in runs[(algo, s)]
-                if r["seed"] in base_final}
-            for s in settings_of(algo, GATE_SYNC_N) if s != "sync-1" and runs.get((algo, s)) and base_final}
+    return {
+        s: {
+            r["seed"]: base_final[r["seed"]] - r["curve"][-1]["win_rate"]
+            for r in runs[(algo, s)]
+            if r["seed"] in base_final
+        }
+        for s in settings_of(algo, GATE_SYNC_N)
+        if s != "sync-1" and runs.get((algo, s)) and base_final
+    }
 
 
 def ranked_mean(per_setting, algo):
@@ -767,11 +951,26 @@ def over_optimisation(rs):
     fall = mean_ci([r["curve"][peak]["gold"] - r["curve"][-1]["gold"] for r in rs])
     rise = mean_ci([r["curve"][-1]["proxy"] - r["curve"][peak]["proxy"] for r in rs])
     fell = peak < len(curve) - 1 and not math.isnan(fall[1]) and fall[0] - fall[1] > 0
-    verdict = ("one seed: no CI" if len(rs) < 2 else "no" if not fell else "collapse" if rise[0] <= 0 else
-               "yes" if peak > 0 else "from the start")
-    return dict(peak_update=round(curve[peak]["updates"]), peak_gold=curve[peak]["gold"], final_gold=curve[-1]["gold"],
-                gold_fall=fall, proxy_rise=rise, verdict=verdict,
-                over_optimised=verdict in ("yes", "from the start"))
+    verdict = (
+        "one seed: no CI"
+        if len(rs) < 2
+        else "no"
+        if not fell
+        else "collapse"
+        if rise[0] <= 0
+        else "yes"
+        if peak > 0
+        else "from the start"
+    )
+    return dict(
+        peak_update=round(curve[peak]["updates"]),
+        peak_gold=curve[peak]["gold"],
+        final_gold=curve[-1]["gold"],
+        gold_fall=fall,
+        proxy_rise=rise,
+        verdict=verdict,
+        over_optimised=verdict in ("yes", "from the start"),
+    )
 
 
 def excursions(runs, algo, floor):
@@ -782,16 +981,21 @@ def excursions(runs, algo, floor):
     if not runs.get((algo, "sync-1")):
         return None, {}
     bound = max(reach(r["curve"]) for r in runs[(algo, "sync-1")])
-    return bound, {s: sorted((r["seed"], reach(r["curve"]), min(p["win_rate"] for p in r["curve"]))
-                             for r in runs[(algo, s)])
-                   for s in settings_of(algo, GATE_SYNC_N) if s != "sync-1" and runs.get((algo, s))}
+    return bound, {
+        s: sorted((r["seed"], reach(r["curve"]), min(p["win_rate"] for p in r["curve"])) for r in runs[(algo, s)])
+        for s in settings_of(algo, GATE_SYNC_N)
+        if s != "sync-1" and runs.get((algo, s))
+    }
 
 
 def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128):
     """<name>.md and its plots (name, N and learning rate: sweep_of(candidate, width)), from the result files alone."""
     name, _, learning_rate = sweep_of(candidate, width)
-    invocation = ("--report-only" + (f" --gate {candidate}" if candidate else "") +
-                  (f" --policy-width {width}" if width != 128 else ""))
+    invocation = (
+        "--report-only"
+        + (f" --gate {candidate}" if candidate else "")
+        + (f" --policy-width {width}" if width != 128 else "")
+    )
     runs, gate = load_results(results_dir, name, learning_rate)
     prep_path = results_dir / name / "prep.json"
     prep = json.loads(prep_path.read_text()) if prep_path.exists() else None
@@ -799,64 +1003,90 @@ def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128)
     plain = lambda mc: f"{mc[0]:.3f} ± {mc[1]:.3f}" if not math.isnan(mc[1]) else f"{mc[0]:.3f}"
     pv = lambda p: "–" if math.isnan(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
     bold = lambda text, p: f"**{text}**" if p < 0.05 else text
-    lines = ["Staleness under the paper's protocol (Noukhov et al. 2025, Sec. 3), in miniature: every algorithm "
-             "optimises a proxy reward model trained on gold-labelled pairs; measured is the gold win-rate against the "
-             "SFT policy (held-out problems, T=0.7, ties half) versus KL(pi || pi_sft). The paper's statement, as its "
-             "Fig. 4 caption puts it: \"Online DPO is more robust to off-policyness than PPO, RLOO\" (N in "
-             "{1, 2, 4, 8, 16}), judged by where each N's final point lands in win-rate and KL.",
-             f"Produced by `python benchmark/staleness_paper.py {invocation}` from the result files (see its "
-             "docstring). Every ± is a 95% CI over seeds. A difference is *separated* (bold) when its two-sided t-test "
-             "(paired by seed, or Welch's between algorithms) survives a Holm-Bonferroni correction over the family "
-             "each table names: Holm p < 0.05.",
-             *([f"Miniature: gate candidate `{candidate}` of GATE_CANDIDATES (issue 41), "
-                f"{GATE_CANDIDATES[candidate]}."] if candidate else []), ""]
+    lines = [
+        "Staleness under the paper's protocol (Noukhov et al. 2025, Sec. 3), in miniature: every algorithm "
+        "optimises a proxy reward model trained on gold-labelled pairs; measured is the gold win-rate against the "
+        "SFT policy (held-out problems, T=0.7, ties half) versus KL(pi || pi_sft). The paper's statement, as its "
+        'Fig. 4 caption puts it: "Online DPO is more robust to off-policyness than PPO, RLOO" (N in '
+        "{1, 2, 4, 8, 16}), judged by where each N's final point lands in win-rate and KL.",
+        f"Produced by `python benchmark/staleness_paper.py {invocation}` from the result files (see its "
+        "docstring). Every ± is a 95% CI over seeds. A difference is *separated* (bold) when its two-sided t-test "
+        "(paired by seed, or Welch's between algorithms) survives a Holm-Bonferroni correction over the family "
+        "each table names: Holm p < 0.05.",
+        *(
+            [f"Miniature: gate candidate `{candidate}` of GATE_CANDIDATES (issue 41), {GATE_CANDIDATES[candidate]}."]
+            if candidate
+            else []
+        ),
+        "",
+    ]
     # the SFT policy against itself: update 0 of every run is the SFT policy, each run seed on its own draws
     starts = sorted({r["seed"]: r["curve"][0]["win_rate"] for rs in runs.values() for r in rs}.items())
     floor = min(w for _, w in starts) if starts else float("nan")
     if prep:
         init = prep["initial_policy"]
-        lines += [f"SFT policy: gold {init['gold']:.3f}, exact {init['exact']:.3f}, win-rate against itself "
-                  f"{init['win_rate']:.3f} (prep draw)"
-                  + (f", {min(w for _, w in starts):.3f}–{max(w for _, w in starts):.3f} over the sweep's "
-                     f"{len(starts)} evaluation draws (update 0 of each run seed): the noise of one evaluation"
-                     if starts else "") + f". Proxy RM: {prep['rm_pairs']:,} gold-labelled pairs "
-                  f"({prep['rm_tied_pairs']:,} tied pairs dropped) of {prep['rm_pairs'] + prep['rm_tied_pairs']:,} "
-                  f"(SFT samples: {2 * (prep['rm_pairs'] + prep['rm_tied_pairs']):,}), held-out pair accuracy "
-                  f"{prep['rm_test_pair_accuracy']:.3f}, correlation with gold on held-out SFT samples "
-                  f"{prep['rm_gold_correlation']:.3f}; missing-EOS penalty {prep['missing_eos_penalty']}.", ""]
+        lines += [
+            f"SFT policy: gold {init['gold']:.3f}, exact {init['exact']:.3f}, win-rate against itself "
+            f"{init['win_rate']:.3f} (prep draw)"
+            + (
+                f", {min(w for _, w in starts):.3f}–{max(w for _, w in starts):.3f} over the sweep's "
+                f"{len(starts)} evaluation draws (update 0 of each run seed): the noise of one evaluation"
+                if starts
+                else ""
+            )
+            + f". Proxy RM: {prep['rm_pairs']:,} gold-labelled pairs "
+            f"({prep['rm_tied_pairs']:,} tied pairs dropped) of {prep['rm_pairs'] + prep['rm_tied_pairs']:,} "
+            f"(SFT samples: {2 * (prep['rm_pairs'] + prep['rm_tied_pairs']):,}), held-out pair accuracy "
+            f"{prep['rm_test_pair_accuracy']:.3f}, correlation with gold on held-out SFT samples "
+            f"{prep['rm_gold_correlation']:.3f}; missing-EOS penalty {prep['missing_eos_penalty']}.",
+            "",
+        ]
     verdicts = {}
     if gate:
-        lines += ["Gate (sync-1): the proxy reward and the gold along the run, per learning rate; the rate every "
-                  f"algorithm uses is marked * ({learning_rate:g}). Over-optimisation shows as proxy rising while gold "
-                  "peaks and falls: the last columns give the update where the seeds' mean gold peaks, the fall of "
-                  "gold from there to the end and the proxy's rise over the same stretch (paired by seed); "
-                  "over-optimised = the fall's CI above 0 while the proxy rises.", "",
-                  "| algorithm | learning rate | seeds | proxy along the run | gold along the run | win-rate along the "
-                  "run | final KL | gold peak (update) | gold fall after it | proxy rise after it | over-optimised |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "Gate (sync-1): the proxy reward and the gold along the run, per learning rate; the rate every "
+            f"algorithm uses is marked * ({learning_rate:g}). Over-optimisation shows as proxy rising while gold "
+            "peaks and falls: the last columns give the update where the seeds' mean gold peaks, the fall of "
+            "gold from there to the end and the proxy's rise over the same stretch (paired by seed); "
+            "over-optimised = the fall's CI above 0 while the proxy rises.",
+            "",
+            "| algorithm | learning rate | seeds | proxy along the run | gold along the run | win-rate along the "
+            "run | final KL | gold peak (update) | gold fall after it | proxy rise after it | over-optimised |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for (algo, lr), rs in sorted(gate.items()):
-            mean = lambda key: " ".join(f"{sum(r['curve'][i][key] for r in rs) / len(rs):.3f}"
-                                        for i in range(len(rs[0]["curve"])))
+            mean = lambda key: " ".join(
+                f"{sum(r['curve'][i][key] for r in rs) / len(rs):.3f}" for i in range(len(rs[0]["curve"]))
+            )
             o = over_optimisation(rs)
             if lr == learning_rate:
                 verdicts[algo] = o
-            lines.append(f"| {algo} | {lr:g}{' *' if lr == learning_rate else ''} | {len(rs)} | {mean('proxy')} | "
-                         f"{mean('gold')} | {mean('win_rate')} | "
-                         f"{sum(r['curve'][-1]['kl'] for r in rs) / len(rs):.2f} | {o['peak_gold']:.3f} "
-                         f"({o['peak_update']}) | {ci(o['gold_fall'])} | {ci(o['proxy_rise'])} | "
-                         f"{o['verdict']} |")
+            lines.append(
+                f"| {algo} | {lr:g}{' *' if lr == learning_rate else ''} | {len(rs)} | {mean('proxy')} | "
+                f"{mean('gold')} | {mean('win_rate')} | "
+                f"{sum(r['curve'][-1]['kl'] for r in rs) / len(rs):.2f} | {o['peak_gold']:.3f} "
+                f"({o['peak_update']}) | {ci(o['gold_fall'])} | {ci(o['proxy_rise'])} | "
+                f"{o['verdict']} |"
+            )
         if verdicts and not any(o["over_optimised"] for o in verdicts.values()):
-            lines += ["", f"At {learning_rate:g} no algorithm over-optimises: sync-1's gold rises with the proxy to "
-                      "the end (or falls by less than its CI). In this regime staleness can only slow a run down, "
-                      "not make it land worse, so the paper's ranking is **undetermined here**: the tables below "
-                      "measure speed of progress, not robustness to over-optimisation."]
+            lines += [
+                "",
+                f"At {learning_rate:g} no algorithm over-optimises: sync-1's gold rises with the proxy to "
+                "the end (or falls by less than its CI). In this regime staleness can only slow a run down, "
+                "not make it land worse, so the paper's ranking is **undetermined here**: the tables below "
+                "measure speed of progress, not robustness to over-optimisation.",
+            ]
         elif verdicts:
             over = [a for a in verdicts if verdicts[a]["over_optimised"]]
             rest = [a for a in verdicts if a not in over]
-            lines += ["", f"At {learning_rate:g} sync-1 over-optimises ({', '.join(over)}"
-                      + (f"; not {', '.join(rest)}" if rest else "") + "): its gold falls by more than its CI while "
-                      "the proxy still rises, so a stale run can land worse, not only later, and the tables below "
-                      "measure robustness as the paper does (for the algorithms that over-optimise)."]
+            lines += [
+                "",
+                f"At {learning_rate:g} sync-1 over-optimises ({', '.join(over)}"
+                + (f"; not {', '.join(rest)}" if rest else "")
+                + "): its gold falls by more than its CI while "
+                "the proxy still rises, so a stale run can land worse, not only later, and the tables below "
+                "measure robustness as the paper does (for the algorithms that over-optimise).",
+            ]
 
     # 1. the paper's measure: the final point of each setting, and its drop below sync-1's (paired by seed)
     algos = [a for a in ALGORITHMS if runs.get((a, "sync-1"))]
@@ -866,12 +1096,17 @@ def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128)
     adjusted = dict(zip(family, holm(tests)))
     raw = dict(zip(family, tests))
     if algos:
-        lines += ["", "**The paper's measure: where each setting's final point lands** (Fig. 4). Final gold win-rate "
-                  "and final KL after the run's updates, the best win-rate along the run, and the final win-rate's "
-                  "drop below sync-1's final win-rate, paired by seed (positive = staleness costs); Holm over the "
-                  f"{len(family)} drops of the table.", "",
-                  "| algorithm | setting | final win-rate | final KL | best win-rate | drop below sync-1 | p | "
-                  "Holm p | seeds |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "**The paper's measure: where each setting's final point lands** (Fig. 4). Final gold win-rate "
+            "and final KL after the run's updates, the best win-rate along the run, and the final win-rate's "
+            "drop below sync-1's final win-rate, paired by seed (positive = staleness costs); Holm over the "
+            f"{len(family)} drops of the table.",
+            "",
+            "| algorithm | setting | final win-rate | final KL | best win-rate | drop below sync-1 | p | "
+            "Holm p | seeds |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for a in algos:
             for setting in ["sync-1"] + list(drops[a]):
                 rs = runs[(a, setting)]
@@ -879,13 +1114,16 @@ def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128)
                 kl = mean_ci([r["curve"][-1]["kl"] for r in rs])
                 best = mean_ci([max(p["win_rate"] for p in r["curve"]) for r in rs])
                 if setting == "sync-1":
-                    lines.append(f"| {a} | sync-1 | {plain(final)} | {plain(kl)} | {plain(best)} | – | – | – | "
-                                 f"{len(rs)} |")
+                    lines.append(
+                        f"| {a} | sync-1 | {plain(final)} | {plain(kl)} | {plain(best)} | – | – | – | {len(rs)} |"
+                    )
                     continue
                 d = mean_ci(list(drops[a][setting].values()))
-                lines.append(f"| {a} | {setting} | {plain(final)} | {plain(kl)} | {plain(best)} | "
-                             f"{bold(ci(d), adjusted[(a, setting)])} | {pv(raw[(a, setting)])} | "
-                             f"{pv(adjusted[(a, setting)])} | {len(drops[a][setting])} |")
+                lines.append(
+                    f"| {a} | {setting} | {plain(final)} | {plain(kl)} | {plain(best)} | "
+                    f"{bold(ci(d), adjusted[(a, setting)])} | {pv(raw[(a, setting)])} | "
+                    f"{pv(adjusted[(a, setting)])} | {len(drops[a][setting])} |"
+                )
         lines += algorithm_comparison("final win-rate drop", {a: ranked_mean(drops[a], a) for a in algos}, ci, pv)
 
     # 2. the matched-KL view: shortfall below sync-1 over the KL range every run of the algorithm reaches
@@ -905,36 +1143,60 @@ def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128)
         table.append(f"| {algo} | sync-1 | – | – | – | {peak[0]:.3f} | {kl_max:.2f} | {len(base_rs)} |")
         for setting, values in shortfalls[algo].items():
             peaks = [max(p["win_rate"] for p in r["curve"]) for r in runs[(algo, setting)]]
-            table.append(f"| {algo} | {setting} | {bold(ci(mean_ci(list(values.values()))), adjusted[(algo, setting)])}"
-                         f" | {pv(raw[(algo, setting)])} | {pv(adjusted[(algo, setting)])} | {mean_ci(peaks)[0]:.3f} | "
-                         f"{kl_max:.2f} | {len(values)} |")
+            table.append(
+                f"| {algo} | {setting} | {bold(ci(mean_ci(list(values.values()))), adjusted[(algo, setting)])}"
+                f" | {pv(raw[(algo, setting)])} | {pv(adjusted[(algo, setting)])} | {mean_ci(peaks)[0]:.3f} | "
+                f"{kl_max:.2f} | {len(values)} |"
+            )
     for algo in shortfalls:
-        for setting in [s for s in shortfalls[algo] if s.endswith("-behaviour")
-                        and s.replace("-behaviour", "-paper") in shortfalls[algo]]:
+        for setting in [
+            s
+            for s in shortfalls[algo]
+            if s.endswith("-behaviour") and s.replace("-behaviour", "-paper") in shortfalls[algo]
+        ]:
             # the two corrections on the same seeds: the difference of each seed's shortfalls
             behaviour, paper = shortfalls[algo][setting], shortfalls[algo][setting.replace("-behaviour", "-paper")]
             paired = [behaviour[seed] - paper[seed] for seed in behaviour if seed in paper]
             corrections.append((algo, setting.split("-")[1], paired))
     if table:
-        lines += ["", "**Matched KL (a second view)**: the shortfall = the mean, over the KL range every run of the "
-                  "algorithm reaches, of sync-1's win-rate minus the setting's (same seed); positive = staleness "
-                  f"costs. Holm over the {len(family)} shortfalls of the table. The range covers only the start of "
-                  "most sync-1 runs.", "",
-                  "| algorithm | setting | shortfall below sync-1 | p | Holm p | peak win-rate | KL range | seeds |",
-                  "|---|---|---|---|---|---|---|---|"] + table
+        lines += [
+            "",
+            "**Matched KL (a second view)**: the shortfall = the mean, over the KL range every run of the "
+            "algorithm reaches, of sync-1's win-rate minus the setting's (same seed); positive = staleness "
+            f"costs. Holm over the {len(family)} shortfalls of the table. The range covers only the start of "
+            "most sync-1 runs.",
+            "",
+            "| algorithm | setting | shortfall below sync-1 | p | Holm p | peak win-rate | KL range | seeds |",
+            "|---|---|---|---|---|---|---|---|",
+        ] + table
         # how much of a sync-1 run the range covers: the share of its updates before it first reaches the range's end
-        covered = {a: [value_at_kl(r["curve"], scores_of(runs, a)[0], "updates") / r["curve"][-1]["updates"]
-                       for r in runs[(a, "sync-1")]] for a in shortfalls}
-        lines += ["", "sync-1 first reaches the end of the KL range after " + ", ".join(
-            f"{a} {min(v):.0%}–{max(v):.0%}" for a, v in covered.items()) + " of its updates (per seed)."]
-        lines += algorithm_comparison("matched-KL shortfall", {a: ranked_mean(shortfalls[a], a) for a in shortfalls},
-                                      ci, pv)
+        covered = {
+            a: [
+                value_at_kl(r["curve"], scores_of(runs, a)[0], "updates") / r["curve"][-1]["updates"]
+                for r in runs[(a, "sync-1")]
+            ]
+            for a in shortfalls
+        }
+        lines += [
+            "",
+            "sync-1 first reaches the end of the KL range after "
+            + ", ".join(f"{a} {min(v):.0%}–{max(v):.0%}" for a, v in covered.items())
+            + " of its updates (per seed).",
+        ]
+        lines += algorithm_comparison(
+            "matched-KL shortfall", {a: ranked_mean(shortfalls[a], a) for a in shortfalls}, ci, pv
+        )
     if corrections:
         tests = [one_sample_t(paired)[1] for _, _, paired in corrections]
-        lines += ["", "`behaviour` against `paper` at the same K, paired by seed: the shortfall under `behaviour` "
-                  "minus the shortfall under `paper` (mean ± 95% CI over seeds); negative = `behaviour` keeps more "
-                  f"gold win-rate at matched KL. Holm over the {len(corrections)} rows.", "",
-                  "| algorithm | K | behaviour − paper | p | Holm p | seeds |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "`behaviour` against `paper` at the same K, paired by seed: the shortfall under `behaviour` "
+            "minus the shortfall under `paper` (mean ± 95% CI over seeds); negative = `behaviour` keeps more "
+            f"gold win-rate at matched KL. Holm over the {len(corrections)} rows.",
+            "",
+            "| algorithm | K | behaviour − paper | p | Holm p | seeds |",
+            "|---|---|---|---|---|---|",
+        ]
         for (algo, k, paired), p, h in zip(corrections, tests, holm(tests)):
             lines.append(f"| {algo} | {k} | {bold(ci(mean_ci(paired)), h)} | {pv(p)} | {pv(h)} | {len(paired)} |")
 
@@ -944,27 +1206,41 @@ def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128)
         bound, found = excursions(runs, algo, floor)
         for setting, rs in found.items():
             out, dips = [r for r in rs if r[1] > bound], [r for r in rs if r[2] < floor]
-            rows.append(f"| {algo} | {setting} | {len(out)} of {len(rs)} | {' '.join(f'{r[1]:.2f}' for r in rs)} | "
-                        f"{len(dips)} of {len(rs)} | {' '.join(f'{r[2]:.3f}' for r in rs)} |")
+            rows.append(
+                f"| {algo} | {setting} | {len(out)} of {len(rs)} | {' '.join(f'{r[1]:.2f}' for r in rs)} | "
+                f"{len(dips)} of {len(rs)} | {' '.join(f'{r[2]:.3f}' for r in rs)} |"
+            )
         for setting in [s for s in found if s.endswith("-paper") and s.replace("-paper", "-behaviour") in found]:
             p_rs, b_rs = found[setting], found[setting.replace("-paper", "-behaviour")]
             count = lambda rs: sum(r[1] > bound for r in rs)
             pairs.append((algo, setting.split("-")[1], count(p_rs), len(p_rs), count(b_rs), len(b_rs)))
     if rows:
-        lines += ["", "**Excursions** (what the matched-KL range hides): per run seed in order, the largest KL an "
-                  "evaluation reaches and the lowest win-rate. A KL excursion = above the largest KL of any sync-1 run "
-                  "of the algorithm (" + ", ".join(f"{a} {excursions(runs, a, floor)[0]:.2f}" for a in algos) +
-                  f"); a dip = a win-rate below {floor:.3f}, the lowest of the SFT policy against itself.", "",
-                  "| algorithm | setting | KL excursions | largest KL per seed | dips | lowest win-rate per seed |",
-                  "|---|---|---|---|---|---|", *rows]
+        lines += [
+            "",
+            "**Excursions** (what the matched-KL range hides): per run seed in order, the largest KL an "
+            "evaluation reaches and the lowest win-rate. A KL excursion = above the largest KL of any sync-1 run "
+            "of the algorithm ("
+            + ", ".join(f"{a} {excursions(runs, a, floor)[0]:.2f}" for a in algos)
+            + f"); a dip = a win-rate below {floor:.3f}, the lowest of the SFT policy against itself.",
+            "",
+            "| algorithm | setting | KL excursions | largest KL per seed | dips | lowest win-rate per seed |",
+            "|---|---|---|---|---|---|",
+            *rows,
+        ]
     if pairs:
         tests = [fisher_exact(a, n, b, m) for _, _, a, n, b, m in pairs]
-        lines += ["", "KL excursions under `paper` against `behaviour` at the same K: Fisher's exact test "
-                  f"(two-sided), Holm over the {len(pairs)} rows.", "",
-                  "| algorithm | K | paper | behaviour | Fisher p | Holm p |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {algo} | {k} | {a} of {n} | {b} of {m} | {pv(p)} | {pv(h)} |"
-                  for (algo, k, a, n, b, m), p, h in zip(pairs, tests, holm(tests))]
+        lines += [
+            "",
+            "KL excursions under `paper` against `behaviour` at the same K: Fisher's exact test "
+            f"(two-sided), Holm over the {len(pairs)} rows.",
+            "",
+            "| algorithm | K | paper | behaviour | Fisher p | Holm p |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {algo} | {k} | {a} of {n} | {b} of {m} | {pv(p)} | {pv(h)} |"
+            for (algo, k, a, n, b, m), p, h in zip(pairs, tests, holm(tests))
+        ]
     (results_dir / f"{name}.md").write_text("\n".join(lines) + "\n")
     if runs or gate:
         plot(runs, gate, results_dir, name)
@@ -1082,8 +1358,11 @@ def pilot_report(results_dir: Path):
         elif costly:
             lines += ["", f"Decision: **the sweep runs** ({', '.join(costly)} show a cost under the rule)."]
         else:
-            lines += ["", "Decision: **no sweep**; no algorithm that can answer shows a cost under the rule, so the "
-                      "question is undetermined in this miniature (issue 54, item 4)."]
+            lines += [
+                "",
+                "Decision: **no sweep**; no algorithm that can answer shows a cost under the rule, so the "
+                "question is undetermined in this miniature (issue 54, item 4).",
+            ]
     lines += pilot_reproduction(runs, results_dir / "staleness_gate")
     (results_dir / f"{PILOT_NAME}.md").write_text("\n".join(lines) + "\n")
     if found:
@@ -1104,9 +1383,13 @@ def pilot_reproduction(runs, gate_dir: Path):
                 pairs.append((algo, r["seed"], gap))
     if not pairs:
         return []
-    return ["", "sync-1 against the gate search's runs of the same miniature and seed (`staleness_gate/`, another "
-            "machine, its own prep): largest win-rate difference along the curve " +
-            ", ".join(f"{a} seed {s} {d:.4f}" for a, s, d in pairs) + "."]
+    return [
+        "",
+        "sync-1 against the gate search's runs of the same miniature and seed (`staleness_gate/`, another "
+        "machine, its own prep): largest win-rate difference along the curve "
+        + ", ".join(f"{a} seed {s} {d:.4f}" for a, s, d in pairs)
+        + ".",
+    ]
 
 
 def pilot_plot(runs, results_dir: Path):
@@ -1146,12 +1429,14 @@ def scale_widths(results_dir: Path, gate: str):
     gate's own sweep is the prep's width, 128."""
     found = {}
     for folder in sorted(results_dir.glob(f"staleness_paper__{gate}*")):
-        suffix = folder.name[len(f"staleness_paper__{gate}"):]
+        suffix = folder.name[len(f"staleness_paper__{gate}") :]
         if folder.is_dir() and (suffix == "" or suffix.startswith("__w") and suffix[3:].isdigit()):
             width = int(suffix[3:]) if suffix else 128
             prep = folder / "prep.json"
-            found[width] = (load_results(results_dir, folder.name, GATE_CANDIDATES[gate]["lr"])[0],
-                            json.loads(prep.read_text()) if prep.exists() else None)
+            found[width] = (
+                load_results(results_dir, folder.name, GATE_CANDIDATES[gate]["lr"])[0],
+                json.loads(prep.read_text()) if prep.exists() else None,
+            )
     return dict(sorted(found.items()))
 
 
@@ -1182,21 +1467,27 @@ def scale_report(results_dir: Path, gate: str):
             rows.append((algo, width, prep, finals, cells))
     adjusted = holm(tests)
     cell = lambda c: "–" if c is None else (f"**{ci(mean_ci(c[0]))}**" if adjusted[c[1]] < 0.05 else ci(mean_ci(c[0])))
-    lines = [f"Issue 41's scale axis on the gate `{gate}`: the paper says robustness to off-policy data grows with the "
-             f"policy's size. Each width is its own SFT policy (same data, tokenizer, stopping rule and target "
-             f"accuracy), trained against the gate's proxy and judged against its own SFT samples. Per algorithm and "
-             f"width: the final gold win-rate drop of sync-N below sync-1 (positive = staleness costs), paired by "
-             f"seed, "
-             f"mean ± 95% CI; **bold** = separated from 0 (two-sided t-test, Holm over the {len(tests)} drops of the "
-             f"table). Produced by `python benchmark/staleness_paper.py --report-only --gate {gate}` (any "
-             f"--policy-width) from the result files.", "",
-             "| algorithm | width | parameters | seeds | final win-rate, sync-1 | " +
-             " | ".join(f"drop, sync-{n}" for n in SCALE_SYNC_N[1:]) + " |",
-             "|---|---|---|---|---|" + "---|" * (len(SCALE_SYNC_N) - 1)]
+    lines = [
+        f"Issue 41's scale axis on the gate `{gate}`: the paper says robustness to off-policy data grows with the "
+        f"policy's size. Each width is its own SFT policy (same data, tokenizer, stopping rule and target "
+        f"accuracy), trained against the gate's proxy and judged against its own SFT samples. Per algorithm and "
+        f"width: the final gold win-rate drop of sync-N below sync-1 (positive = staleness costs), paired by "
+        f"seed, "
+        f"mean ± 95% CI; **bold** = separated from 0 (two-sided t-test, Holm over the {len(tests)} drops of the "
+        f"table). Produced by `python benchmark/staleness_paper.py --report-only --gate {gate}` (any "
+        f"--policy-width) from the result files.",
+        "",
+        "| algorithm | width | parameters | seeds | final win-rate, sync-1 | "
+        + " | ".join(f"drop, sync-{n}" for n in SCALE_SYNC_N[1:])
+        + " |",
+        "|---|---|---|---|---|" + "---|" * (len(SCALE_SYNC_N) - 1),
+    ]
     for algo, width, prep, finals, cells in rows:
         params = f"{prep['policy_parameters'] / 1e6:.2f}M" if prep and "policy_parameters" in prep else "?"
-        lines.append(f"| {algo} | {width} | {params} | {len(finals)} | {mean_ci(finals)[0]:.3f} ± "
-                     f"{mean_ci(finals)[1]:.3f} | " + " | ".join(cell(c) for c in cells) + " |")
+        lines.append(
+            f"| {algo} | {width} | {params} | {len(finals)} | {mean_ci(finals)[0]:.3f} ± "
+            f"{mean_ci(finals)[1]:.3f} | " + " | ".join(cell(c) for c in cells) + " |"
+        )
     trend, trend_p = [], []
     for algo in SCALE_ALGORITHMS:
         at = {w: list(final_drops(runs, algo).get(largest_n, {}).values()) for w, (runs, _) in widths.items()}
@@ -1205,16 +1496,22 @@ def scale_report(results_dir: Path, gate: str):
             small, large = min(at), max(at)
             trend.append((algo, small, large, at[small], at[large]))
             trend_p.append(welch(at[small], at[large])[2])
-    lines += ["", f"Does the drop at {largest_n} shrink with width? The smallest width's drops against the largest's "
-                  f"(Welch's t, two-sided; Holm over the {len(SCALE_ALGORITHMS)} algorithms planned, an untested one "
-                  f"counting as p = 1), among the widths with at least "
-                  f"{len(SCALE_SEEDS)} seeds of it:", ""]
+    lines += [
+        "",
+        f"Does the drop at {largest_n} shrink with width? The smallest width's drops against the largest's "
+        f"(Welch's t, two-sided; Holm over the {len(SCALE_ALGORITHMS)} algorithms planned, an untested one "
+        f"counting as p = 1), among the widths with at least "
+        f"{len(SCALE_SEEDS)} seeds of it:",
+        "",
+    ]
     planned = holm(trend_p + [1.0] * (len(SCALE_ALGORITHMS) - len(trend_p)))  # the family is fixed in advance
     for (algo, small, large, a, b), p, q in zip(trend, trend_p, planned):
         shrinks = sum(a) / len(a) - sum(b) / len(b)
-        verdict = (("shrinks" if shrinks > 0 else "grows") + " (separated)" if q < 0.05 else "not separated")
-        lines.append(f"- {algo}: width {small} {ci(mean_ci(a))}, width {large} {ci(mean_ci(b))}; difference "
-                     f"{shrinks:+.3f}, p = {pv(p)}, Holm p = {pv(q)}: {verdict}")
+        verdict = ("shrinks" if shrinks > 0 else "grows") + " (separated)" if q < 0.05 else "not separated"
+        lines.append(
+            f"- {algo}: width {small} {ci(mean_ci(a))}, width {large} {ci(mean_ci(b))}; difference "
+            f"{shrinks:+.3f}, p = {pv(p)}, Holm p = {pv(q)}: {verdict}"
+        )
     if not trend:
         lines.append(f"- no algorithm has {len(SCALE_SEEDS)} seeds of {largest_n} at two widths yet")
     (results_dir / f"staleness_paper__{gate}__scale.md").write_text("\n".join(lines) + "\n")
@@ -1228,23 +1525,33 @@ def algorithm_comparison(what, per_seed, ci, pv):
     if not ranking:
         return []
     order = sorted(ranking, key=lambda a: sum(ranking[a]) / len(ranking[a]))
-    lines = ["", f"Per algorithm, the {what} averaged over {', '.join(RANKED)} (async under `paper`) per seed, "
-             "smallest first (an order of means, not a ranking: that is the tests' line below). The paper's claim: DPO "
-             "more robust than PPO and RLOO.", "",
-             f"| order | algorithm | mean {what} | seeds |",
-             "|---|---|---|---|"]
+    lines = [
+        "",
+        f"Per algorithm, the {what} averaged over {', '.join(RANKED)} (async under `paper`) per seed, "
+        "smallest first (an order of means, not a ranking: that is the tests' line below). The paper's claim: DPO "
+        "more robust than PPO and RLOO.",
+        "",
+        f"| order | algorithm | mean {what} | seeds |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {i + 1} | {a} | {ci(mean_ci(ranking[a]))} | {len(ranking[a])} |" for i, a in enumerate(order)]
-    pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
+    pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1 :]]
     tests = [welch(ranking[a], ranking[b]) for a, b in pairs]
-    lines += ["", "Differences between algorithms (Welch's t on the per-seed means; Holm over the "
-              f"{len(pairs)} pairs):", ""]
+    lines += [
+        "",
+        f"Differences between algorithms (Welch's t on the per-seed means; Holm over the {len(pairs)} pairs):",
+        "",
+    ]
     for (a, b), (t, df, p), h in zip(pairs, tests, holm([t[2] for t in tests])):
         diff = sum(ranking[a]) / len(ranking[a]) - sum(ranking[b]) / len(ranking[b])
         verdict = "separated" if h < 0.05 else "not separated"
         lines.append(f"- {a} vs {b}: {diff:+.3f}, t = {t:.2f} (df {df:.1f}), p = {pv(p)}, Holm p = {pv(h)}: {verdict}")
     separated = [f"{a} ahead of {b}" for (a, b), h in zip(pairs, holm([t[2] for t in tests])) if h < 0.05]
-    return lines + ["", f"Ranking the tests support (smaller {what} ahead): "
-                    f"{'; '.join(separated) if separated else 'none, no pair is separated'}."]
+    return lines + [
+        "",
+        f"Ranking the tests support (smaller {what} ahead): "
+        f"{'; '.join(separated) if separated else 'none, no pair is separated'}.",
+    ]
 
 
 # TESTS: plain Python, so the report needs no statistics package (tests/test_staleness_paper.py checks them)
@@ -1298,7 +1605,7 @@ def welch(a, b):
     if not va + vb > 0:
         return float("nan"), float("nan"), float("nan")
     t = (sum(a) / len(a) - sum(b) / len(b)) / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     return t, df, t_test_p(t, df)
 
 
@@ -1324,13 +1631,16 @@ def fisher_exact(hits_a: int, n_a: int, hits_b: int, n_b: int):
     hits, total = hits_a + hits_b, n_a + n_b
     prob = lambda k: math.comb(n_a, k) * math.comb(n_b, hits - k) / math.comb(total, hits)
     observed = prob(hits_a)
-    return min(1.0, sum(prob(k) for k in range(max(0, hits - n_b), min(hits, n_a) + 1)
-                        if prob(k) <= observed * (1 + 1e-9)))
+    return min(
+        1.0, sum(prob(k) for k in range(max(0, hits - n_b), min(hits, n_a) + 1) if prob(k) <= observed * (1 + 1e-9))
+    )
 
 
 def mean_curve(rs):
-    return [{k: sum(p[k] for p in points) / len(points) for k in ("updates", "kl", "win_rate", "gold", "proxy")}
-            for points in zip(*[r["curve"] for r in rs])]
+    return [
+        {k: sum(p[k] for p in points) / len(points) for k in ("updates", "kl", "win_rate", "gold", "proxy")}
+        for points in zip(*[r["curve"] for r in rs])
+    ]
 
 
 def plot(runs, gate, results_dir: Path, name: str):
@@ -1356,14 +1666,21 @@ def plot(runs, gate, results_dir: Path, name: str):
                     if setting == "sync-1" and col > 0:
                         style = dict(color="k", linestyle="--", label="sync-1")
                     elif kind == "sync":
-                        style = dict(color=plt.get_cmap("viridis")(math.log2(value) / 5.5), marker="o",
-                                     label=f"N={value}")
+                        style = dict(
+                            color=plt.get_cmap("viridis")(math.log2(value) / 5.5), marker="o", label=f"N={value}"
+                        )
                     else:
-                        style = dict(color=plt.get_cmap("Reds")(0.35 + 0.65 * math.log2(value) / 3), marker="^",
-                                     label=f"K={value}")
+                        style = dict(
+                            color=plt.get_cmap("Reds")(0.35 + 0.65 * math.log2(value) / 3),
+                            marker="^",
+                            label=f"K={value}",
+                        )
                     ax.plot([p["kl"] for p in curve], [p["win_rate"] for p in curve], markersize=3, **style)
-                title = ("sync" if col == 0 else f"async, {CORRECTIONS[col - 1]}") if (
-                    col < 2 or ALGORITHMS[algo]["corrections"]) else "(no correction modes)"
+                title = (
+                    ("sync" if col == 0 else f"async, {CORRECTIONS[col - 1]}")
+                    if (col < 2 or ALGORITHMS[algo]["corrections"])
+                    else "(no correction modes)"
+                )
                 ax.set_title(f"{algo}: {title}", fontsize=9)
                 ax.grid(alpha=0.3)
                 if ax.get_legend_handles_labels()[0]:
@@ -1384,19 +1701,34 @@ def plot(runs, gate, results_dir: Path, name: str):
                 kl = mean_ci([r["curve"][-1]["kl"] for r in runs[(algo, setting)]])
                 win = mean_ci([r["curve"][-1]["win_rate"] for r in runs[(algo, setting)]])
                 shade = plt.get_cmap("Blues" if correction == "behaviour" else "Reds")
-                color = (plt.get_cmap("viridis")(math.log2(value) / 5.5) if kind == "sync" else
-                         shade(0.35 + 0.65 * math.log2(value) / 3))
-                ax.errorbar(kl[0], win[0], xerr=0 if math.isnan(kl[1]) else kl[1],
-                            yerr=0 if math.isnan(win[1]) else win[1], fmt="o" if kind == "sync" else "^",
-                            color=color, markersize=5, capsize=2, label=setting)
+                color = (
+                    plt.get_cmap("viridis")(math.log2(value) / 5.5)
+                    if kind == "sync"
+                    else shade(0.35 + 0.65 * math.log2(value) / 3)
+                )
+                ax.errorbar(
+                    kl[0],
+                    win[0],
+                    xerr=0 if math.isnan(kl[1]) else kl[1],
+                    yerr=0 if math.isnan(win[1]) else win[1],
+                    fmt="o" if kind == "sync" else "^",
+                    color=color,
+                    markersize=5,
+                    capsize=2,
+                    label=setting,
+                )
             ax.set_title(f"{algo}: final points (mean ± 95% CI)", fontsize=9)
             ax.set_xlabel("final KL(pi || pi_sft)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6)
         both = axes[0][-1]  # the paper's own panel: every algorithm's sync-N final points, N along each line
         for algo, marker in zip(algos, "osD^v"):
-            points = [(n, *(sum(r["curve"][-1][key] for r in rs) / len(rs) for key in ("kl", "win_rate")))
-                      for n in GATE_SYNC_N for rs in [runs.get((algo, f"sync-{n}"))] if rs]
+            points = [
+                (n, *(sum(r["curve"][-1][key] for r in rs) / len(rs) for key in ("kl", "win_rate")))
+                for n in GATE_SYNC_N
+                for rs in [runs.get((algo, f"sync-{n}"))]
+                if rs
+            ]
             both.plot([kl for _, kl, _ in points], [win for _, _, win in points], marker=marker, label=algo)
             for n, kl, win in points:
                 both.annotate(f"{n}", (kl, win), fontsize=6, xytext=(3, 3), textcoords="offset points")
@@ -1437,9 +1769,19 @@ def quick_settings(args: Args):
     """--quick: tiny everything (only fields left at their defaults shrink)."""
     args.settings = [s for s in (args.settings or QUICK_SETTINGS) if s in QUICK_SETTINGS]
     args.seeds = args.seeds[:1]
-    replace_defaults(args, num_updates=4, eval_every_updates=2, num_train_problems=128, num_eval_problems=8,
-                     sft_max_steps=10, eval_samples=2, mini_batch_prompts=2, response_length=32, rm_samples=2,
-                     rm_epochs=1)
+    replace_defaults(
+        args,
+        num_updates=4,
+        eval_every_updates=2,
+        num_train_problems=128,
+        num_eval_problems=8,
+        sft_max_steps=10,
+        eval_samples=2,
+        mini_batch_prompts=2,
+        response_length=32,
+        rm_samples=2,
+        rm_epochs=1,
+    )
 
 
 def gate_settings(args: Args):
@@ -1448,8 +1790,9 @@ def gate_settings(args: Args):
     if args.gate not in GATE_CANDIDATES:
         sys.exit(f"error: unknown --gate {args.gate}; known: {list(GATE_CANDIDATES)}")
     cand = GATE_CANDIDATES[args.gate]
-    replace_defaults(args, num_updates=cand["updates"], eval_every_updates=cand["eval_every"],
-                     learning_rates=[cand["lr"]])
+    replace_defaults(
+        args, num_updates=cand["updates"], eval_every_updates=cand["eval_every"], learning_rates=[cand["lr"]]
+    )
 
 
 def scale_settings(args: Args):
@@ -1484,11 +1827,15 @@ def check(args: Args):
     if args.gate and args.gate_search:
         sys.exit("error: --gate runs the sweep on a chosen candidate, --gate-search looks for one: pass one of them")
     if args.policy_width != 128 and (not args.gate or args.policy_width < 64 or args.policy_width % 64):
-        sys.exit(f"error: --policy-width {args.policy_width}: a multiple of 64 (heads of 64), with --gate (the scale "
-                 f"axis runs on a gate's proxy)")
+        sys.exit(
+            f"error: --policy-width {args.policy_width}: a multiple of 64 (heads of 64), with --gate (the scale "
+            f"axis runs on a gate's proxy)"
+        )
     if args.pilot and (args.gate_search or args.policy_width != 128 or args.gate not in (None, PILOT_GATE)):
-        sys.exit(f"error: --pilot runs gate {PILOT_GATE} at width 128: pass it without --gate-search, "
-                 "--policy-width or another --gate")
+        sys.exit(
+            f"error: --pilot runs gate {PILOT_GATE} at width 128: pass it without --gate-search, "
+            "--policy-width or another --gate"
+        )
     known = {s for a in ALGORITHMS for s in settings_of(a, GATE_SYNC_N + PILOT_SYNC_N[1:])}  # holds QUICK_SETTINGS
     if args.settings is not None and [s for s in args.settings if s not in known]:
         sys.exit(f"error: unknown --settings {[s for s in args.settings if s not in known]}; known: {sorted(known)}")
@@ -1499,8 +1846,10 @@ def check(args: Args):
         # a round of N updates holds a whole number of evaluation periods, or the other way round (sync-128)
         nested = args.eval_every_updates % n == 0 or n % args.eval_every_updates == 0
         if not nested or args.num_updates % args.eval_every_updates or args.num_updates % n:
-            sys.exit(f"error: --eval-every-updates {args.eval_every_updates} must be a multiple or a divisor of N of "
-                     f"{s}, and it and N must divide --num-updates {args.num_updates}")
+            sys.exit(
+                f"error: --eval-every-updates {args.eval_every_updates} must be a multiple or a divisor of N of "
+                f"{s}, and it and N must divide --num-updates {args.num_updates}"
+            )
 
 
 if __name__ == "__main__":
@@ -1530,9 +1879,14 @@ if __name__ == "__main__":
             prep = scale_prep(args, prep, rm_dir) if args.policy_width != 128 else prep
         (results_dir / sweep_name / "prep.json").write_text(json.dumps(prep, indent=1))
         # seed-major: a partial sweep has one complete seed of every setting before it starts the next seed
-        todo = [(seed, algo, lr, setting) for seed in ([] if args.prep_only else args.seeds) for algo in args.algorithms
-                for lr in args.learning_rates for setting in args.settings or settings_of(algo, sync_n)
-                if runnable(algo, setting)]
+        todo = [
+            (seed, algo, lr, setting)
+            for seed in ([] if args.prep_only else args.seeds)
+            for algo in args.algorithms
+            for lr in args.learning_rates
+            for setting in args.settings or settings_of(algo, sync_n)
+            if runnable(algo, setting)
+        ]
         for seed, algo, lr, setting in todo:
             path = result_path(args, algo, setting, lr, seed)
             if path.exists() and not args.force:

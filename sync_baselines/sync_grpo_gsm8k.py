@@ -27,6 +27,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Literal, Optional
@@ -46,63 +47,102 @@ SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker repl
 @dataclass
 class Args:
     # algorithm
-    num_learner_steps: int = 256  # learner steps; each consumes one generation round of `prompts_per_step` problems
-    prompts_per_step: int = 32  # problems per learner step (each gives a group of G samples)
-    num_mini_batches: int = 1  # N: sequential optimizer steps per generation round (the paper's off-policyness knob)
-    learning_rate: float = 3e-6  # AdamW learning rate, decayed linearly to 0
-    weight_decay: float = 0.0  # AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)
-    scale_rewards: bool = True  # divide centred rewards by the group std (DeepSeekMath); --no-scale-rewards: Dr. GRPO
+    num_learner_steps: int = 256
+    """learner steps; each consumes one generation round of `prompts_per_step` problems"""
+    prompts_per_step: int = 32
+    """problems per learner step (each gives a group of G samples)"""
+    num_mini_batches: int = 1
+    """N: sequential optimizer steps per generation round (the paper's off-policyness knob)"""
+    learning_rate: float = 3e-6
+    """AdamW learning rate, decayed linearly to 0"""
+    weight_decay: float = 0.0
+    """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
+    scale_rewards: bool = True
+    """divide centred rewards by the group std (DeepSeekMath); --no-scale-rewards: Dr. GRPO"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
     """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
-    cliprange: float = 0.2  # PPO clip range of the token-level ratio pi / pi_anchor
-    importance_weight_cap: float = 2.0  # decoupled: the weight pi_old / pi_behaviour is truncated here
-    dual_clip: Optional[float] = None  # dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip
-    kl_coef: float = 0.0  # k3 KL penalty weight; 0 (common GRPO practice) loads no reference
-    max_grad_norm: float = 1.0  # gradient clipping threshold
+    cliprange: float = 0.2
+    """PPO clip range of the token-level ratio pi / pi_anchor"""
+    importance_weight_cap: float = 2.0
+    """decoupled: the weight pi_old / pi_behaviour is truncated here"""
+    dual_clip: Optional[float] = None
+    """dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip"""
+    kl_coef: float = 0.0
+    """k3 KL penalty weight; 0 (common GRPO practice) loads no reference"""
+    max_grad_norm: float = 1.0
+    """gradient clipping threshold"""
 
     # generation
-    temperature: float = 0.7  # sampling temperature; the learner's logprobs use the same temperature
-    num_samples_per_prompt: int = 4  # G: solutions per problem, normalised together (4 in the paper)
-    response_length: int = 512  # maximum new tokens per response
-    engine_dtype: str = "float32"  # engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster
-    gpu_memory_utilization: Optional[float] = None  # engine GPU share for vLLM; None: 30% (shared) or 90% of free
-    kv_cache_gib: Optional[float] = None  # KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU
+    temperature: float = 0.7
+    """sampling temperature; the learner's logprobs use the same temperature"""
+    num_samples_per_prompt: int = 4
+    """G: solutions per problem, normalised together (4 in the paper)"""
+    response_length: int = 512
+    """maximum new tokens per response"""
+    engine_dtype: str = "float32"
+    """engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster"""
+    gpu_memory_utilization: Optional[float] = None
+    """engine GPU share for vLLM; None: 30% (shared) or 90% of free"""
+    kv_cache_gib: Optional[float] = None
+    """KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU"""
 
     # model & data
-    model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"  # initial policy and KL reference: a hub id or a folder
-    dataset_name: str = "openai/gsm8k"  # problems: a hub id of a GSM8K-format dataset with splits train and test
-    dataset_config: Optional[str] = "main"  # config name of the hub dataset
-    dataset_path: Optional[str] = None  # a folder with GSM8K-format train/test.jsonl; overrides --dataset-name
-    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"  # the paper's Rho-1B prompt
-    chat_template: bool = False  # the filled template as a user message in the chat template
-    max_prompt_tokens: int = 512  # prompts longer than this (in policy tokens) are dropped and counted, never truncated
+    model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
+    """initial policy and KL reference: a hub id or a folder"""
+    dataset_name: str = "openai/gsm8k"
+    """problems: a hub id of a GSM8K-format dataset with splits train and test"""
+    dataset_config: Optional[str] = "main"
+    """config name of the hub dataset"""
+    dataset_path: Optional[str] = None
+    """a folder with GSM8K-format train/test.jsonl; overrides --dataset-name"""
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
+    """the paper's Rho-1B prompt"""
+    chat_template: bool = False
+    """the filled template as a user message in the chat template"""
+    max_prompt_tokens: int = 512
+    """prompts longer than this (in policy tokens) are dropped and counted, never truncated"""
 
     # learner memory
     micro_batch_size: Optional[int] = None
     """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
     CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
-    micro_batch_memory_gib: float = 4.0  # GiB one micro-batch's activations may take when --micro-batch-size is None
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
-    learner_dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype; weights and optimizer stay float32
+    micro_batch_memory_gib: float = 4.0
+    """GiB one micro-batch's activations may take when --micro-batch-size is None"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (less memory, more time)"""
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"
+    """autocast dtype; weights and optimizer stay float32"""
 
     # run & logging
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of this experiment (prefix of the run name)
-    seed: int = 1  # seed of Python, NumPy, torch, the prompt order and every vLLM sampling request
-    track: bool = False  # log to Weights & Biases as well as tensorboard
-    wandb_project_name: str = "clean-async-rlhf"  # wandb project (only with --track)
-    output_dir: Optional[str] = None  # where the final policy and tokenizer are saved; None means runs/{run_name}/model
-    save_every: int = 0  # save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)
-    keep_checkpoints: int = 1  # newest policy snapshots kept (0: all, as benchmark/staleness.py needs)
-    torch_threads: int = 1  # CPU threads for each role (learner, engine)
-    sample_every: int = 10  # log a table of sample completions every this many learner steps
-    num_eval_prompts: int = 256  # held-out test problems graded greedily; 0 turns evaluation off
-    eval_every: int = 32  # evaluate every this many policy versions (0 = before training) and at the end
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (prefix of the run name)"""
+    seed: int = 1
+    """seed of Python, NumPy, torch, the prompt order and every vLLM sampling request"""
+    track: bool = False
+    """log to Weights & Biases as well as tensorboard"""
+    wandb_project_name: str = "clean-async-rlhf"
+    """wandb project (only with --track)"""
+    output_dir: Optional[str] = None
+    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    save_every: int = 0
+    """save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)"""
+    keep_checkpoints: int = 1
+    """newest policy snapshots kept (0: all, as benchmark/staleness.py needs)"""
+    torch_threads: int = 1
+    """CPU threads for each role (learner, engine)"""
+    sample_every: int = 10
+    """log a table of sample completions every this many learner steps"""
+    num_eval_prompts: int = 256
+    """held-out test problems graded greedily; 0 turns evaluation off"""
+    eval_every: int = 32
+    """evaluate every this many policy versions (0 = before training) and at the end"""
 
     # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
     run_name: tyro.conf.Suppress[str] = ""
     learner_device: tyro.conf.Suppress[str] = ""
     engine_device: tyro.conf.Suppress[str] = ""
-    eos_token_ids: tyro.conf.Suppress[tuple] = ()  # the tokenizer's EOS and the generation config's: vLLM stops on all
+    eos_token_ids: tyro.conf.Suppress[tuple] = ()
+    """the tokenizer's EOS and the generation config's: vLLM stops on all"""
 
 
 # ALGO LOGIC: GRPO (Shao et al., 2024): group-normalised rewards, a clipped token-level surrogate; pure, unit-tested
@@ -165,7 +205,8 @@ def grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantag
     with torch.no_grad():
         tokens = mask.bool()
         stats = {
-            "importance_ratio_mean": ratio[tokens].mean().item(), "importance_ratio_max": ratio[tokens].max().item(),
+            "importance_ratio_mean": ratio[tokens].mean().item(),
+            "importance_ratio_max": ratio[tokens].max().item(),
             "clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
             "zero_gradient_frac": no_gradient[tokens].float().mean().item(),
             "importance_weight_mean": importance_weights[tokens].mean().item(),
@@ -235,19 +276,30 @@ def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     k = args.num_samples_per_prompt
     # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
-    params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
-                             seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
-                             detokenize=False) for j in range(len(prompts))]
+    params = [
+        SamplingParams(
+            n=k,
+            temperature=args.temperature,
+            max_tokens=args.response_length,
+            logprobs=0,
+            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+            detokenize=False,
+        )
+        for j in range(len(prompts))
+    ]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     samples = [sample for output in outputs for sample in output.outputs]
-    return ([list(s.token_ids) for s in samples],
-            [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples])
+    return (
+        [list(s.token_ids) for s in samples],
+        [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples],
+    )
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
     """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale."""
-    llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()),
-                                                      is_checkpoint_format=True))
+    llm.collective_rpc(
+        "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
+    )
     llm.reset_prefix_cache()
 
 
@@ -263,8 +315,12 @@ def evaluate(llm: LLM, eval_set, args: Args, version: int):
     params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     graded = [verify(output.outputs[0].text, answer) for output, answer in zip(outputs, answers)]
-    return {"policy_version": version, "eval/accuracy": float(np.mean([r for r, _ in graded])),
-            "eval/format_rate": float(np.mean([found for _, found in graded])), "time/eval": time.time() - start}
+    return {
+        "policy_version": version,
+        "eval/accuracy": float(np.mean([r for r, _ in graded])),
+        "eval/format_rate": float(np.mean([found for _, found in graded])),
+        "time/eval": time.time() - start,
+    }
 
 
 def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
@@ -276,10 +332,18 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
     k = args.num_samples_per_prompt
     rewards, found = zip(*[verify(text, a) for text, a in zip(texts, [a for a in answers for _ in range(k)])])
     truncated = float(np.mean([len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]))
-    return dict(prompts=prompts, answers=answers, responses=responses, behaviour_logprobs=logprobs,
-                rewards=torch.tensor(rewards), format_rate=float(np.mean(found)), truncated_rate=truncated,
-                response_length=float(np.mean([len(r) for r in responses])), time_generation=generation_time,
-                time_labeling=time.time() - start - generation_time)
+    return dict(
+        prompts=prompts,
+        answers=answers,
+        responses=responses,
+        behaviour_logprobs=logprobs,
+        rewards=torch.tensor(rewards),
+        format_rate=float(np.mean(found)),
+        truncated_rate=truncated,
+        response_length=float(np.mean([len(r) for r in responses])),
+        time_generation=generation_time,
+        time_labeling=time.time() - start - generation_time,
+    )
 
 
 def main():
@@ -300,8 +364,9 @@ def main():
     prompts, answers, eval_set = load_problem_sets(args, tokenizer)
     prompt_batches = split_into_steps(prompts, answers, args)  # the problems of learner step i: prompt_batches[i]
     probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
-    args.micro_batch_size = choose_micro_batch_size(args, args.prompts_per_step * k // args.num_mini_batches,
-                                                    max(map(len, prompts)) + args.response_length)
+    args.micro_batch_size = choose_micro_batch_size(
+        args, args.prompts_per_step * k // args.num_mini_batches, max(map(len, prompts)) + args.response_length
+    )
     args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
     args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
     writer, metrics_file = start_tracking(args)
@@ -309,8 +374,9 @@ def main():
 
     # models: the policy, and its frozen reference only with a KL term (without one it is never used)
     policy = load_causal_lm(args.model_name_or_path, args.learner_device)
-    ref_policy = (load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False)
-                  if args.kl_coef > 0 else None)
+    ref_policy = (
+        load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False) if args.kl_coef > 0 else None
+    )
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
@@ -341,8 +407,11 @@ def main():
         train_start = time.time()
         advantages = group_advantages(batch["rewards"], k, args.scale_rewards).to(args.learner_device)
         input_ids, attention_mask, response_mask = pad_sequences(
-            [p for p in batch["prompts"] for _ in range(k)], batch["responses"], tokenizer.pad_token_id,
-            args.learner_device)
+            [p for p in batch["prompts"] for _ in range(k)],
+            batch["responses"],
+            tokenizer.pad_token_id,
+            args.learner_device,
+        )
         mini_batches = chunks(torch.arange(len(input_ids)), len(input_ids) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         old_logprobs = None  # pi_old, the learner's own logprobs before this step's updates (paper, decoupled modes)
@@ -350,24 +419,35 @@ def main():
             old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, mini_batches)
         if ref_policy is not None:
             ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-        stats = {key: [] for key in ("loss", "kl", "grad_norm", "importance_ratio_mean", "importance_ratio_max",
-                                     "clipfrac", "zero_gradient_frac", "importance_weight_mean", "approx_kl")}
+        stats = defaultdict(list)  # name: one value per mini-batch, and the logprob gap
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
             for rows in chunks(mini_batch, args.micro_batch_size):
                 with learner_autocast(args):
-                    new_logprobs = token_logprobs(policy, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                                  args.temperature)
+                    new_logprobs = token_logprobs(
+                        policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
+                    )
                 if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
-                    stats["gap"] = stats.get("gap", 0) + logprob_gap(new_logprobs, response_mask[rows], [
-                        batch["behaviour_logprobs"][i] for i in rows.tolist()])  # every micro-batch's
+                    stats["gap"] = stats.get("gap", 0) + logprob_gap(
+                        new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
+                    )  # every micro-batch's
                 anchor_logprobs, importance_weights = off_policy_anchor(
-                    args.off_policy_correction, None if old_logprobs is None else old_logprobs[rows],
-                    behaviour_logprobs[rows], args.importance_weight_cap)
+                    args.off_policy_correction,
+                    None if old_logprobs is None else old_logprobs[rows],
+                    behaviour_logprobs[rows],
+                    args.importance_weight_cap,
+                )
                 mask = response_mask[rows, 1:]
-                loss, policy_stats = grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights,
-                                                      advantages[rows], mask, args.cliprange, args.dual_clip)
+                loss, policy_stats = grpo_policy_loss(
+                    new_logprobs,
+                    anchor_logprobs,
+                    importance_weights,
+                    advantages[rows],
+                    mask,
+                    args.cliprange,
+                    args.dual_clip,
+                )
                 micro_stats = dict(loss=loss.item(), **policy_stats)
                 if ref_policy is not None:
                     kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask)
@@ -383,8 +463,9 @@ def main():
                 stats[key].append(value)
         training_time = time.time() - train_start
         # the ESS is the whole batch's: its weights again, from every row's pi_old and mu (the loop's: a micro-batch's)
-        importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs, behaviour_logprobs,
-                                               args.importance_weight_cap)[1]
+        importance_weights = off_policy_anchor(
+            args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
+        )[1]
 
         # TRY NOT TO MODIFY: logging
         grouped_rewards = batch["rewards"].view(-1, k)
@@ -422,10 +503,20 @@ def main():
             metrics["objective/kl"] = float(np.mean(stats["kl"]))
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
-            log_samples(writer, step, ["prompt", "response", "answer", "reward"], [
-                [tokenizer.decode(batch["prompts"][i // k])[-200:], tokenizer.decode(r, skip_special_tokens=True),
-                 batch["answers"][i // k], f"{reward:.0f}"]
-                for i, (r, reward) in enumerate(zip(batch["responses"][:8], batch["rewards"]))])
+            log_samples(
+                writer,
+                step,
+                ["prompt", "response", "answer", "reward"],
+                [
+                    [
+                        tokenizer.decode(batch["prompts"][i // k])[-200:],
+                        tokenizer.decode(r, skip_special_tokens=True),
+                        batch["answers"][i // k],
+                        f"{reward:.0f}",
+                    ]
+                    for i, (r, reward) in enumerate(zip(batch["responses"][:8], batch["rewards"]))
+                ],
+            )
         if requests or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
             path = save_policy(args, step + 1, policy)
             if requests:
@@ -446,29 +537,48 @@ def main():
 def check_args(args: Args):
     """Reject bad flag values with one line naming the flag, before any model is loaded."""
     for bad, message in [
-        (args.dataset_path is not None and not all(os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl"))
-                                                   for split in ("train", "test")),
-         f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl"),
+        (
+            args.dataset_path is not None
+            and not all(
+                os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl")) for split in ("train", "test")
+            ),
+            f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl",
+        ),
         ("{question}" not in args.prompt_template, "--prompt-template must contain {question}"),
         (args.num_samples_per_prompt < 2, "--num-samples-per-prompt must be >= 2 to form a group"),
-        (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
-         f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
+        (
+            args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
+            f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}",
+        ),
         (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
-        (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
-         f"samples), got {args.importance_weight_cap}"),
-        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
-         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
+        (
+            args.importance_weight_cap < 1,
+            "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
+            f"samples), got {args.importance_weight_cap}",
+        ),
+        (
+            args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
+            f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}",
+        ),
         (args.kl_coef < 0 or args.cliprange <= 0, "--kl-coef must be >= 0 and --cliprange > 0"),
         (args.eval_every < 1 or args.num_eval_prompts < 0, "--eval-every must be >= 1 and --num-eval-prompts >= 0"),
-        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens) < 1,
-         "--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1"),
-        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
-         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
+        (
+            min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens) < 1,
+            "--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1",
+        ),
+        (
+            args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
+            "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0",
+        ),
         (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
-        (args.output_dir and os.path.isfile(args.output_dir),
-         f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
-        (args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
-         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
+        (
+            args.output_dir and os.path.isfile(args.output_dir),
+            f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder",
+        ),
+        (
+            args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
+            "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one",
+        ),
     ]:
         if bad:
             sys.exit(f"error: {message}")
@@ -480,8 +590,10 @@ def check_args(args: Args):
         sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
     positions = getattr(model_config("--model-name-or-path", args.model_name_or_path), "max_position_embeddings", None)
     if positions is not None and args.max_prompt_tokens + args.response_length > positions:
-        sys.exit(f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
-                 f"is more than the {positions} positions of --model-name-or-path {args.model_name_or_path!r}")
+        sys.exit(
+            f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
+            f"is more than the {positions} positions of --model-name-or-path {args.model_name_or_path!r}"
+        )
 
 
 # DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order, padding
@@ -489,16 +601,25 @@ def model_config(flag: str, path: str):
     """The config of a flag's model, read without weights, else one line; a local-looking path never goes to the hub."""
     local = os.path.expanduser(path)
     if (path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0])) and not (
-            os.path.isfile(os.path.join(local, "config.json"))):
-        sys.exit(f"error: {flag} {path!r}" + (" is not a model folder (no config.json there)" if os.path.isdir(local)
-                                               else f": no such folder (relative paths start at {os.getcwd()})"))
+        os.path.isfile(os.path.join(local, "config.json"))
+    ):
+        sys.exit(
+            f"error: {flag} {path!r}"
+            + (
+                " is not a model folder (no config.json there)"
+                if os.path.isdir(local)
+                else f": no such folder (relative paths start at {os.getcwd()})"
+            )
+        )
     if not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
         print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
     try:
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
-        sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
-                 f"({str(e).splitlines()[0]})")
+        sys.exit(
+            f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
+            f"({str(e).splitlines()[0]})"
+        )
 
 
 def load_tokenizer(args: Args):
@@ -519,6 +640,7 @@ def read_records(args: Args, source: str, split: str):
     """The JSON objects of a local JSON Lines file or JSON array, a bad line named by its number; or a hub split's."""
     if not source.endswith((".json", ".jsonl")):
         import datasets  # slow to import, and only needed here
+
         return list(datasets.load_dataset(source, args.dataset_config, split=split))
     with open(source) as f:
         text, records = f.read(), []
@@ -540,8 +662,10 @@ def load_problems(args: Args, split: str):
     fields = ("question", "answer")
     bad = next((i for i, p in enumerate(problems) if not all(isinstance(p.get(f), str) for f in fields)), None)
     if bad is not None:
-        sys.exit(f"error: {source} is not in GSM8K format (text fields question, answer): record {bad + 1} has "
-                 f"{ {k: type(v).__name__ for k, v in problems[bad].items()} }")
+        sys.exit(
+            f"error: {source} is not in GSM8K format (text fields question, answer): record {bad + 1} has "
+            f"{ {k: type(v).__name__ for k, v in problems[bad].items()} }"
+        )
     return problems
 
 
@@ -550,8 +674,12 @@ def build_prompts(problems, tokenizer, args: Args):
     texts = [args.prompt_template.replace("{question}", p["question"]) for p in problems]
     answers = [extract_answer(p["answer"]) for p in problems]
     if args.chat_template:  # the chat template then holds the special tokens
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                               add_generation_prompt=True) for text in texts]
+        texts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
+            for text in texts
+        ]
     token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"] if texts else []
     kept = [(ids, a) for ids, a in zip(token_ids, answers) if 0 < len(ids) <= args.max_prompt_tokens and a is not None]
     return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
@@ -560,8 +688,10 @@ def build_prompts(problems, tokenizer, args: Args):
 def load_problem_sets(args: Args, tokenizer):
     """The training problems' prompt ids and answers, and the held-out set: the first --num-eval-prompts of test."""
     prompts, answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
-    print(f"{len(prompts)} training problems, {num_dropped} dropped (longer than --max-prompt-tokens "
-          f"{args.max_prompt_tokens}, or no \"#### <number>\" answer)")
+    print(
+        f"{len(prompts)} training problems, {num_dropped} dropped (longer than --max-prompt-tokens "
+        f'{args.max_prompt_tokens}, or no "#### <number>" answer)'
+    )
     if not prompts:
         sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
     eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
@@ -573,9 +703,13 @@ def load_problem_sets(args: Args, tokenizer):
 def split_into_steps(prompts, answers, args: Args):
     """[(prompts, answers) of learner step i for every step], in the seeded order of `prompt_order`."""
     order = prompt_order(len(prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
-    return [([prompts[j] for j in order[i : i + args.prompts_per_step]],
-             [answers[j] for j in order[i : i + args.prompts_per_step]])
-            for i in range(0, len(order), args.prompts_per_step)]
+    return [
+        (
+            [prompts[j] for j in order[i : i + args.prompts_per_step]],
+            [answers[j] for j in order[i : i + args.prompts_per_step]],
+        )
+        for i in range(0, len(order), args.prompts_per_step)
+    ]
 
 
 def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
@@ -627,8 +761,11 @@ def weight_check(model, probe, args: Args, state_dict=None):
     """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
     dtype, weights = getattr(torch, args.engine_dtype, None), model.state_dict() if state_dict is None else state_dict
-    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(), {
-        name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype}
+    return (
+        probe,
+        token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
+        {name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype},
+    )
 
 
 def bit_checksum(tensor, dtype):
@@ -651,10 +788,17 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
     anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
     unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
     if differ or not gap <= tolerance or unchanged:
-        why = (f"{len(differ)} tensors differ from the learner's, e.g. {differ[0]}" if differ else "it answers as it "
-               "did for an earlier version" if unchanged else f"the tolerance of --engine-dtype is {tolerance:g}")
-        raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-                           f"to the learner {gap:.1e}; {why})")
+        why = (
+            f"{len(differ)} tensors differ from the learner's, e.g. {differ[0]}"
+            if differ
+            else "it answers as it did for an earlier version"
+            if unchanged
+            else f"the tolerance of --engine-dtype is {tolerance:g}"
+        )
+        raise RuntimeError(
+            f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
+            f"to the learner {gap:.1e}; {why})"
+        )
     return anchor, engine
 
 
@@ -684,8 +828,10 @@ def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_mod
     gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
     fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
     size = args.micro_batch_size or fits
-    print(f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
-          f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})")
+    print(
+        f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
+        f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})"
+    )
     return size
 
 
@@ -696,21 +842,27 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
             for rows in chunks(mini_batch, args.micro_batch_size):
-                logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                                args.temperature)
+                logprobs[rows] = token_logprobs(
+                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
+                )
     return logprobs
 
 
 def combine_stats(micro_batch_stats):
     """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
-    return {name: max(s[name] for _, s in micro_batch_stats) if name.endswith("_max")
-            else sum(share * s[name] for share, s in micro_batch_stats) for name in micro_batch_stats[0][1]}
+    return {
+        name: max(s[name] for _, s in micro_batch_stats)
+        if name.endswith("_max")
+        else sum(share * s[name] for share, s in micro_batch_stats)
+        for name in micro_batch_stats[0][1]
+    }
 
 
 def learner_autocast(args: Args):
     """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
-    return torch.autocast(torch.device(args.learner_device).type, dtype=torch.bfloat16,
-                          enabled=args.learner_dtype == "bfloat16")
+    return torch.autocast(
+        torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
+    )
 
 
 def enable_gradient_checkpointing(model):
@@ -740,13 +892,21 @@ def start_tracking(args: Args):
     """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track."""
     if args.track:
         import wandb
+
         try:
-            wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
-                       save_code=True)
+            wandb.init(
+                project=args.wandb_project_name,
+                config=vars(args),
+                name=args.run_name,
+                sync_tensorboard=True,
+                save_code=True,
+            )
         except wandb.errors.Error as e:  # no login, most often
             os.rmdir(f"runs/{args.run_name}")  # still empty
-            sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
-                     f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
+            sys.exit(
+                f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
+                f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)"
+            )
     writer = SummaryWriter(f"runs/{args.run_name}")
     writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     return writer, open(f"runs/{args.run_name}/metrics.jsonl", "w")
@@ -763,8 +923,12 @@ def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_ke
 
 def log_samples(writer, step: int, columns, rows):
     """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
-    writer.add_text("samples", f"|{'|'.join(columns)}|\n|{'-|' * len(columns)}\n" + "\n".join(
-        "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows), step)
+    writer.add_text(
+        "samples",
+        f"|{'|'.join(columns)}|\n|{'-|' * len(columns)}\n"
+        + "\n".join("|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows),
+        step,
+    )
 
 
 def save_policy(args: Args, step: int, policy):
@@ -773,8 +937,11 @@ def save_policy(args: Args, step: int, policy):
     shutil.rmtree(path + ".tmp", ignore_errors=True)
     policy.save_pretrained(os.path.join(path + ".tmp", "policy"))
     os.rename(path + ".tmp", path)
-    saved = sorted(glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]")),
-                   key=lambda p: int(p.rsplit("_", 1)[1]), reverse=True)
+    saved = sorted(
+        glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]")),
+        key=lambda p: int(p.rsplit("_", 1)[1]),
+        reverse=True,
+    )
     for old in saved[args.keep_checkpoints :] if args.keep_checkpoints else []:
         shutil.rmtree(old)
     return path
@@ -789,6 +956,7 @@ def stop_requests():
             raise KeyboardInterrupt
         requests.append(signal.Signals(signum).name)
         tqdm.write(f"{requests[0]}: saving the policy after this learner step, then exiting (again to stop now)")
+
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request)
     return requests
@@ -801,8 +969,10 @@ def log_evaluation(result: dict, writer, eval_file):
             writer.add_scalar(key, value, result["policy_version"])
     eval_file.write(json.dumps(result) + "\n")
     eval_file.flush()
-    tqdm.write(f"eval accuracy of policy version {result['policy_version']}: {result['eval/accuracy']:.3f} "
-               f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)")
+    tqdm.write(
+        f"eval accuracy of policy version {result['policy_version']}: {result['eval/accuracy']:.3f} "
+        f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)"
+    )
 
 
 def save_final(args: Args, policy, tokenizer):
@@ -825,16 +995,30 @@ def print_summary(args: Args, reward_key: str):
         metrics, evals = [json.loads(line) for line in f], [json.loads(line) for line in g]
     first, last = metrics[0], metrics[-1]
     idle = [sum(m[k] for m in metrics) / last["time/elapsed"] for k in ("time/learner_waiting", "time/actor_waiting")]
-    evaluated = [f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version "
-                 f"{evals[0]['policy_version']} -> {evals[-1]['eval/accuracy']:.3f} at version "
-                 f"{evals[-1]['policy_version']}"] if evals else []
-    print("\n".join([f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
-                     f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})",
-                     f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at "
-                     f"step {last['step']}", *evaluated, f"model:       {args.output_dir}",
-                     f"metrics:     {run_dir}/metrics.jsonl" + (f", {run_dir}/eval.jsonl" if evals else ""),
-                     f"tensorboard: tensorboard --logdir {run_dir}",
-                     f"plot:        python tools/plot_runs.py {run_dir}"]))
+    evaluated = (
+        [
+            f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version "
+            f"{evals[0]['policy_version']} -> {evals[-1]['eval/accuracy']:.3f} at version "
+            f"{evals[-1]['policy_version']}"
+        ]
+        if evals
+        else []
+    )
+    print(
+        "\n".join(
+            [
+                f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
+                f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})",
+                f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at "
+                f"step {last['step']}",
+                *evaluated,
+                f"model:       {args.output_dir}",
+                f"metrics:     {run_dir}/metrics.jsonl" + (f", {run_dir}/eval.jsonl" if evals else ""),
+                f"tensorboard: tensorboard --logdir {run_dir}",
+                f"plot:        python tools/plot_runs.py {run_dir}",
+            ]
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Literal, Optional
@@ -37,8 +38,13 @@ import torch.nn.functional as F
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
-                          GenerationConfig)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    GenerationConfig,
+)
 from vllm import LLM, SamplingParams
 
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
@@ -47,72 +53,118 @@ SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker repl
 @dataclass
 class Args:
     # algorithm
-    num_learner_steps: int = 1024  # learner steps; each consumes one generation round of `prompts_per_step` prompts
-    prompts_per_step: int = 64  # prompts per learner step (k responses each)
-    num_mini_batches: int = 1  # N: optimizer steps per round and epoch (off-policyness knob)
-    num_ppo_epochs: int = 1  # passes over each batch (1 in the paper: N alone sets the updates)
-    learning_rate: float = 3e-6  # AdamW rate of policy and value model, decayed linearly to 0
-    weight_decay: float = 0.0  # AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)
-    kl_coef: float = 0.05  # per-token reward -kl_coef * (log pi - log pi_ref)
-    gamma: float = 1.0  # GAE discount (1: the reward at the end of the response is not discounted)
-    lam: float = 0.95  # GAE lambda
+    num_learner_steps: int = 1024
+    """learner steps; each consumes one generation round of `prompts_per_step` prompts"""
+    prompts_per_step: int = 64
+    """prompts per learner step (k responses each)"""
+    num_mini_batches: int = 1
+    """N: optimizer steps per round and epoch (off-policyness knob)"""
+    num_ppo_epochs: int = 1
+    """passes over each batch (1 in the paper: N alone sets the updates)"""
+    learning_rate: float = 3e-6
+    """AdamW rate of policy and value model, decayed linearly to 0"""
+    weight_decay: float = 0.0
+    """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
+    kl_coef: float = 0.05
+    """per-token reward -kl_coef * (log pi - log pi_ref)"""
+    gamma: float = 1.0
+    """GAE discount (1: the reward at the end of the response is not discounted)"""
+    lam: float = 0.95
+    """GAE lambda"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
     """the PPO ratio's anchor: paper = the learner's logprobs, behaviour = vLLM's, decoupled = paper's, weighted"""
-    cliprange: float = 0.2  # PPO clip range of the token-level ratio pi / pi_anchor
-    cliprange_value: float = 0.2  # new values this far from the step's start values get no gradient
-    vf_coef: float = 0.1  # weight of the value loss in the summed loss
-    importance_weight_cap: float = 2.0  # decoupled: the weight pi_old / pi_behaviour is truncated here
-    dual_clip: Optional[float] = None  # dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip
-    missing_eos_penalty: float = -1.0  # score of a response without EOS, not the reward model's (a verifier grades all)
-    max_grad_norm: float = 1.0  # gradient clipping threshold (policy and value model together)
+    cliprange: float = 0.2
+    """PPO clip range of the token-level ratio pi / pi_anchor"""
+    cliprange_value: float = 0.2
+    """new values this far from the step's start values get no gradient"""
+    vf_coef: float = 0.1
+    """weight of the value loss in the summed loss"""
+    importance_weight_cap: float = 2.0
+    """decoupled: the weight pi_old / pi_behaviour is truncated here"""
+    dual_clip: Optional[float] = None
+    """dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip"""
+    missing_eos_penalty: float = -1.0
+    """score of a response without EOS, not the reward model's (a verifier grades all)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping threshold (policy and value model together)"""
 
     # generation
-    temperature: float = 0.7  # sampling temperature; the learner's (and reference's) logprobs use it
-    num_samples_per_prompt: int = 1  # k responses per prompt, each its own PPO episode (the reference code samples 1)
-    response_length: int = 53  # maximum new tokens per response (53 is the TL;DR setting of the reference code)
-    engine_dtype: str = "float32"  # engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster
-    gpu_memory_utilization: Optional[float] = None  # engine GPU share for vLLM; None: 30% (shared) or 90% of free
-    kv_cache_gib: Optional[float] = None  # KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU
+    temperature: float = 0.7
+    """sampling temperature; the learner's (and reference's) logprobs use it"""
+    num_samples_per_prompt: int = 1
+    """k responses per prompt, each its own PPO episode (the reference code samples 1)"""
+    response_length: int = 53
+    """maximum new tokens per response (53 is the TL;DR setting of the reference code)"""
+    engine_dtype: str = "float32"
+    """engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster"""
+    gpu_memory_utilization: Optional[float] = None
+    """engine GPU share for vLLM; None: 30% (shared) or 90% of free"""
+    kv_cache_gib: Optional[float] = None
+    """KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU"""
 
     # model & data
-    model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"  # initial policy and frozen reference: hub id or folder
-    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"  # shares the policy's tokenizer; the initial value model
+    model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"
+    """initial policy and frozen reference: hub id or folder"""
+    reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
+    """shares the policy's tokenizer; the initial value model"""
     reward: Literal["model", "verifier"] = "model"
     """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
-    dataset_split: str = "train"  # split of a hub dataset (ignored for local files)
-    dataset_config: Optional[str] = None  # config name of a hub dataset (GSM8K: main)
-    prompt_field: str = "query"  # column holding the prompt text (reward model)
-    dataset_path: Optional[str] = None  # verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name
-    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"  # verifier: the paper's Rho-1B prompt
-    chat_template: bool = False  # verifier: the filled template becomes a user message in the tokenizer's chat template
-    max_prompt_tokens: int = 512  # prompts longer than this (in policy tokens) are dropped and counted, never truncated
+    dataset_split: str = "train"
+    """split of a hub dataset (ignored for local files)"""
+    dataset_config: Optional[str] = None
+    """config name of a hub dataset (GSM8K: main)"""
+    prompt_field: str = "query"
+    """column holding the prompt text (reward model)"""
+    dataset_path: Optional[str] = None
+    """verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
+    """verifier: the paper's Rho-1B prompt"""
+    chat_template: bool = False
+    """verifier: the filled template becomes a user message in the tokenizer's chat template"""
+    max_prompt_tokens: int = 512
+    """prompts longer than this (in policy tokens) are dropped and counted, never truncated"""
 
     # learner memory
     micro_batch_size: Optional[int] = None
     """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
     CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
-    micro_batch_memory_gib: float = 4.0  # GiB one micro-batch's activations may take when --micro-batch-size is None
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
-    learner_dtype: Literal["float32", "bfloat16"] = "float32"  # autocast dtype; weights and optimizer stay float32
+    micro_batch_memory_gib: float = 4.0
+    """GiB one micro-batch's activations may take when --micro-batch-size is None"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (less memory, more time)"""
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"
+    """autocast dtype; weights and optimizer stay float32"""
 
     # run & logging
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of this experiment (prefix of the run name)
-    seed: int = 1  # seed of Python, NumPy, torch, the mini-batch shuffle and every vLLM sampling request
-    track: bool = False  # log to Weights & Biases as well as tensorboard
-    wandb_project_name: str = "clean-async-rlhf"  # wandb project (only with --track)
-    output_dir: Optional[str] = None  # the final policy, tokenizer and value_model/; None means runs/{run_name}/model
-    save_every: int = 0  # save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)
-    keep_checkpoints: int = 1  # newest policy snapshots kept (0: all, as benchmark/staleness.py needs)
-    torch_threads: int = 1  # CPU threads for each role (learner, engine)
-    sample_every: int = 10  # log a table of sample completions every this many learner steps
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (prefix of the run name)"""
+    seed: int = 1
+    """seed of Python, NumPy, torch, the mini-batch shuffle and every vLLM sampling request"""
+    track: bool = False
+    """log to Weights & Biases as well as tensorboard"""
+    wandb_project_name: str = "clean-async-rlhf"
+    """wandb project (only with --track)"""
+    output_dir: Optional[str] = None
+    """the final policy, tokenizer and value_model/; None means runs/{run_name}/model"""
+    save_every: int = 0
+    """save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)"""
+    keep_checkpoints: int = 1
+    """newest policy snapshots kept (0: all, as benchmark/staleness.py needs)"""
+    torch_threads: int = 1
+    """CPU threads for each role (learner, engine)"""
+    sample_every: int = 10
+    """log a table of sample completions every this many learner steps"""
 
     # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
     run_name: tyro.conf.Suppress[str] = ""
-    learner_device: tyro.conf.Suppress[str] = ""  # also the value model's and the reference's
-    engine_device: tyro.conf.Suppress[str] = ""  # also the reward model's
-    eos_token_ids: tyro.conf.Suppress[tuple] = ()  # the tokenizer's EOS and the generation config's: vLLM stops on all
+    learner_device: tyro.conf.Suppress[str] = ""
+    """also the value model's and the reference's"""
+    engine_device: tyro.conf.Suppress[str] = ""
+    """also the reward model's"""
+    eos_token_ids: tyro.conf.Suppress[tuple] = ()
+    """the tokenizer's EOS and the generation config's: vLLM stops on all"""
 
 
 # ALGO LOGIC: PPO for RLHF (Ouyang et al., 2022; Huang et al., 2024): KL-penalised rewards, GAE, clipped losses
@@ -298,19 +350,30 @@ def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     k = args.num_samples_per_prompt
     # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
-    params = [SamplingParams(n=k, temperature=args.temperature, max_tokens=args.response_length, logprobs=0,
-                             seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
-                             detokenize=False) for j in range(len(prompts))]
+    params = [
+        SamplingParams(
+            n=k,
+            temperature=args.temperature,
+            max_tokens=args.response_length,
+            logprobs=0,
+            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+            detokenize=False,
+        )
+        for j in range(len(prompts))
+    ]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     samples = [sample for output in outputs for sample in output.outputs]
-    return ([list(s.token_ids) for s in samples],
-            [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples])
+    return (
+        [list(s.token_ids) for s in samples],
+        [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples],
+    )
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
     """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale."""
-    llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()),
-                                                      is_checkpoint_format=True))
+    llm.collective_rpc(
+        "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
+    )
     llm.reset_prefix_cache()
 
 
@@ -329,9 +392,16 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
         input_ids, attention_mask, _ = pad_sequences(prompts, responses, tokenizer.pad_token_id, args.engine_device)
         scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
         scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
-    return dict(prompts=prompts, responses=responses, behaviour_logprobs=logprobs, scores=scores,
-                eos_rate=contains_eos.float().mean().item(), response_length=float(np.mean(list(map(len, responses)))),
-                time_generation=generation_time, time_labeling=time.time() - start - generation_time)
+    return dict(
+        prompts=prompts,
+        responses=responses,
+        behaviour_logprobs=logprobs,
+        scores=scores,
+        eos_rate=contains_eos.float().mean().item(),
+        response_length=float(np.mean(list(map(len, responses)))),
+        time_generation=generation_time,
+        time_labeling=time.time() - start - generation_time,
+    )
 
 
 def main():
@@ -353,8 +423,11 @@ def main():
     prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
     probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
-        args, args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches,
-        max(map(len, prompts)) + args.response_length, trained_models=2)
+        args,
+        args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches,
+        max(map(len, prompts)) + args.response_length,
+        trained_models=2,
+    )
     args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
     args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
     writer, metrics_file = start_tracking(args)
@@ -370,8 +443,12 @@ def main():
         enable_gradient_checkpointing(policy)
         enable_gradient_checkpointing(value_model)
     # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
-    optimizer = torch.optim.AdamW([*policy.parameters(), *value_model.parameters()], lr=args.learning_rate, eps=1e-5,
-                                  weight_decay=args.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [*policy.parameters(), *value_model.parameters()],
+        lr=args.learning_rate,
+        eps=1e-5,
+        weight_decay=args.weight_decay,
+    )
     num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
@@ -397,60 +474,86 @@ def main():
         # ALGO LOGIC: rewards, values and advantages of the whole batch, then PPO in N mini-batches per epoch
         train_start = time.time()
         input_ids, attention_mask, response_mask = pad_sequences(
-            batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device)
+            batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device
+        )
         mask = response_mask[:, 1:].float()  # the layout of token_logprobs / get_values: column t = token t+1
         num_samples = len(batch["responses"])
         # every epoch's shuffled mini-batches, drawn now: the first epoch's also order the no-grad passes below
-        epochs = [chunks(torch.from_numpy(shuffle_rng.permutation(num_samples)), num_samples // args.num_mini_batches)
-                  for _ in range(args.num_ppo_epochs)]
+        epochs = [
+            chunks(torch.from_numpy(shuffle_rng.permutation(num_samples)), num_samples // args.num_mini_batches)
+            for _ in range(args.num_ppo_epochs)
+        ]
         # STALE when K > 0, made with policy version step-K: the responses, their scores, and vLLM's logprobs
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         scores = batch["scores"].to(args.learner_device)
         # FRESH, before this step's updates: the reference's logprobs, the learner's own (paper, decoupled) and values,
         # in the micro-batches of the loop's first epoch, so they equal its first forward passes' bit for bit
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-        old_logprobs = None if args.off_policy_correction == "behaviour" else token_logprobs_no_grad(
-            policy, input_ids, attention_mask, response_mask, args, epochs[0])
+        old_logprobs = (
+            None
+            if args.off_policy_correction == "behaviour"
+            else token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, epochs[0])
+        )
         values = torch.zeros_like(mask)
         with torch.no_grad(), learner_autocast(args):
             for rows in sum((chunks(mini_batch, args.micro_batch_size) for mini_batch in epochs[0]), []):
                 values[rows] = get_values(value_model, input_ids[rows], attention_mask[rows]) * mask[rows]
         # the anchor is both PPO's "old" logprobs and the log pi of the KL penalty (vLLM's in behaviour mode)
-        anchor_logprobs, importance_weights = off_policy_anchor(args.off_policy_correction, old_logprobs,
-                                                                behaviour_logprobs, args.importance_weight_cap)
+        anchor_logprobs, importance_weights = off_policy_anchor(
+            args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
+        )
         with torch.no_grad():
             rewards, kl = per_token_rewards(scores, anchor_logprobs, ref_logprobs, mask, args.kl_coef)
             advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask)
-        stats = {}  # name: one value per mini-batch, and the logprob gap
+        stats = defaultdict(list)  # name: one value per mini-batch, and the logprob gap
         for mini_batch in sum(epochs, []):  # the epochs' mini-batches, one after the other
             optimizer.zero_grad()
             micro_batch_stats = []
             for rows in chunks(mini_batch, args.micro_batch_size):
                 with learner_autocast(args):
-                    new_logprobs, entropy = token_logprobs_and_entropy(policy, input_ids[rows], attention_mask[rows],
-                                                                       response_mask[rows], args.temperature)
+                    new_logprobs, entropy = token_logprobs_and_entropy(
+                        policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
+                    )
                     new_values = get_values(value_model, input_ids[rows], attention_mask[rows])
                 if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
-                    stats["gap"] = stats.get("gap", 0) + logprob_gap(new_logprobs, response_mask[rows], [
-                        batch["behaviour_logprobs"][i] for i in rows.tolist()])  # every micro-batch's
-                pg_loss, policy_stats = clipped_policy_loss(new_logprobs, anchor_logprobs[rows],
-                                                            importance_weights[rows], advantages[rows], mask[rows],
-                                                            args.cliprange, args.dual_clip)
-                vf_loss, vf_clipfrac = clipped_value_loss(new_values, values[rows], returns[rows], mask[rows],
-                                                          args.cliprange_value)
+                    stats["gap"] = stats.get("gap", 0) + logprob_gap(
+                        new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
+                    )  # every micro-batch's
+                pg_loss, policy_stats = clipped_policy_loss(
+                    new_logprobs,
+                    anchor_logprobs[rows],
+                    importance_weights[rows],
+                    advantages[rows],
+                    mask[rows],
+                    args.cliprange,
+                    args.dual_clip,
+                )
+                vf_loss, vf_clipfrac = clipped_value_loss(
+                    new_values, values[rows], returns[rows], mask[rows], args.cliprange_value
+                )
                 # both losses are token means over the mini-batch: a micro-batch weighs its share of the tokens
                 share = (mask[rows].sum() / mask[mini_batch].sum()).item()
                 ((pg_loss + args.vf_coef * vf_loss) * share).backward()
-                micro_batch_stats.append((share, dict(
-                    pg_loss=pg_loss.item(), vf_loss=vf_loss.item(), vf_clipfrac=vf_clipfrac,
-                    entropy=masked_mean(entropy, mask[rows]).item(), **policy_stats)))
-            grad_norm = torch.nn.utils.clip_grad_norm_([*policy.parameters(), *value_model.parameters()],
-                                                       args.max_grad_norm)
+                micro_batch_stats.append(
+                    (
+                        share,
+                        dict(
+                            pg_loss=pg_loss.item(),
+                            vf_loss=vf_loss.item(),
+                            vf_clipfrac=vf_clipfrac,
+                            entropy=masked_mean(entropy, mask[rows]).item(),
+                            **policy_stats,
+                        ),
+                    )
+                )
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [*policy.parameters(), *value_model.parameters()], args.max_grad_norm
+            )
             optimizer.step()
             scheduler.step()
             for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
-                stats.setdefault(key, []).append(value)
+                stats[key].append(value)
         training_time = time.time() - train_start
 
         # TRY NOT TO MODIFY: logging
@@ -491,9 +594,15 @@ def main():
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
-            log_samples(writer, step, ["prompt", "response", "score"], [
-                [tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}"]
-                for p, r, s in list(zip(batch["prompts"], batch["responses"], batch["scores"]))[:4]])
+            log_samples(
+                writer,
+                step,
+                ["prompt", "response", "score"],
+                [
+                    [tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}"]
+                    for p, r, s in list(zip(batch["prompts"], batch["responses"], batch["scores"]))[:4]
+                ],
+            )
         if requests or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
             path = save_policy(args, step + 1, policy)
             if requests:
@@ -512,28 +621,55 @@ def check_args(args: Args):
     """Reject bad flag values with one line naming the flag, before any model is loaded."""
     source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
     for bad, message in [
-        (args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
-         f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}"),
+        (
+            args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
+            f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}",
+        ),
         (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
-        (args.importance_weight_cap < 1, "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
-         f"samples), got {args.importance_weight_cap}"),
-        (args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
-         f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}"),
-        (args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0,
-         "--kl-coef must be >= 0, --cliprange and --cliprange-value > 0"),
-        (min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens,
-             args.num_samples_per_prompt, args.num_ppo_epochs) < 1, "--num-learner-steps, --prompts-per-step, "
-         "--response-length, --max-prompt-tokens, --num-samples-per-prompt and --num-ppo-epochs must be >= 1"),
-        (args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
-         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
+        (
+            args.importance_weight_cap < 1,
+            "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
+            f"samples), got {args.importance_weight_cap}",
+        ),
+        (
+            args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
+            f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}",
+        ),
+        (
+            args.kl_coef < 0 or args.cliprange <= 0 or args.cliprange_value <= 0,
+            "--kl-coef must be >= 0, --cliprange and --cliprange-value > 0",
+        ),
+        (
+            min(
+                args.num_learner_steps,
+                args.prompts_per_step,
+                args.response_length,
+                args.max_prompt_tokens,
+                args.num_samples_per_prompt,
+                args.num_ppo_epochs,
+            )
+            < 1,
+            "--num-learner-steps, --prompts-per-step, "
+            "--response-length, --max-prompt-tokens, --num-samples-per-prompt and --num-ppo-epochs must be >= 1",
+        ),
+        (
+            args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
+            "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0",
+        ),
         (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
-        (args.reward == "verifier" and "{question}" not in args.prompt_template,
-         "--prompt-template must contain {question}"),
+        (
+            args.reward == "verifier" and "{question}" not in args.prompt_template,
+            "--prompt-template must contain {question}",
+        ),
         (source.endswith((".json", ".jsonl")) and not os.path.isfile(source), f"{source}: no such file"),
-        (args.output_dir and os.path.isfile(args.output_dir),
-         f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder"),
-        (args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
-         "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
+        (
+            args.output_dir and os.path.isfile(args.output_dir),
+            f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder",
+        ),
+        (
+            args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
+            "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one",
+        ),
     ]:
         if bad:
             sys.exit(f"error: {message}")
@@ -549,16 +685,20 @@ def check_args(args: Args):
     for flag, path in models.items():
         positions = getattr(model_config(flag, path), "max_position_embeddings", None)
         if positions is not None and args.max_prompt_tokens + args.response_length > positions:
-            sys.exit(f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
-                     f"is more than the {positions} positions of {flag} {path!r}")
+            sys.exit(
+                f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
+                f"is more than the {positions} positions of {flag} {path!r}"
+            )
     if args.reward == "model":  # the reward model reads the policy's token ids: another vocabulary scores other text
         try:
             vocab = AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab()
         except (OSError, ValueError):  # no tokenizer there
             vocab = None
         if vocab != AutoTokenizer.from_pretrained(args.model_name_or_path).get_vocab():
-            sys.exit(f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
-                     f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's")
+            sys.exit(
+                f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
+                f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's"
+            )
 
 
 # DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in, padding
@@ -566,16 +706,25 @@ def model_config(flag: str, path: str):
     """The config of a flag's model, read without weights, else one line; a local-looking path never goes to the hub."""
     local = os.path.expanduser(path)
     if (path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0])) and not (
-            os.path.isfile(os.path.join(local, "config.json"))):
-        sys.exit(f"error: {flag} {path!r}" + (" is not a model folder (no config.json there)" if os.path.isdir(local)
-                                               else f": no such folder (relative paths start at {os.getcwd()})"))
+        os.path.isfile(os.path.join(local, "config.json"))
+    ):
+        sys.exit(
+            f"error: {flag} {path!r}"
+            + (
+                " is not a model folder (no config.json there)"
+                if os.path.isdir(local)
+                else f": no such folder (relative paths start at {os.getcwd()})"
+            )
+        )
     if not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
         print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
     try:
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
-        sys.exit(f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
-                 f"({str(e).splitlines()[0]})")
+        sys.exit(
+            f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
+            f"({str(e).splitlines()[0]})"
+        )
 
 
 def load_tokenizer(args: Args):
@@ -596,6 +745,7 @@ def read_records(args: Args, source: str, split: str):
     """The JSON objects of a local JSON Lines file or JSON array, a bad line named by its number; or a hub split's."""
     if not source.endswith((".json", ".jsonl")):
         import datasets  # slow to import, and only needed here
+
         return list(datasets.load_dataset(source, args.dataset_config, split=split))
     with open(source) as f:
         text, records = f.read(), []
@@ -616,34 +766,60 @@ def load_prompts(args: Args, tokenizer):
     records = read_records(args, source, args.dataset_split)
     verifier = args.reward == "verifier"
     fields = ("question", "answer") if verifier else (args.prompt_field,)
-    bad = next((i for i, r in enumerate(records)  # a field missing, not text, or blank (it would drop as too long)
-                if not all(isinstance(r.get(f), str) and r[f].strip() for f in fields)), None)
+    bad = next(
+        (
+            i
+            for i, r in enumerate(records)  # a field missing, not text, or blank (it would drop as too long)
+            if not all(isinstance(r.get(f), str) and r[f].strip() for f in fields)
+        ),
+        None,
+    )
     if bad is not None:
-        sys.exit(f"error: {'' if verifier else '--prompt-field '}{' and '.join(map(repr, fields))} is blank or not a "
-                 f"text field of record {bad + 1} of {source} ({sorted(records[bad])})")
-    texts = [r[args.prompt_field] for r in records] if args.reward == "model" else [
-        args.prompt_template.replace("{question}", r["question"]) for r in records]
+        sys.exit(
+            f"error: {'' if verifier else '--prompt-field '}{' and '.join(map(repr, fields))} is blank or not a "
+            f"text field of record {bad + 1} of {source} ({sorted(records[bad])})"
+        )
+    texts = (
+        [r[args.prompt_field] for r in records]
+        if args.reward == "model"
+        else [args.prompt_template.replace("{question}", r["question"]) for r in records]
+    )
     if args.reward == "verifier" and args.chat_template:  # the chat template then holds the special tokens
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                               add_generation_prompt=True) for text in texts]
+        texts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
+            for text in texts
+        ]
     answers = [extract_answer(r["answer"]) if args.reward == "verifier" else "" for r in records]
     token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"]
-    kept = [(ids, answer or None) for ids, answer in zip(token_ids, answers)
-            if 0 < len(ids) <= args.max_prompt_tokens and answer is not None]
-    print(f"{len(kept)} prompts, {len(records) - len(kept)} dropped as longer than --max-prompt-tokens "
-          f"{args.max_prompt_tokens}" + (" or without an answer" if verifier else ""))
+    kept = [
+        (ids, answer or None)
+        for ids, answer in zip(token_ids, answers)
+        if 0 < len(ids) <= args.max_prompt_tokens and answer is not None
+    ]
+    print(
+        f"{len(kept)} prompts, {len(records) - len(kept)} dropped as longer than --max-prompt-tokens "
+        f"{args.max_prompt_tokens}" + (" or without an answer" if verifier else "")
+    )
     if not kept:
-        sys.exit(f"error: all {len(records)} prompts are empty or longer than --max-prompt-tokens "
-                 f"{args.max_prompt_tokens}" + (" (or have no \"#### <number>\" answer)" if verifier else ""))
+        sys.exit(
+            f"error: all {len(records)} prompts are empty or longer than --max-prompt-tokens "
+            f"{args.max_prompt_tokens}" + (' (or have no "#### <number>" answer)' if verifier else "")
+        )
     return [ids for ids, _ in kept], [answer for _, answer in kept]
 
 
 def split_into_steps(prompts, answers, args: Args):
     """[(prompts, answers) of learner step i for every step], in the seeded order of `prompt_order`."""
     order = prompt_order(len(prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
-    return [([prompts[j] for j in order[i : i + args.prompts_per_step]],
-             [answers[j] for j in order[i : i + args.prompts_per_step]])
-            for i in range(0, len(order), args.prompts_per_step)]
+    return [
+        (
+            [prompts[j] for j in order[i : i + args.prompts_per_step]],
+            [answers[j] for j in order[i : i + args.prompts_per_step]],
+        )
+        for i in range(0, len(order), args.prompts_per_step)
+    ]
 
 
 def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
@@ -695,8 +871,11 @@ def weight_check(model, probe, args: Args, state_dict=None):
     """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
     dtype, weights = getattr(torch, args.engine_dtype, None), model.state_dict() if state_dict is None else state_dict
-    return probe, token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(), {
-        name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype}
+    return (
+        probe,
+        token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
+        {name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype},
+    )
 
 
 def bit_checksum(tensor, dtype):
@@ -719,10 +898,17 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
     anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
     unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
     if differ or not gap <= tolerance or unchanged:
-        why = (f"{len(differ)} tensors differ from the learner's, e.g. {differ[0]}" if differ else "it answers as it "
-               "did for an earlier version" if unchanged else f"the tolerance of --engine-dtype is {tolerance:g}")
-        raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-                           f"to the learner {gap:.1e}; {why})")
+        why = (
+            f"{len(differ)} tensors differ from the learner's, e.g. {differ[0]}"
+            if differ
+            else "it answers as it did for an earlier version"
+            if unchanged
+            else f"the tolerance of --engine-dtype is {tolerance:g}"
+        )
+        raise RuntimeError(
+            f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
+            f"to the learner {gap:.1e}; {why})"
+        )
     return anchor, engine
 
 
@@ -758,8 +944,10 @@ def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_mod
     gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
     fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
     size = args.micro_batch_size or fits
-    print(f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
-          f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})")
+    print(
+        f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
+        f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})"
+    )
     return size
 
 
@@ -770,21 +958,27 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
             for rows in chunks(mini_batch, args.micro_batch_size):
-                logprobs[rows] = token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows],
-                                                args.temperature)
+                logprobs[rows] = token_logprobs(
+                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
+                )
     return logprobs
 
 
 def combine_stats(micro_batch_stats):
     """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
-    return {name: max(s[name] for _, s in micro_batch_stats) if name.endswith("_max")
-            else sum(share * s[name] for share, s in micro_batch_stats) for name in micro_batch_stats[0][1]}
+    return {
+        name: max(s[name] for _, s in micro_batch_stats)
+        if name.endswith("_max")
+        else sum(share * s[name] for share, s in micro_batch_stats)
+        for name in micro_batch_stats[0][1]
+    }
 
 
 def learner_autocast(args: Args):
     """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
-    return torch.autocast(torch.device(args.learner_device).type, dtype=torch.bfloat16,
-                          enabled=args.learner_dtype == "bfloat16")
+    return torch.autocast(
+        torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
+    )
 
 
 def enable_gradient_checkpointing(model):
@@ -814,13 +1008,21 @@ def start_tracking(args: Args):
     """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track."""
     if args.track:
         import wandb
+
         try:
-            wandb.init(project=args.wandb_project_name, config=vars(args), name=args.run_name, sync_tensorboard=True,
-                       save_code=True)
+            wandb.init(
+                project=args.wandb_project_name,
+                config=vars(args),
+                name=args.run_name,
+                sync_tensorboard=True,
+                save_code=True,
+            )
         except wandb.errors.Error as e:  # no login, most often
             os.rmdir(f"runs/{args.run_name}")  # still empty
-            sys.exit(f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
-                     f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)")
+            sys.exit(
+                f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
+                f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)"
+            )
     writer = SummaryWriter(f"runs/{args.run_name}")
     writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     return writer, open(f"runs/{args.run_name}/metrics.jsonl", "w")
@@ -837,8 +1039,12 @@ def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_ke
 
 def log_samples(writer, step: int, columns, rows):
     """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
-    writer.add_text("samples", f"|{'|'.join(columns)}|\n|{'-|' * len(columns)}\n" + "\n".join(
-        "|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows), step)
+    writer.add_text(
+        "samples",
+        f"|{'|'.join(columns)}|\n|{'-|' * len(columns)}\n"
+        + "\n".join("|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows),
+        step,
+    )
 
 
 def save_policy(args: Args, step: int, policy):
@@ -847,8 +1053,11 @@ def save_policy(args: Args, step: int, policy):
     shutil.rmtree(path + ".tmp", ignore_errors=True)
     policy.save_pretrained(os.path.join(path + ".tmp", "policy"))
     os.rename(path + ".tmp", path)
-    saved = sorted(glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]")),
-                   key=lambda p: int(p.rsplit("_", 1)[1]), reverse=True)
+    saved = sorted(
+        glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]")),
+        key=lambda p: int(p.rsplit("_", 1)[1]),
+        reverse=True,
+    )
     for old in saved[args.keep_checkpoints :] if args.keep_checkpoints else []:
         shutil.rmtree(old)
     return path
@@ -863,6 +1072,7 @@ def stop_requests():
             raise KeyboardInterrupt
         requests.append(signal.Signals(signum).name)
         tqdm.write(f"{requests[0]}: saving the policy after this learner step, then exiting (again to stop now)")
+
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request)
     return requests
@@ -888,11 +1098,13 @@ def print_summary(args: Args, reward_key: str):
         metrics = [json.loads(line) for line in f]
     first, last = metrics[0], metrics[-1]
     idle = [sum(m[k] for m in metrics) / last["time/elapsed"] for k in ("time/learner_waiting", "time/actor_waiting")]
-    print(f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
-          f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})\n"
-          f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
-          f"{last['step']}\nmodel:       {args.output_dir}\nmetrics:     {run_dir}/metrics.jsonl\n"
-          f"tensorboard: tensorboard --logdir {run_dir}\nplot:        python tools/plot_runs.py {run_dir}")
+    print(
+        f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
+        f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})\n"
+        f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
+        f"{last['step']}\nmodel:       {args.output_dir}\nmetrics:     {run_dir}/metrics.jsonl\n"
+        f"tensorboard: tensorboard --logdir {run_dir}\nplot:        python tools/plot_runs.py {run_dir}"
+    )
 
 
 if __name__ == "__main__":

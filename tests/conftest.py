@@ -48,7 +48,7 @@ def short_sft(policy, tokenizer, questions):
     texts = [q[:120] + "\nTL;DR:" + " ".join(q.split()[:3]) for q in questions[:512]]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
     for step in range(120):
-        batch = [tokenizer(t).input_ids[-40:] + [tokenizer.eos_token_id] for t in texts[(step * 16) % 512:][:16]]
+        batch = [tokenizer(t).input_ids[-40:] + [tokenizer.eos_token_id] for t in texts[(step * 16) % 512 :][:16]]
         width = max(map(len, batch))
         ids = torch.tensor([b + [tokenizer.eos_token_id] * (width - len(b)) for b in batch])
         labels = torch.tensor([b + [-100] * (width - len(b)) for b in batch])
@@ -63,30 +63,62 @@ def build_tiny_models(out: Path):
     prompt file; one tokenizer trained here, whose EOS is id 0 and doubles as pad, as in Pythia."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification, LlamaConfig,
-                              LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast)
+    from transformers import (
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        GPTNeoXForSequenceClassification,
+        LlamaConfig,
+        LlamaForCausalLM,
+        LlamaForSequenceClassification,
+        PreTrainedTokenizerFast,
+    )
 
     questions = gsm8k_questions(2000)
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(questions, trainers.BpeTrainer(
-        vocab_size=512, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(
+        questions,
+        trainers.BpeTrainer(
+            vocab_size=512, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     # pad == EOS, as in Pythia and SmolLM2: the scripts must never infer lengths from the pad id
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    special = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                   bos_token_id=tokenizer.eos_token_id)
+    special = dict(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id
+    )
     torch.manual_seed(0)
-    llama = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
-                        tie_word_embeddings=True, **special)
+    llama = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        **special,
+    )
     # Pythia's layout: partial rotary (25% of head_dim 64), parallel residual, untied output layer, and an embedding
     # padded beyond the tokenizer (50,304 rows for 50,277 tokens in Pythia)
-    neox = GPTNeoXConfig(vocab_size=len(tokenizer) + 64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=2, rotary_pct=0.25, use_parallel_residual=True,
-                         max_position_embeddings=512, tie_word_embeddings=False, **special)
-    for name, config, causal_lm, classifier in (("", llama, LlamaForCausalLM, LlamaForSequenceClassification),
-                                                 ("neox_", neox, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification)):
+    neox = GPTNeoXConfig(
+        vocab_size=len(tokenizer) + 64,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        **special,
+    )
+    for name, config, causal_lm, classifier in (
+        ("", llama, LlamaForCausalLM, LlamaForSequenceClassification),
+        ("neox_", neox, GPTNeoXForCausalLM, GPTNeoXForSequenceClassification),
+    ):
         policy = causal_lm(config)
         short_sft(policy, tokenizer, questions)
         policy.save_pretrained(out / f"{name}policy")
@@ -111,8 +143,11 @@ def tiny(tmp_path_factory):
 def arithmetic_folder(tmp_path_factory):
     """Generated problems of difficulty 1 as a --dataset-path folder, written by the tool's command line."""
     folder = tmp_path_factory.mktemp("arithmetic")
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "make_arithmetic.py"), "--difficulty", "1", "--out",
-                           str(folder)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "make_arithmetic.py"), "--difficulty", "1", "--out", str(folder)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "7473 train and" in proc.stdout
     return folder
@@ -124,8 +159,9 @@ def run_script(script: str, cwd: Path, *flags: str, timeout: float = 1200):
     so that the runs a benchmark script starts do not outlive it and starve the tests after it."""
     start = time.time()
     args = [sys.executable, str(REPO / script), *flags]
-    proc = subprocess.Popen(args, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        args, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     finally:
@@ -140,8 +176,12 @@ def cli(tmp_path_factory):
     (~20 s saved per command line), with ENV as it is at the call. The launcher runs offline (HF_HUB_OFFLINE=1, read
     at import time): no network here, and a hub id that is not cached then fails at once."""
     logs = tmp_path_factory.mktemp("cli")
-    launcher = subprocess.Popen([sys.executable, str(REPO / "tests" / "launcher.py")], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env={**ENV, "HF_HUB_OFFLINE": "1"})
+    launcher = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "launcher.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**ENV, "HF_HUB_OFFLINE": "1"},
+    )
     pending = bytearray()
 
     def reply(timeout: float):
@@ -162,8 +202,14 @@ def cli(tmp_path_factory):
     def run(script: str, cwd: Path, *flags: str, timeout: float = 300):
         n = len(list(logs.iterdir()))
         out, err = logs / f"{n}.out", logs / f"{n}.err"
-        request = dict(script=str(REPO / script), argv=list(flags), cwd=str(cwd), env={**ENV, "HF_HUB_OFFLINE": "1"},
-                       stdout=str(out), stderr=str(err))
+        request = dict(
+            script=str(REPO / script),
+            argv=list(flags),
+            cwd=str(cwd),
+            env={**ENV, "HF_HUB_OFFLINE": "1"},
+            stdout=str(out),
+            stderr=str(err),
+        )
         launcher.stdin.write(json.dumps(request).encode() + b"\n")
         launcher.stdin.flush()
         pid = reply(60)["pid"]

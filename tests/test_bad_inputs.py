@@ -13,19 +13,55 @@ import pytest
 
 from conftest import ENV, load_script
 
-RM_FLAGS = ("--max-prompt-tokens", "64", "--response-length", "16", "--prompts-per-step", "4",
-            "--num-samples-per-prompt", "2", "--num-learner-steps", "2", "--kv-cache-gib", "0.25")
+RM_FLAGS = (
+    "--max-prompt-tokens",
+    "64",
+    "--response-length",
+    "16",
+    "--prompts-per-step",
+    "4",
+    "--num-samples-per-prompt",
+    "2",
+    "--num-learner-steps",
+    "2",
+    "--kv-cache-gib",
+    "0.25",
+)
 
 
 def rm_flags(tiny, *extra):
-    return ("--model-name-or-path", str(tiny / "policy"), "--reward-model-path", str(tiny / "rm"), "--dataset-name",
-            str(tiny / "prompts.jsonl"), *RM_FLAGS, *extra)
+    return (
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--reward-model-path",
+        str(tiny / "rm"),
+        "--dataset-name",
+        str(tiny / "prompts.jsonl"),
+        *RM_FLAGS,
+        *extra,
+    )
 
 
 def grpo_flags(tiny, folder, *extra):
-    return ("--model-name-or-path", str(tiny / "policy"), "--dataset-path", str(folder), "--max-prompt-tokens", "128",
-            "--response-length", "16", "--prompts-per-step", "4", "--num-learner-steps", "2", "--num-eval-prompts", "4",
-            "--kv-cache-gib", "0.25", *extra)
+    return (
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--dataset-path",
+        str(folder),
+        "--max-prompt-tokens",
+        "128",
+        "--response-length",
+        "16",
+        "--prompts-per-step",
+        "4",
+        "--num-learner-steps",
+        "2",
+        "--num-eval-prompts",
+        "4",
+        "--kv-cache-gib",
+        "0.25",
+        *extra,
+    )
 
 
 def corrupt_jsonl(tmp, tiny, arithmetic):  # line 1 holds a raw U+2028 in a string: valid JSON, one line to an editor
@@ -74,49 +110,135 @@ def nothing(tmp, tiny, arithmetic):
 
 # (script, flag builder, extra flags, setup, message); "{tmp}" in flags and message is the run's working folder
 BAD_INPUTS = [
-    ("async_dpo.py", rm_flags, ("--output-dir", "{tmp}/out"), output_file,
-     "--output-dir '{tmp}/out' is a file; the model is saved as a folder"),
-    ("async_grpo_gsm8k.py", grpo_flags, ("--output-dir", "{tmp}/out"), output_file,
-     "--output-dir '{tmp}/out' is a file; the model is saved as a folder"),
-    ("sync_baselines/sync_ppo.py", rm_flags, ("--output-dir", "{tmp}/out"), output_file,
-     "--output-dir '{tmp}/out' is a file; the model is saved as a folder"),
-    ("async_rloo.py", rm_flags, ("--reward-model-path", "{tmp}/rm2"), rm_with_another_tokenizer,
-     "--reward-model-path '{tmp}/rm2' does not have the tokenizer of --model-name-or-path"),
-    ("async_ppo.py", rm_flags, ("--model-name-or-path", "./models/SmolLM2-typo"), nothing,
-     "--model-name-or-path './models/SmolLM2-typo': no such folder (relative paths start at {tmp})"),
-    ("async_grpo_gsm8k.py", grpo_flags, ("--model-name-or-path", "models/SmolLM2-typo"), nothing,  # offline: see env
-     "--model-name-or-path 'models/SmolLM2-typo' is neither a folder in {tmp} nor a model on the hub"),
-    ("sync_baselines/sync_dpo.py", rm_flags, ("--dataset-name", "{tmp}/empty.jsonl"), empty_file,
-     "{tmp}/empty.jsonl holds no JSON objects (one per line)"),
-    ("async_ppo.py", rm_flags, ("--output-dir", "{tmp}/out/model"), output_file,
-     "--output-dir '{tmp}/out/model' is not a folder this run can write to (Not a directory)"),
-    ("async_dpo.py", rm_flags, ("--output-dir", "{tiny}/policy"), nothing,
-     "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one"),
-    ("async_dpo.py", rm_flags, ("--dataset-name", "{tmp}/null.jsonl"), null_prompt,
-     "--prompt-field 'query' is blank or not a text field of record 3 of {tmp}/null.jsonl"),
-    ("multigpu/async_ppo_multigpu.py", rm_flags, ("--dataset-name", "{tmp}/empty.jsonl"), empty_prompt,
-     "--prompt-field 'query' is blank or not a text field of record 3 of {tmp}/empty.jsonl"),
-    ("async_dpo.py", rm_flags, ("--dataset-name", "{tmp}/bad.jsonl"), corrupt_jsonl,
-     "{tmp}/bad.jsonl line 3: not valid JSON (Unterminated string"),
-    ("async_grpo_gsm8k.py", grpo_flags, ("--dataset-path", "{tmp}/problems"), corrupt_problems,
-     "{tmp}/problems/train.jsonl line 5: not valid JSON (Expecting property name enclosed in double quotes)"),
-    ("async_dpo.py", rm_flags, ("--max-prompt-tokens", "500", "--response-length", "53"), nothing,
-     "--max-prompt-tokens 500 + --response-length 53 is more than the 512 positions of --model-name-or-path"),
-    ("sync_baselines/sync_grpo_gsm8k.py", grpo_flags, ("--response-length", "400"), nothing,
-     "--max-prompt-tokens 128 + --response-length 400 is more than the 512 positions of --model-name-or-path"),
-    ("async_rloo.py", rm_flags, ("--track",), nothing,
-     "--track: wandb did not start"),
-    ("multigpu/async_rloo_multigpu.py", rm_flags, ("--fsdp",), nothing,
-     "--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more"),
-    ("multigpu/async_dpo_multigpu.py", rm_flags, ("--micro-batch-memory-gib", "0"), nothing,  # its default is None
-     "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0"),
+    (
+        "async_dpo.py",
+        rm_flags,
+        ("--output-dir", "{tmp}/out"),
+        output_file,
+        "--output-dir '{tmp}/out' is a file; the model is saved as a folder",
+    ),
+    (
+        "async_grpo_gsm8k.py",
+        grpo_flags,
+        ("--output-dir", "{tmp}/out"),
+        output_file,
+        "--output-dir '{tmp}/out' is a file; the model is saved as a folder",
+    ),
+    (
+        "sync_baselines/sync_ppo.py",
+        rm_flags,
+        ("--output-dir", "{tmp}/out"),
+        output_file,
+        "--output-dir '{tmp}/out' is a file; the model is saved as a folder",
+    ),
+    (
+        "async_rloo.py",
+        rm_flags,
+        ("--reward-model-path", "{tmp}/rm2"),
+        rm_with_another_tokenizer,
+        "--reward-model-path '{tmp}/rm2' does not have the tokenizer of --model-name-or-path",
+    ),
+    (
+        "async_ppo.py",
+        rm_flags,
+        ("--model-name-or-path", "./models/SmolLM2-typo"),
+        nothing,
+        "--model-name-or-path './models/SmolLM2-typo': no such folder (relative paths start at {tmp})",
+    ),
+    (
+        "async_grpo_gsm8k.py",
+        grpo_flags,
+        ("--model-name-or-path", "models/SmolLM2-typo"),
+        nothing,  # offline: see env
+        "--model-name-or-path 'models/SmolLM2-typo' is neither a folder in {tmp} nor a model on the hub",
+    ),
+    (
+        "sync_baselines/sync_dpo.py",
+        rm_flags,
+        ("--dataset-name", "{tmp}/empty.jsonl"),
+        empty_file,
+        "{tmp}/empty.jsonl holds no JSON objects (one per line)",
+    ),
+    (
+        "async_ppo.py",
+        rm_flags,
+        ("--output-dir", "{tmp}/out/model"),
+        output_file,
+        "--output-dir '{tmp}/out/model' is not a folder this run can write to (Not a directory)",
+    ),
+    (
+        "async_dpo.py",
+        rm_flags,
+        ("--output-dir", "{tiny}/policy"),
+        nothing,
+        "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one",
+    ),
+    (
+        "async_dpo.py",
+        rm_flags,
+        ("--dataset-name", "{tmp}/null.jsonl"),
+        null_prompt,
+        "--prompt-field 'query' is blank or not a text field of record 3 of {tmp}/null.jsonl",
+    ),
+    (
+        "multigpu/async_ppo_multigpu.py",
+        rm_flags,
+        ("--dataset-name", "{tmp}/empty.jsonl"),
+        empty_prompt,
+        "--prompt-field 'query' is blank or not a text field of record 3 of {tmp}/empty.jsonl",
+    ),
+    (
+        "async_dpo.py",
+        rm_flags,
+        ("--dataset-name", "{tmp}/bad.jsonl"),
+        corrupt_jsonl,
+        "{tmp}/bad.jsonl line 3: not valid JSON (Unterminated string",
+    ),
+    (
+        "async_grpo_gsm8k.py",
+        grpo_flags,
+        ("--dataset-path", "{tmp}/problems"),
+        corrupt_problems,
+        "{tmp}/problems/train.jsonl line 5: not valid JSON (Expecting property name enclosed in double quotes)",
+    ),
+    (
+        "async_dpo.py",
+        rm_flags,
+        ("--max-prompt-tokens", "500", "--response-length", "53"),
+        nothing,
+        "--max-prompt-tokens 500 + --response-length 53 is more than the 512 positions of --model-name-or-path",
+    ),
+    (
+        "sync_baselines/sync_grpo_gsm8k.py",
+        grpo_flags,
+        ("--response-length", "400"),
+        nothing,
+        "--max-prompt-tokens 128 + --response-length 400 is more than the 512 positions of --model-name-or-path",
+    ),
+    ("async_rloo.py", rm_flags, ("--track",), nothing, "--track: wandb did not start"),
+    (
+        "multigpu/async_rloo_multigpu.py",
+        rm_flags,
+        ("--fsdp",),
+        nothing,
+        "--fsdp shards the learner over torchrun's processes: start it with torchrun --nproc-per-node 2 or more",
+    ),
+    (
+        "multigpu/async_dpo_multigpu.py",
+        rm_flags,
+        ("--micro-batch-memory-gib", "0"),
+        nothing,  # its default is None
+        "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0",
+    ),
 ]
 
 
-@pytest.mark.parametrize("index", range(len(BAD_INPUTS)),
-                         ids=[f"{case[0].split('/')[-1]}:{' '.join(case[2])}" for case in BAD_INPUTS])
-def test_bad_input_fails_with_one_line_before_any_model_loads(tiny, arithmetic_folder, tmp_path, monkeypatch, cli,
-                                                             index):
+@pytest.mark.parametrize(
+    "index", range(len(BAD_INPUTS)), ids=[f"{case[0].split('/')[-1]}:{' '.join(case[2])}" for case in BAD_INPUTS]
+)
+def test_bad_input_fails_with_one_line_before_any_model_loads(
+    tiny, arithmetic_folder, tmp_path, monkeypatch, cli, index
+):
     script, build, extra, setup, message = BAD_INPUTS[index]
     setup(tmp_path, tiny, arithmetic_folder)
     # no network here; offline, a hub id that is not cached fails at once instead of after a minute of retries
@@ -137,22 +259,43 @@ def test_bad_input_fails_with_one_line_before_any_model_loads(tiny, arithmetic_f
     assert not runs.exists() or not any(runs.iterdir()), "a failed start left a run folder behind"
 
 
-@pytest.mark.parametrize("body", ["import sys; print('out'); sys.exit('error: a message')",
-                                  "import os; print(os.getcwd()); raise ValueError('boom')",
-                                  "import atexit, sys; atexit.register(print, 'bye'); print(sys.argv[1:])"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "import sys; print('out'); sys.exit('error: a message')",
+        "import os; print(os.getcwd()); raise ValueError('boom')",
+        "import atexit, sys; atexit.register(print, 'bye'); print(sys.argv[1:])",
+    ],
+)
 def test_the_launcher_ends_a_command_line_as_python_does(tmp_path, cli, body):
     """The table above runs through the launcher: exit code, output and traceback must be what `python` gives."""
     (tmp_path / "script.py").write_text(body + "\n")
     launched = cli(str(tmp_path / "script.py"), tmp_path, "--a-flag", "1")
-    plain = subprocess.run([sys.executable, str(tmp_path / "script.py"), "--a-flag", "1"], cwd=tmp_path, env=ENV,
-                           capture_output=True, text=True)
+    plain = subprocess.run(
+        [sys.executable, str(tmp_path / "script.py"), "--a-flag", "1"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
     assert (launched.returncode, launched.stdout) == (plain.returncode, plain.stdout)
     assert launched.stderr.splitlines()[-1] == plain.stderr.splitlines()[-1] if plain.stderr else not launched.stderr
     assert ("Traceback" in launched.stderr) == ("Traceback" in plain.stderr)
 
 
-@pytest.mark.parametrize("flag", ["--run-name", "--mini-batch-size", "--learner-device", "--engine-device",
-                                  "--eos-token-ids", "--rank", "--world-size", "--local-rank"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--run-name",
+        "--mini-batch-size",
+        "--learner-device",
+        "--engine-device",
+        "--eos-token-ids",
+        "--rank",
+        "--world-size",
+        "--local-rank",
+    ],
+)
 def test_computed_fields_are_not_flags(flag, monkeypatch, capsys):
     import tyro
 
@@ -170,8 +313,11 @@ def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path, mon
     names = []
     for _ in range(3):
         names.append(grpo.create_run_folder("async_grpo_gsm8k__1__1796000000"))
-    assert names == ["async_grpo_gsm8k__1__1796000000", "async_grpo_gsm8k__1__1796000000-1",
-                     "async_grpo_gsm8k__1__1796000000-2"]
+    assert names == [
+        "async_grpo_gsm8k__1__1796000000",
+        "async_grpo_gsm8k__1__1796000000-1",
+        "async_grpo_gsm8k__1__1796000000-2",
+    ]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(names)
 
 
@@ -196,9 +342,17 @@ def other_family(tiny, tmp_path_factory):
 def engine(other_family):
     """A real engine on the other family's folder: vLLM reads the EOS ids to stop on from the model's own files."""
     rloo = load_script("async_rloo.py")
-    args = rloo.Args(model_name_or_path=str(other_family[0]), max_prompt_tokens=64, response_length=16,
-                     prompts_per_step=4, num_samples_per_prompt=2, temperature=1.5, kv_cache_gib=0.25,
-                     gpu_memory_utilization=0.1, engine_device="cpu")
+    args = rloo.Args(
+        model_name_or_path=str(other_family[0]),
+        max_prompt_tokens=64,
+        response_length=16,
+        prompts_per_step=4,
+        num_samples_per_prompt=2,
+        temperature=1.5,
+        kv_cache_gib=0.25,
+        gpu_memory_utilization=0.1,
+        engine_device="cpu",
+    )
     return rloo, args, rloo.build_engine(args)
 
 
@@ -209,8 +363,11 @@ def test_vllm_seeds_sample_c_with_seed_plus_c_so_requests_are_strided(engine):
     rloo, args, llm = engine
     prompt = {"prompt_token_ids": [5, 6, 7, 8]}
     params = dict(temperature=1.5, max_tokens=16, detokenize=False)
-    pair, single = llm.generate([prompt, prompt], [SamplingParams(n=2, seed=100, **params),
-                                                   SamplingParams(n=1, seed=101, **params)], use_tqdm=False)
+    pair, single = llm.generate(
+        [prompt, prompt],
+        [SamplingParams(n=2, seed=100, **params), SamplingParams(n=1, seed=101, **params)],
+        use_tqdm=False,
+    )
     assert list(pair.outputs[1].token_ids) == list(single.outputs[0].token_ids)
     # the same prompt four times over two steps: with seeds one apart, sample 1 of a prompt would repeat sample 0 of
     # the next; strided, all 16 samples are different draws
@@ -222,20 +379,33 @@ def test_a_response_ending_in_any_eos_id_counts_as_finished(other_family, engine
     rloo, _, llm = engine
     folder, second_eos = other_family
     # micro_batch_size given: the script resolves its default before the generation thread starts, this test does not
-    args = rloo.Args(model_name_or_path=str(folder), max_prompt_tokens=64, response_length=16, prompts_per_step=4,
-                     num_samples_per_prompt=4, temperature=1.0, kv_cache_gib=0.25, engine_device="cpu",
-                     gpu_memory_utilization=0.1, micro_batch_size=8)
+    args = rloo.Args(
+        model_name_or_path=str(folder),
+        max_prompt_tokens=64,
+        response_length=16,
+        prompts_per_step=4,
+        num_samples_per_prompt=4,
+        temperature=1.0,
+        kv_cache_gib=0.25,
+        engine_device="cpu",
+        gpu_memory_utilization=0.1,
+        micro_batch_size=8,
+    )
     tokenizer, args.eos_token_ids = rloo.load_tokenizer(args)
     # a missing pad token falls back to EOS, with one line saying so
     assert tokenizer.pad_token == tokenizer.eos_token
-    assert capsys.readouterr().out.strip() == "note: the tokenizer has no pad token; padding with its EOS token " \
-                                              f"{tokenizer.eos_token!r}"
+    assert (
+        capsys.readouterr().out.strip() == "note: the tokenizer has no pad token; padding with its EOS token "
+        f"{tokenizer.eos_token!r}"
+    )
     assert args.eos_token_ids == tuple(sorted({tokenizer.eos_token_id, second_eos}))
     from transformers import AutoModelForSequenceClassification
 
     reward_model = AutoModelForSequenceClassification.from_pretrained(tiny / "rm", num_labels=1).eval()
-    prompts = [tokenizer(q).input_ids for q in ("Ava has 3 apples.", "The farmer sells the eggs", "Tom reads the",
-                                                "What is the")]
+    prompts = [
+        tokenizer(q).input_ids
+        for q in ("Ava has 3 apples.", "The farmer sells the eggs", "Tom reads the", "What is the")
+    ]
     batch = rloo.produce_batch(llm, reward_model, tokenizer, args, prompts, [None] * 4, step=0)
     stopped = [len(r) < args.response_length for r in batch["responses"]]
     assert any(r[-1] == second_eos for r in batch["responses"]), "no response stopped on the second EOS id"

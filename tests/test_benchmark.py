@@ -9,9 +9,21 @@ from conftest import REPO, run_script
 
 def test_speed_benchmark_quick_mode_writes_table_and_plot(tiny, tmp_path):
     results = tmp_path / "results"
-    flags = ("--quick", "--settings", "dpo", "--policy", str(tiny / "policy"), "--reward-model", str(tiny / "rm"),
-             "--prompts", str(tiny / "prompts.jsonl"), "--results-dir", str(results),
-             "--work-dir", str(tmp_path / "work"))
+    flags = (
+        "--quick",
+        "--settings",
+        "dpo",
+        "--policy",
+        str(tiny / "policy"),
+        "--reward-model",
+        str(tiny / "rm"),
+        "--prompts",
+        str(tiny / "prompts.jsonl"),
+        "--results-dir",
+        str(results),
+        "--work-dir",
+        str(tmp_path / "work"),
+    )
     proc, _ = run_script("benchmark/speed.py", tmp_path, *flags, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     table = (results / "speed.md").read_text()
@@ -25,7 +37,10 @@ def test_speed_benchmark_quick_mode_writes_table_and_plot(tiny, tmp_path):
     g, t, ratio = (float(c) for c in balance.strip("|").split("|")[3:6])
     assert g > 0 and t > 0 and abs(ratio - g / t) < 0.01 + 0.06 * ratio, balance
     assert sorted(p.name for p in (results / "speed").iterdir()) == [
-        "dpo__async.json", "dpo__sync.json", "dpo__sync_split.json"]
+        "dpo__async.json",
+        "dpo__sync.json",
+        "dpo__sync_split.json",
+    ]
     # a second invocation skips the finished runs and only rebuilds the report
     again, _ = run_script("benchmark/speed.py", tmp_path, *flags, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done already") == 3, again.stderr[-3000:]
@@ -37,8 +52,17 @@ def test_speed_benchmark_quick_mode_writes_table_and_plot(tiny, tmp_path):
 
 def test_memory_benchmark_quick_mode_writes_table_breakdown_and_plot(tiny, arithmetic_folder, tmp_path):
     results = tmp_path / "results"
-    flags = ("--quick", "--policy", str(tiny / "policy"), "--dataset-path", str(arithmetic_folder),
-             "--results-dir", str(results), "--work-dir", str(tmp_path / "work"))
+    flags = (
+        "--quick",
+        "--policy",
+        str(tiny / "policy"),
+        "--dataset-path",
+        str(arithmetic_folder),
+        "--results-dir",
+        str(results),
+        "--work-dir",
+        str(tmp_path / "work"),
+    )
     proc, _ = run_script("benchmark/memory.py", tmp_path, *flags, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     table = (results / "memory.md").read_text()
@@ -46,8 +70,9 @@ def test_memory_benchmark_quick_mode_writes_table_breakdown_and_plot(tiny, arith
     assert set(rows) == {"p2_m4", "p2_m32"}
     # peak RSS of a real run: at least the libraries and the 1 GiB KV cache, far from the machine's 24 GiB
     assert all(1.0 < float(cells[5]) < 20 for cells in rows.values())
-    breakdown = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in table.splitlines()
-                 if line.startswith("| ")}
+    breakdown = {
+        line.split("|")[1].strip(): line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| ")
+    }
     assert 0.3 < float(breakdown["libraries, data (torch, transformers, vLLM)"]) < 3
     assert float(breakdown["measured: after the engine is built"]) > float(breakdown["measured: after the models load"])
     # the script's own estimate of one micro-batch, read from its output, is a part of the sum
@@ -63,19 +88,42 @@ def test_overheads_benchmark_quick_mode_times_every_piece(tiny, tmp_path):
     import torch
 
     results = tmp_path / "results"
-    proc, _ = run_script("benchmark/overheads.py", tmp_path, "--quick", "--policy", str(tiny / "policy"),
-                         "--neox-policy", str(tiny / "neox_policy"), "--prompts", str(tiny / "prompts.jsonl"),
-                         "--max-prompt-tokens", "64", "--response-length", "16", "--results-dir", str(results),
-                         "--work-dir", str(tmp_path / "work"), timeout=900)
+    proc, _ = run_script(
+        "benchmark/overheads.py",
+        tmp_path,
+        "--quick",
+        "--policy",
+        str(tiny / "policy"),
+        "--neox-policy",
+        str(tiny / "neox_policy"),
+        "--prompts",
+        str(tiny / "prompts.jsonl"),
+        "--max-prompt-tokens",
+        "64",
+        "--response-length",
+        "16",
+        "--results-dir",
+        str(results),
+        "--work-dir",
+        str(tmp_path / "work"),
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     pieces, rest = (results / "overheads.md").read_text().split("Generation throughput")
     throughput, push = rest.split("## Push paths")
     rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in pieces.splitlines() if line.startswith("| ")}
-    rates = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in throughput.splitlines()
-             if line.startswith("| ")}
-    for piece in ("learner: weight_check (guard)", "learner: copy_for_engine, into a loaded copy",
-                  "learner: copy_for_engine, fresh", "hand-off: a batch through the queue",
-                  "engine: push_weights_to_engine", "engine: check_weight_sync (guard)", "generate: ours"):
+    rates = {
+        line.split("|")[1].strip(): line.split("|")[2:-1] for line in throughput.splitlines() if line.startswith("| ")
+    }
+    for piece in (
+        "learner: weight_check (guard)",
+        "learner: copy_for_engine, into a loaded copy",
+        "learner: copy_for_engine, fresh",
+        "hand-off: a batch through the queue",
+        "engine: push_weights_to_engine",
+        "engine: check_weight_sync (guard)",
+        "generate: ours",
+    ):
         median, low, high = (float(c) for c in rows[piece])
         assert 0 < low <= median <= high, (piece, rows[piece])
     # throughput of every call, and ours against each (ours against itself is 1)
@@ -101,19 +149,34 @@ def test_learner_cost_quick_mode_gives_every_algorithm_a_finite_ratio(tiny, arit
     import math
 
     results = tmp_path / "results"
-    flags = ("--policy", str(tiny / "policy"), "--reward-model", str(tiny / "rm"), "--prompts",
-             str(tiny / "prompts.jsonl"), "--dataset-path", str(arithmetic_folder), "--results-dir", str(results),
-             "--work-dir", str(tmp_path / "work"))
-    for bad, message in ((("--algorithms", "sft"), "unknown --algorithms ['sft']"),
-                         (("--revisions", "no-such-commit"), "--revisions 'no-such-commit' is neither")):
+    flags = (
+        "--policy",
+        str(tiny / "policy"),
+        "--reward-model",
+        str(tiny / "rm"),
+        "--prompts",
+        str(tiny / "prompts.jsonl"),
+        "--dataset-path",
+        str(arithmetic_folder),
+        "--results-dir",
+        str(results),
+        "--work-dir",
+        str(tmp_path / "work"),
+    )
+    for bad, message in (
+        (("--algorithms", "sft"), "unknown --algorithms ['sft']"),
+        (("--revisions", "no-such-commit"), "--revisions 'no-such-commit' is neither"),
+    ):
         proc, _ = run_script("benchmark/learner_cost.py", tmp_path, *flags, *bad, timeout=300)
         assert proc.returncode != 0 and message in proc.stderr and not results.exists(), proc.stderr[-2000:]
     proc, _ = run_script("benchmark/learner_cost.py", tmp_path, "--quick", *flags, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     table = (results / "learner_cost.md").read_text()
-    summary = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
-                                             for line in table.splitlines()) if cells[0] in (
-                                                 "dpo", "rloo", "ppo", "grpo_gsm8k")}
+    summary = {
+        cells[0]: cells
+        for cells in ([c.strip() for c in line.strip("|").split("|")] for line in table.splitlines())
+        if cells[0] in ("dpo", "rloo", "ppo", "grpo_gsm8k")
+    }
     assert set(summary) == {"dpo", "rloo", "ppo", "grpo_gsm8k"}, table
     for algo, cells in summary.items():
         minimal, body, learner = float(cells[2]), float(cells[4]), float(cells[5])
@@ -162,13 +225,27 @@ def test_corrections_toy_gradient_is_exact_and_its_report_is_written(tmp_path):
     assert torch.allclose(per_term, grad_exact.flatten(), atol=1e-12)
 
     output = tmp_path / "toy.md"
-    proc, _ = run_script("benchmark/corrections_toy.py", tmp_path, "--seeds", "1", "--learning-rates", "0.03",
-                         "--expectation-samples", "65536", "--output", str(output), timeout=600)
+    proc, _ = run_script(
+        "benchmark/corrections_toy.py",
+        tmp_path,
+        "--seeds",
+        "1",
+        "--learning-rates",
+        "0.03",
+        "--expectation-samples",
+        "65536",
+        "--output",
+        str(output),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")[1:]]
-            for line in output.read_text().splitlines() if line.startswith("| ") and "±" in line}
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")[1:]]
+        for line in output.read_text().splitlines()
+        if line.startswith("| ") and "±" in line
+    }
     assert set(rows) == set(toy.MODES)
-    value = (lambda mode, column: float(rows[mode][column].split(" ± ")[0]))
+    value = lambda mode, column: float(rows[mode][column].split(" ± ")[0])
     assert value("on-policy", 1) < 0.25  # relative error of the on-policy expectation: sampling noise only
     assert value("behaviour", 3) > 0.1 and value("paper", 3) == 0.0  # the clip drops whole sequences
 
@@ -176,10 +253,34 @@ def test_corrections_toy_gradient_is_exact_and_its_report_is_written(tmp_path):
 def test_inflight_benchmark_runs_pairs_resumes_and_refuses_a_mixed_table(tiny, arithmetic_folder, tmp_path):
     """benchmark/inflight.py on the tiny policy: the core and `fixed` for one seed, then a rerun that runs nothing, and
     one with other flags, which must refuse rather than mix its runs into the table."""
-    flags = ("--policy", str(tiny / "policy"), "--dataset-path", str(arithmetic_folder), "--no-chat-template",
-             "--settings", "core", "fixed", "--seeds", "1", "--num-learner-steps", "3", "--warmup-steps", "1",
-             "--response-length", "16", "--max-prompt-tokens", "256", "--chunk", "4", "--num-eval-prompts", "4", "--results-dir", str(tmp_path),
-             "--work-dir", str(tmp_path / "work"))
+    flags = (
+        "--policy",
+        str(tiny / "policy"),
+        "--dataset-path",
+        str(arithmetic_folder),
+        "--no-chat-template",
+        "--settings",
+        "core",
+        "fixed",
+        "--seeds",
+        "1",
+        "--num-learner-steps",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--response-length",
+        "16",
+        "--max-prompt-tokens",
+        "256",
+        "--chunk",
+        "4",
+        "--num-eval-prompts",
+        "4",
+        "--results-dir",
+        str(tmp_path),
+        "--work-dir",
+        str(tmp_path / "work"),
+    )
     proc, _ = run_script("benchmark/inflight.py", tmp_path, *flags, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "inflight.md").read_text().split("Per run:")[0]
@@ -192,8 +293,17 @@ def test_inflight_benchmark_runs_pairs_resumes_and_refuses_a_mixed_table(tiny, a
     assert again.returncode == 0 and "== " not in again.stdout  # nothing rerun
     other, _ = run_script("benchmark/inflight.py", tmp_path, *flags, "--chunk", "8", timeout=300)
     assert other.returncode != 0 and "was made with other flags" in other.stderr
-    gap, _ = run_script("benchmark/inflight.py", tmp_path, *flags, "--kv-gap", "--kv-swap-step", "4",
-                        "--learning-rate", "0.01", timeout=600)
+    gap, _ = run_script(
+        "benchmark/inflight.py",
+        tmp_path,
+        *flags,
+        "--kv-gap",
+        "--kv-swap-step",
+        "4",
+        "--learning-rate",
+        "0.01",
+        timeout=600,
+    )
     assert gap.returncode == 0, gap.stderr[-3000:]
     measured = json.loads((tmp_path / "inflight_kv.json").read_text())
     assert measured["recompute"]["max_gap"] < 1e-4 < measured["keep"]["mean_gap"]  # recomputed KV: version 1 exactly
@@ -204,8 +314,14 @@ def test_gpu_fit_table_is_what_the_variants_compute_and_every_paper_config_fits_
     """Issue 44: benchmark/results/gpu_fit.md is the variants' own choice of micro-batch on an 80 GiB card (the tool
     re-run gives the committed table, to the character), and each paper configuration fits some 1 + 3 layout: every
     row's FSDP2 cell holds a micro-batch of at least 1, and a config the estimate cannot fit is refused, not run."""
-    proc, _ = run_script("benchmark/gpu_fit.py", tmp_path, "--results-dir", str(tmp_path / "results"), "--work-dir",
-                         str(tmp_path / "work"))
+    proc, _ = run_script(
+        "benchmark/gpu_fit.py",
+        tmp_path,
+        "--results-dir",
+        str(tmp_path / "results"),
+        "--work-dir",
+        str(tmp_path / "work"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "results" / "gpu_fit.md").read_text()
     assert table == (REPO / "benchmark" / "results" / "gpu_fit.md").read_text()

@@ -16,28 +16,82 @@ from conftest import ENV, REPO, kill_group, read_metrics, run_script
 
 STEPS = 6
 PPO, GRPO = "multigpu/async_ppo_multigpu.py", "multigpu/async_grpo_gsm8k_multigpu.py"
-LOSSES = {PPO: ("losses/policy_loss", "losses/value_loss", "objective/scores", "objective/kl",
-                           "policy/approx_kl", "async/actor_version"),
-          GRPO: ("losses/policy_loss", "objective/accuracy", "policy/approx_kl",
-                                                "policy/grad_norm")}
+LOSSES = {
+    PPO: (
+        "losses/policy_loss",
+        "losses/value_loss",
+        "objective/scores",
+        "objective/kl",
+        "policy/approx_kl",
+        "async/actor_version",
+    ),
+    GRPO: ("losses/policy_loss", "objective/accuracy", "policy/approx_kl", "policy/grad_norm"),
+}
 
 
 def flags(script, tiny, arithmetic_folder):
-    common = ("--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--prompts-per-step", "4",
-              "--num-learner-steps", str(STEPS), "--learning-rate", "3e-3", "--seed", "5", "--kv-cache-gib", "0.25",
-              "--save-every", "2")
+    common = (
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--response-length",
+        "16",
+        "--prompts-per-step",
+        "4",
+        "--num-learner-steps",
+        str(STEPS),
+        "--learning-rate",
+        "3e-3",
+        "--seed",
+        "5",
+        "--kv-cache-gib",
+        "0.25",
+        "--save-every",
+        "2",
+    )
     if script == PPO:
-        return (*common, "--reward-model-path", str(tiny / "rm"), "--dataset-name", str(tiny / "prompts.jsonl"),
-                "--max-prompt-tokens", "64", "--num-samples-per-prompt", "2", "--async-steps", "2",
-                "--num-mini-batches", "2")
-    return (*common, "--dataset-path", str(arithmetic_folder), "--max-prompt-tokens", "128", "--num-eval-prompts",
-            "8", "--eval-every", "2", "--temperature", "1.0", "--async-steps", "0")
+        return (
+            *common,
+            "--reward-model-path",
+            str(tiny / "rm"),
+            "--dataset-name",
+            str(tiny / "prompts.jsonl"),
+            "--max-prompt-tokens",
+            "64",
+            "--num-samples-per-prompt",
+            "2",
+            "--async-steps",
+            "2",
+            "--num-mini-batches",
+            "2",
+        )
+    return (
+        *common,
+        "--dataset-path",
+        str(arithmetic_folder),
+        "--max-prompt-tokens",
+        "128",
+        "--num-eval-prompts",
+        "8",
+        "--eval-every",
+        "2",
+        "--temperature",
+        "1.0",
+        "--async-steps",
+        "0",
+    )
 
 
 def run_until_sigterm(script, cwd, args, after_steps: int):
     """Start the script, send it SIGTERM once `after_steps` learner steps are logged, and wait for it to exit."""
-    proc = subprocess.Popen([sys.executable, str(REPO / script), *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / script), *args],
+        cwd=cwd,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 900
         while time.time() < deadline and proc.poll() is None:
@@ -55,8 +109,9 @@ def run_until_sigterm(script, cwd, args, after_steps: int):
 
 
 @pytest.mark.parametrize("script", list(LOSSES))
-def test_a_run_stopped_by_sigterm_and_resumed_logs_what_an_uninterrupted_run_logs(tiny, arithmetic_folder, tmp_path,
-                                                                                 script):
+def test_a_run_stopped_by_sigterm_and_resumed_logs_what_an_uninterrupted_run_logs(
+    tiny, arithmetic_folder, tmp_path, script
+):
     args = flags(script, tiny, arithmetic_folder)
     (tmp_path / "whole").mkdir()
     (tmp_path / "stopped").mkdir()
@@ -64,8 +119,10 @@ def test_a_run_stopped_by_sigterm_and_resumed_logs_what_an_uninterrupted_run_log
     assert proc.returncode == 0, proc.stderr[-3000:]
     whole = read_metrics(tmp_path / "whole")
     # --keep-checkpoints 0 keeps every checkpoint (the last step saves none: the model goes to --output-dir)
-    assert sorted(p.name for p in (tmp_path / "whole" / "runs").glob("*/checkpoint_*")) == ["checkpoint_2",
-                                                                                         "checkpoint_4"]
+    assert sorted(p.name for p in (tmp_path / "whole" / "runs").glob("*/checkpoint_*")) == [
+        "checkpoint_2",
+        "checkpoint_4",
+    ]
 
     returncode, _, stderr = run_until_sigterm(script, tmp_path / "stopped", args, after_steps=3)
     assert returncode != 0
@@ -86,8 +143,10 @@ def test_a_run_stopped_by_sigterm_and_resumed_logs_what_an_uninterrupted_run_log
         assert [m[key] for m in resumed] == pytest.approx([m[key] for m in whole], abs=1e-6), key
     assert any(m["losses/policy_loss"] != whole[0]["losses/policy_loss"] for m in whole), "nothing trained"
     if script != PPO:
-        evaluations = [[json.loads(line) for line in (cwd / "runs").glob("*/eval.jsonl").__next__().read_text()
-                        .splitlines()] for cwd in (tmp_path / "whole", tmp_path / "stopped")]
+        evaluations = [
+            [json.loads(line) for line in (cwd / "runs").glob("*/eval.jsonl").__next__().read_text().splitlines()]
+            for cwd in (tmp_path / "whole", tmp_path / "stopped")
+        ]
         assert [e["policy_version"] for e in evaluations[1]] == [0, 2, 4, 6]
         assert [e["eval/accuracy"] for e in evaluations[1]] == [e["eval/accuracy"] for e in evaluations[0]]
     assert (tmp_path / "stopped" / run_dir.relative_to(tmp_path / "stopped") / "model" / "config.json").exists()
@@ -101,8 +160,15 @@ def test_a_run_stopped_by_sigterm_and_resumed_logs_what_an_uninterrupted_run_log
 
     if script == GRPO:  # resumed from its earlier checkpoint, the finished run replaces its later one (it crashed)
         (whole_dir,) = (tmp_path / "whole" / "runs").iterdir()
-        proc, _ = run_script(script, tmp_path / "whole", *args, "--keep-checkpoints", "0", "--resume-from",
-                             str(whole_dir / "checkpoint_2"))
+        proc, _ = run_script(
+            script,
+            tmp_path / "whole",
+            *args,
+            "--keep-checkpoints",
+            "0",
+            "--resume-from",
+            str(whole_dir / "checkpoint_2"),
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "the run's later checkpoint_4 (whose logs were just cut) are deleted" in proc.stdout
         assert sorted(p.name for p in whole_dir.glob("checkpoint_*")) == ["checkpoint_2", "checkpoint_4"]
@@ -122,11 +188,16 @@ def test_resuming_with_other_training_flags_is_refused(tiny, tmp_path):
     (run_dir / "checkpoint_2").mkdir(parents=True)
     import torch
 
-    torch.save(dict(step=2, args=dict(vars(grpo.Args(run_name="async_grpo_gsm8k_multigpu__1__1")))),
-               run_dir / "checkpoint_2" / "state.pt")
+    torch.save(
+        dict(step=2, args=dict(vars(grpo.Args(run_name="async_grpo_gsm8k_multigpu__1__1")))),
+        run_dir / "checkpoint_2" / "state.pt",
+    )
     changed = grpo.Args(resume_from=str(run_dir), learning_rate=1e-4)
-    with pytest.raises(SystemExit, match=r"error: --resume-from: --learning-rate is 0.0001 here but was 3e-06 in "
-                                         r"the run; resume with the run's own flags"):
+    with pytest.raises(
+        SystemExit,
+        match=r"error: --resume-from: --learning-rate is 0.0001 here but was 3e-06 in "
+        r"the run; resume with the run's own flags",
+    ):
         grpo.load_checkpoint(changed)
     with pytest.raises(SystemExit, match="holds no checkpoint"):
         grpo.load_checkpoint(grpo.Args(resume_from=str(tmp_path)))
@@ -154,16 +225,20 @@ def test_resuming_keeps_the_micro_batch_the_default_chose(tmp_path, monkeypatch)
 def test_another_scripts_a_damaged_or_a_core_s_checkpoint_is_refused_in_one_line(tmp_path):
     """A DPO checkpoint given to RLOO names the script that made it; a cut-short state.pt is named; a core's run folder
     is told apart (the cores save policy snapshots, which do not resume)."""
-    from conftest import load_script
     import torch
+
+    from conftest import load_script
 
     dpo, rloo = load_script("multigpu/async_dpo_multigpu.py"), load_script("multigpu/async_rloo_multigpu.py")
     run_dir = tmp_path / "runs" / "async_dpo_multigpu__1__1"
     (run_dir / "checkpoint_2").mkdir(parents=True)
     state = run_dir / "checkpoint_2" / "state.pt"
     torch.save(dict(step=2, args=dict(vars(dpo.Args(run_name=run_dir.name)))), state)
-    with pytest.raises(SystemExit, match=r"error: --resume-from .* is a checkpoint of async_dpo_multigpu, not of "
-                                         r"async_rloo_multigpu: resume it with the script"):
+    with pytest.raises(
+        SystemExit,
+        match=r"error: --resume-from .* is a checkpoint of async_dpo_multigpu, not of "
+        r"async_rloo_multigpu: resume it with the script",
+    ):
         rloo.load_checkpoint(rloo.Args(resume_from=str(run_dir)))
     state.write_bytes(state.read_bytes()[:200])
     with pytest.raises(SystemExit, match=f"error: --resume-from: {re.escape(str(state))} cannot be read"):

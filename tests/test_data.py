@@ -15,8 +15,13 @@ def prepare(out, gsm8k_dir=None):
     env["HF_HUB_OFFLINE"] = "1"  # the hub path must fail fast here, as on any machine without hub access
     if gsm8k_dir is not None:
         env["GSM8K_DIR"] = str(gsm8k_dir)
-    return subprocess.run([sys.executable, str(REPO / "tools" / "prepare_gsm8k.py"), "--out", str(out)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "tools" / "prepare_gsm8k.py"), "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_gsm8k_is_copied_from_the_local_copy_named_by_gsm8k_dir(tmp_path):
@@ -51,13 +56,28 @@ def test_bad_gsm8k_sources_fail_with_one_line_naming_the_file(tmp_path, case):
 def test_arithmetic_gold_grader_agrees_with_the_scripts_verifier():
     """benchmark/staleness.py grades with the task's own grader; it must read answers as the GRPO verifier does."""
     arithmetic, grpo = load_script("tools/make_arithmetic.py"), load_script("async_grpo_gsm8k.py")
-    completions = ["So 5-3 = 2 apples", "#### 18", "#### 1,234", "Ava has 12.\n#### 12.0", "x = 7. y is 8.",
-                   "#### 12\n#### 13", "The answer is 12.5", "it is 40 + 2 = 42", "#### 42 apples", "no number", ""]
+    completions = [
+        "So 5-3 = 2 apples",
+        "#### 18",
+        "#### 1,234",
+        "Ava has 12.\n#### 12.0",
+        "x = 7. y is 8.",
+        "#### 12\n#### 13",
+        "The answer is 12.5",
+        "it is 40 + 2 = 42",
+        "#### 42 apples",
+        "no number",
+        "",
+    ]
     for difficulty in (1, 2, 4):
         problems = arithmetic.make_arithmetic_problems(100, difficulty, seed=difficulty)
         completions += [p["answer"] for p in problems] + [p["question"] for p in problems]
     answers = ["2", "7", "8", "12", "18", "42", "1234"] + [p["answer"].split("####")[-1].strip() for p in problems]
-    disagree = [(text, answer) for text in completions for answer in answers
-                if arithmetic.grade(text, answer) != grpo.verify(text, answer)[0]]
+    disagree = [
+        (text, answer)
+        for text in completions
+        for answer in answers
+        if arithmetic.grade(text, answer) != grpo.verify(text, answer)[0]
+    ]
     assert not disagree, disagree[:5]
     assert sum(arithmetic.grade(p["answer"], p["answer"].split("####")[-1].strip()) for p in problems) == 100

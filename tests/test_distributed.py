@@ -23,29 +23,73 @@ STEPS = 3
 RLOO_KEYS = ("losses/policy_loss", "objective/kl", "policy/approx_kl", "policy/grad_norm")
 PPO_KEYS = ("losses/policy_loss", "losses/value_loss", "objective/kl", "policy/grad_norm")
 CASES = {
-    "multigpu/async_dpo_multigpu.py": ("losses/dpo_loss", "objective/kl", "policy/chosen_rejected_logratio",
-                                       "policy/grad_norm"),
+    "multigpu/async_dpo_multigpu.py": (
+        "losses/dpo_loss",
+        "objective/kl",
+        "policy/chosen_rejected_logratio",
+        "policy/grad_norm",
+    ),
     "multigpu/async_rloo_multigpu.py --async-steps 0 --fsdp": RLOO_KEYS,
     "multigpu/async_rloo_multigpu.py": RLOO_KEYS,
     "multigpu/async_ppo_multigpu.py --fsdp": PPO_KEYS,
     "multigpu/async_ppo_multigpu.py --async-steps 0": PPO_KEYS,
-    "multigpu/async_grpo_gsm8k_multigpu.py --async-steps 0": ("losses/policy_loss", "objective/accuracy",
-                                                              "policy/approx_kl", "policy/grad_norm"),
+    "multigpu/async_grpo_gsm8k_multigpu.py --async-steps 0": (
+        "losses/policy_loss",
+        "objective/accuracy",
+        "policy/approx_kl",
+        "policy/grad_norm",
+    ),
 }
 
 
 def flags(case, tiny, arithmetic_folder):
     script, *extra = case.split()  # "path --async-steps 0": sync at scale; "path --fsdp": FSDP2, else DDP
-    common = (*extra, "--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--prompts-per-step",
-              "4",
-              "--num-learner-steps", str(STEPS), "--learning-rate", "3e-3", "--seed", "5", "--kv-cache-gib", "0.25",
-              "--micro-batch-size", "2", "--collective-timeout", "300")
+    common = (
+        *extra,
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--response-length",
+        "16",
+        "--prompts-per-step",
+        "4",
+        "--num-learner-steps",
+        str(STEPS),
+        "--learning-rate",
+        "3e-3",
+        "--seed",
+        "5",
+        "--kv-cache-gib",
+        "0.25",
+        "--micro-batch-size",
+        "2",
+        "--collective-timeout",
+        "300",
+    )
     if "grpo" in script:  # the tiny policy solves no problem: no reward, no gradient; the decay moves its weights, so
         # that two equal saved policies are not merely the initial one
-        return (*common, "--dataset-path", str(arithmetic_folder), "--max-prompt-tokens", "128",
-                "--num-eval-prompts", "8", "--eval-every", "2", "--temperature", "1.0", "--weight-decay", "0.01")
-    common += ("--reward-model-path", str(tiny / "rm"), "--dataset-name", str(tiny / "prompts.jsonl"),
-               "--max-prompt-tokens", "64")
+        return (
+            *common,
+            "--dataset-path",
+            str(arithmetic_folder),
+            "--max-prompt-tokens",
+            "128",
+            "--num-eval-prompts",
+            "8",
+            "--eval-every",
+            "2",
+            "--temperature",
+            "1.0",
+            "--weight-decay",
+            "0.01",
+        )
+    common += (
+        "--reward-model-path",
+        str(tiny / "rm"),
+        "--dataset-name",
+        str(tiny / "prompts.jsonl"),
+        "--max-prompt-tokens",
+        "64",
+    )
     if "ppo" in script:  # one mini-batch of four prompts, two samples each: each rank's share is two micro-batches,
         # the first's pi_old and V_old from its training forward, the second's from no-grad passes
         return (*common, "--num-samples-per-prompt", "2")
@@ -60,8 +104,9 @@ def torchrun(target, cwd, *args, nproc: int = 2, timeout: float = 900):
     """`torchrun --nproc-per-node nproc target args` in a subprocess; returns (CompletedProcess, seconds)."""
     start = time.time()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), str(target), *args]
-    proc = subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     finally:
@@ -92,12 +137,16 @@ def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path,
     # (the weight-sync guard also checked every hand-over, or the run would have stopped)
     assert both[0]["async/behaviour_learner_logprob_gap"] < 1e-4
     # the saved policies agree too (under FSDP2 it was gathered from the shards), and they trained
-    saved = [load_file(next((cwd / "runs").glob("*/model/model.safetensors"))) for cwd in (tmp_path / "one",
-                                                                                          tmp_path / "two")]
+    saved = [
+        load_file(next((cwd / "runs").glob("*/model/model.safetensors")))
+        for cwd in (tmp_path / "one", tmp_path / "two")
+    ]
     assert set(saved[0]) <= set(saved[1])  # gathered from FSDP2 shards, a tied lm_head is saved under its name too
     assert max((saved[0][k] - saved[1][k]).abs().max().item() for k in saved[0]) < 1e-4
-    assert not torch.equal(saved[0]["model.embed_tokens.weight"], load_file(tiny / "policy" / "model.safetensors")[
-        "model.embed_tokens.weight"])
+    assert not torch.equal(
+        saved[0]["model.embed_tokens.weight"],
+        load_file(tiny / "policy" / "model.safetensors")["model.embed_tokens.weight"],
+    )
 
 
 FSDP2_WORKER = """
@@ -144,7 +193,8 @@ def test_a_crash_on_another_rank_ends_the_job_with_its_traceback(tiny, tmp_path)
         "        raise RuntimeError('injected failure on rank 1')\n"
         "    torch.optim.AdamW.step = step\n"
         "sys.argv = sys.argv[1:]\n"
-        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
     args = [str(REPO / "multigpu/async_rloo_multigpu.py"), *flags("multigpu/async_rloo_multigpu.py --fsdp", tiny, None)]
     proc, seconds = torchrun(wrapper, tmp_path, *args, timeout=600)
     assert proc.returncode != 0
@@ -158,8 +208,17 @@ def test_a_tensor_parallel_engine_serves_the_learners_weights(tiny, tmp_path, mo
     monkeypatch.setitem(ENV, "VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per worker (vLLM's CPU default wants NUMA)
     dpo = "multigpu/async_dpo_multigpu.py"
     (tmp_path / "shm").mkdir()  # --weights-dir: the file of each version is deleted once the engine has loaded it
-    proc, _ = run_script(dpo, tmp_path, *flags(dpo, tiny, None), "--num-learner-steps", "4",
-                         "--engine-tensor-parallel-size", "2", "--weights-dir", str(tmp_path / "shm"))
+    proc, _ = run_script(
+        dpo,
+        tmp_path,
+        *flags(dpo, tiny, None),
+        "--num-learner-steps",
+        "4",
+        "--engine-tensor-parallel-size",
+        "2",
+        "--weights-dir",
+        str(tmp_path / "shm"),
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert not list((tmp_path / "shm").iterdir())
     metrics = read_metrics(tmp_path)
@@ -194,8 +253,19 @@ def test_a_sigterm_without_save_every_ends_the_engine_process_and_the_weights_fo
     the engine's own process ends with the job (not 8-40 s later) and no copy of the weights stays in --weights-dir."""
     rloo = "multigpu/async_rloo_multigpu.py"
     (tmp_path / "shm").mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(REPO / rloo),
-           *flags(f"{rloo} --fsdp", tiny, None), "--num-learner-steps", "1000", "--weights-dir", str(tmp_path / "shm")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        str(REPO / rloo),
+        *flags(f"{rloo} --fsdp", tiny, None),
+        "--num-learner-steps",
+        "1000",
+        "--weights-dir",
+        str(tmp_path / "shm"),
+    ]
     output, _ = stop_by_signal(signal.SIGTERM, cmd, tmp_path, after_steps=1)
     assert not list((tmp_path / "shm").iterdir())
     assert "SIGTERM: stopped at once; no checkpoint (--save-every 0)" in output
@@ -208,17 +278,28 @@ def test_a_signal_to_the_process_group_saves_the_checkpoint_it_announces(tiny, t
     saves, and names the checkpoint once (rank 0, after writing it); no copy of the weights stays in /dev/shm, and the
     engine's processes end with the job. The checkpoint resumes: the resumed run is then stopped the other way."""
     rloo = "multigpu/async_rloo_multigpu.py"
-    cmd = [*([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"] if launch == "torchrun" else
-             [sys.executable]), str(REPO / rloo), *flags(rloo, tiny, None), "--num-learner-steps", "1000",
-           "--save-every", "2"]
+    cmd = [
+        *(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+            if launch == "torchrun"
+            else [sys.executable]
+        ),
+        str(REPO / rloo),
+        *flags(rloo, tiny, None),
+        "--num-learner-steps",
+        "1000",
+        "--save-every",
+        "2",
+    ]
     if launch == "tensor-parallel":  # one learner, the engine's two workers in processes of their own
         monkeypatch.setitem(ENV, "VLLM_CPU_OMP_THREADS_BIND", "0|1")
         cmd += ["--engine-tensor-parallel-size", "2"]
     checkpoint = None
     for signum in (signal.SIGINT, signal.SIGTERM):  # the first checkpoint is due after 2 steps
         resume = ["--resume-from", checkpoint] if checkpoint else []
-        output, pids = stop_by_signal(signum, cmd + resume, tmp_path, int(checkpoint.split("_")[-1]) + 1 if
-                                      checkpoint else 2)
+        output, pids = stop_by_signal(
+            signum, cmd + resume, tmp_path, int(checkpoint.split("_")[-1]) + 1 if checkpoint else 2
+        )
         announced = re.findall(r"continue with --resume-from (\S+)", output)
         assert len(announced) == 1, output[-3000:]  # rank 0's line; the other rank ends without one
         assert f"{signum.name}: stopped after learner step" in output

@@ -43,19 +43,25 @@ import pytest
 from conftest import REPO, load_script
 
 ALGOS = ("dpo", "rloo", "ppo", "grpo_gsm8k")
-ALGORITHM_SCRIPTS = [f"{prefix}{algo}{suffix}.py" for prefix, suffix in
-                     (("async_", ""), ("sync_baselines/sync_", ""), ("multigpu/async_", "_multigpu")) for algo in ALGOS
-                     ] + ["async_grpo_gsm8k_inflight.py"]
+ALGORITHM_SCRIPTS = [
+    f"{prefix}{algo}{suffix}.py"
+    for prefix, suffix in (("async_", ""), ("sync_baselines/sync_", ""), ("multigpu/async_", "_multigpu"))
+    for algo in ALGOS
+] + ["async_grpo_gsm8k_inflight.py"]
 MULTIGPU = [f"multigpu/async_{algo}_multigpu.py" for algo in ALGOS]
 DOCS = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
-SCRIPTS = ALGORITHM_SCRIPTS + sorted(str(p.relative_to(REPO)) for folder in ("benchmark", "tools")
-                                     for p in (REPO / folder).glob("*.py"))
+SCRIPTS = ALGORITHM_SCRIPTS + sorted(
+    str(p.relative_to(REPO)) for folder in ("benchmark", "tools") for p in (REPO / folder).glob("*.py")
+)
 # hub id: (model_type, max_position_embeddings, tokenizer family), as in each model's config.json on the hub; a command
 # that names a hub id not here fails, asking for its row. Pythia (GPT-NeoX) has 2,048 positions, Qwen2.5 Instruct
 # 32,768; Rho-1B continues TinyLlama-1.1B, whose 2,048 are taken here (not read from the hub).
 HUB_MODELS = {
-    **{f"mnoukhov/pythia{size}-{kind}": ("gpt_neox", 2048, "pythia") for size in ("410m", "1b", "2.8b")
-       for kind in ("sft-tldr", "rm-tldr6.9b")},
+    **{
+        f"mnoukhov/pythia{size}-{kind}": ("gpt_neox", 2048, "pythia")
+        for size in ("410m", "1b", "2.8b")
+        for kind in ("sft-tldr", "rm-tldr6.9b")
+    },
     "realtreetune/rho-1b-sft-GSM8K": ("llama", 2048, "rho"),
     "Qwen/Qwen2.5-0.5B-Instruct": ("qwen2", 32768, "qwen2.5"),
     "Qwen/Qwen2.5-1.5B-Instruct": ("qwen2", 32768, "qwen2.5"),
@@ -129,10 +135,10 @@ def command_lines(block):
         pushed = 0
         while m := LOOP.match(text):
             loops.append((m[1], m[2].split()))
-            text, pushed = text[m.end():], pushed + 1
+            text, pushed = text[m.end() :], pushed + 1
         one_line = re.search(r";\s*done\s*$", text)
         if one_line:
-            text = text[:one_line.start()]
+            text = text[: one_line.start()]
         if text.strip() == "done":
             del loops[-1:]
             continue
@@ -143,7 +149,7 @@ def command_lines(block):
                     expanded = re.sub(r"\$\{?" + name + r"\b\}?", value, expanded)
                 yield index, expanded.strip()
         if one_line:
-            del loops[len(loops) - pushed:]
+            del loops[len(loops) - pushed :]
 
 
 def argv(text: str):
@@ -166,7 +172,7 @@ def argv(text: str):
         script = next((i for i, token in enumerate(tokens) if token.endswith(".py")), None)
         if script is None:
             continue
-        flags = [token for token in tokens[script + 1:] if token != "..."]
+        flags = [token for token in tokens[script + 1 :] if token != "..."]
         yield tokens[:script], tokens[script], tuple(flags), len(flags) < len(tokens) - script - 1
 
 
@@ -209,13 +215,17 @@ def collect():
             for index, line in command_lines(block):
                 for launcher, script, flags, elided in argv(line):
                     if elided:
-                        flags = next((f for a, f, full, _ in reversed(above) if a == algorithm(script) and full),
-                                     ()) + flags
+                        flags = (
+                            next((f for a, f, full, _ in reversed(above) if a == algorithm(script) and full), ())
+                            + flags
+                        )
                     recorded = None
                     if "--replay-from" in flags:  # the recording above, else this command's flags, recording
                         at = flags.index("--replay-from")
-                        recorded = next((f for a, f, _, rec in reversed(above) if a == algorithm(script) and rec),
-                                        flags[:at] + flags[at + 2:] + ("--record-samples",))
+                        recorded = next(
+                            (f for a, f, _, rec in reversed(above) if a == algorithm(script) and rec),
+                            flags[:at] + flags[at + 2 :] + ("--record-samples",),
+                        )
                     where = f"{name}:{first_line + index}"
                     commands.append(Command(where, script, flags, world_size(launcher), recorded))
                     if in_block:
@@ -227,8 +237,9 @@ def test_the_documented_commands_are_found():
     """The collector itself: every algorithm script has documented commands, the headline torchrun ones among them."""
     commands = collect()
     assert {c.script for c in commands} >= set(ALGORITHM_SCRIPTS)
-    assert all((REPO / c.script).is_file() for c in commands), [str(c) for c in commands
-                                                                if not (REPO / c.script).is_file()]
+    assert all((REPO / c.script).is_file() for c in commands), [
+        str(c) for c in commands if not (REPO / c.script).is_file()
+    ]
     for script in MULTIGPU:  # its docstring's headline: the paper's 1 engine + 3 learners
         assert any(c.script == script and c.world_size == 3 and c.where.startswith(script) for c in commands), script
 
@@ -273,8 +284,9 @@ def sandbox(tmp_path_factory):
         folder.mkdir(parents=True)
         for tokenizer_file in (tokenizers / family).iterdir():
             (folder / tokenizer_file.name).write_bytes(tokenizer_file.read_bytes())
-        (folder / "config.json").write_text(json.dumps({"model_type": model_type,
-                                                        "max_position_embeddings": positions}))
+        (folder / "config.json").write_text(
+            json.dumps({"model_type": model_type, "max_position_embeddings": positions})
+        )
     return root
 
 

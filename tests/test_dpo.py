@@ -22,10 +22,29 @@ def dpo():
 
 
 def common_flags(tiny: Path, *extra: str):
-    return ("--model-name-or-path", str(tiny / "policy"), "--reward-model-path", str(tiny / "rm"),
-            "--dataset-name", str(tiny / "prompts.jsonl"), "--max-prompt-tokens", "64", "--response-length", "16",
-            "--prompts-per-step", "4", "--num-samples-per-prompt", "2", "--learning-rate", "3e-3", "--seed", "3",
-            "--sample-every", "2", *extra)
+    return (
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--reward-model-path",
+        str(tiny / "rm"),
+        "--dataset-name",
+        str(tiny / "prompts.jsonl"),
+        "--max-prompt-tokens",
+        "64",
+        "--response-length",
+        "16",
+        "--prompts-per-step",
+        "4",
+        "--num-samples-per-prompt",
+        "2",
+        "--learning-rate",
+        "3e-3",
+        "--seed",
+        "3",
+        "--sample-every",
+        "2",
+        *extra,
+    )
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -79,10 +98,19 @@ def check_weight_sync(policy_dir: str, script: str = ASYNC):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dpo = load_script(script)
-    args = dpo.Args(model_name_or_path=policy_dir, engine_device="cpu", learner_device="cpu",
-                    gpu_memory_utilization=0.1,
-                    kv_cache_gib=0.25, max_prompt_tokens=96, response_length=16, temperature=0.7,
-                    num_samples_per_prompt=1, prompts_per_step=1, seed=0)
+    args = dpo.Args(
+        model_name_or_path=policy_dir,
+        engine_device="cpu",
+        learner_device="cpu",
+        gpu_memory_utilization=0.1,
+        kv_cache_gib=0.25,
+        max_prompt_tokens=96,
+        response_length=16,
+        temperature=0.7,
+        num_samples_per_prompt=1,
+        prompts_per_step=1,
+        seed=0,
+    )
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
     llm = dpo.build_engine(args)  # after the learner's model, as in the scripts: GPT-NeoX's class gets patched here
@@ -94,8 +122,9 @@ def check_weight_sync(policy_dir: str, script: str = ASYNC):
     from vllm import SamplingParams
 
     def engine_sequence_logprobs():  # vLLM prompt logprobs are always of the raw logits, i.e. temperature 1
-        out = llm.generate([{"prompt_token_ids": fixed}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                           use_tqdm=False)[0]
+        out = llm.generate(
+            [{"prompt_token_ids": fixed}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+        )[0]
         return torch.tensor([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], fixed[1:])])
 
     def learner_logprobs(ids, response_mask, temperature):
@@ -149,9 +178,9 @@ def check_weight_sync(policy_dir: str, script: str = ASYNC):
     # i.e. exactly what the learner computes at the sampling temperature
     (responses,), (logprobs,) = dpo.generate(llm, [prompt], args, step=0)
     mask = torch.tensor([[0] * len(prompt) + [1] * len(responses)])
-    learner = learner_logprobs(prompt + responses, mask, 0.7)[len(prompt) - 1:]
+    learner = learner_logprobs(prompt + responses, mask, 0.7)[len(prompt) - 1 :]
     assert (learner - torch.tensor(logprobs)).abs().max() < 1e-4
-    raw = learner_logprobs(prompt + responses, mask, 1.0)[len(prompt) - 1:]
+    raw = learner_logprobs(prompt + responses, mask, 1.0)[len(prompt) - 1 :]
     assert (raw - torch.tensor(logprobs)).abs().max() > 1e-2
 
     # a batch whose prompts exceed one engine step's token budget (4,096) with seeded sampling: with chunked prefill
@@ -175,9 +204,16 @@ def test_the_guard_stops_skipped_stuck_and_partial_pushes_and_passes_healthy_one
     from transformers import AutoModelForCausalLM
 
     dpo = load_script(ASYNC)
-    args = dpo.Args(model_name_or_path=str(tiny / "policy"), engine_device="cpu", learner_device="cpu",
-                    gpu_memory_utilization=0.1, kv_cache_gib=0.25, max_prompt_tokens=96, response_length=16,
-                    engine_dtype=engine_dtype)
+    args = dpo.Args(
+        model_name_or_path=str(tiny / "policy"),
+        engine_device="cpu",
+        learner_device="cpu",
+        gpu_memory_utilization=0.1,
+        kv_cache_gib=0.25,
+        max_prompt_tokens=96,
+        response_length=16,
+        engine_dtype=engine_dtype,
+    )
     model = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
     llm = dpo.build_engine(args)
     probe, batch = list(range(5, 37)), torch.randint(5, 500, (8, 24), generator=torch.Generator().manual_seed(0))
@@ -206,7 +242,8 @@ def test_the_guard_stops_skipped_stuck_and_partial_pushes_and_passes_healthy_one
             check = dpo.weight_check(model, probe, args)
             dpo.push_weights_to_engine(llm, {n: t for n, t in model.state_dict().items() if "norm" not in n})
             held = llm.collective_rpc(
-                lambda w: {n: dpo.bit_checksum(p, p.dtype) for n, p in w.get_model().named_parameters()})[0]
+                lambda w: {n: dpo.bit_checksum(p, p.dtype) for n, p in w.get_model().named_parameters()}
+            )[0]
             stale = [n for n, c in check[2].items() if "norm" in n and n in held and held[n] != c]
             assert stale, "the engine's layer norms equal the learner's in its dtype: there is no fault to catch"
             with pytest.raises(RuntimeError, match=f"does not serve policy version {version} .*tensors differ"):
@@ -223,8 +260,10 @@ def test_weight_sync_on_gpt_neox_in_a_process_of_its_own(tiny):
     """GPT-NeoX as in Pythia. vLLM patches Hugging Face's GPTNeoXModel class in the process that builds a GPT-NeoX
     engine, after which that process cannot build GPT-NeoX models (the scripts load theirs first): the check runs in a
     fresh interpreter, so the test session's other GPT-NeoX tests are unaffected."""
-    code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from test_dpo import check_weight_sync; "
-            f"check_weight_sync({str(tiny / 'neox_policy')!r})")
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from test_dpo import check_weight_sync; "
+        f"check_weight_sync({str(tiny / 'neox_policy')!r})"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
@@ -236,8 +275,13 @@ def async_runs(tiny, tmp_path_factory):
     runs = {}
     for name, k in (("k1_a", 1), ("k1_b", 1), ("k2", 2)):
         cwd = tmp_path_factory.mktemp(name)
-        proc, _ = run_script(ASYNC, cwd, *common_flags(tiny, "--num-learner-steps", "5", "--async-steps", str(k),
-                                                        "--output-dir", str(cwd / "model")))
+        proc, _ = run_script(
+            ASYNC,
+            cwd,
+            *common_flags(
+                tiny, "--num-learner-steps", "5", "--async-steps", str(k), "--output-dir", str(cwd / "model")
+            ),
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         runs[name] = (cwd, proc, read_metrics(cwd))
     return runs
@@ -248,10 +292,22 @@ def test_async_run_writes_metrics_and_a_loadable_model(async_runs, tiny):
 
     cwd, proc, metrics = async_runs["k1_a"]
     assert [m["step"] for m in metrics] == list(range(5))
-    for key in ("objective/scores", "objective/score_margin", "objective/kl", "losses/dpo_loss",
-                "policy/chosen_rejected_logratio", "val/eos_rate", "time/generation", "time/training",
-                "time/weight_sync", "time/learner_waiting", "async/actor_version", "async/learner_version",
-                "async/staleness", "async/behaviour_learner_logprob_gap"):
+    for key in (
+        "objective/scores",
+        "objective/score_margin",
+        "objective/kl",
+        "losses/dpo_loss",
+        "policy/chosen_rejected_logratio",
+        "val/eos_rate",
+        "time/generation",
+        "time/training",
+        "time/weight_sync",
+        "time/learner_waiting",
+        "async/actor_version",
+        "async/learner_version",
+        "async/staleness",
+        "async/behaviour_learner_logprob_gap",
+    ):
         assert all(math.isfinite(m[key]) for m in metrics), key
     assert list((cwd / "runs").glob("*/events.out.tfevents.*")), "no tensorboard file"
     assert "60 prompts, 4 dropped as longer than --max-prompt-tokens 64" in proc.stdout
@@ -279,8 +335,13 @@ def test_async_runs_with_the_same_seed_are_identical(async_runs):
 
 
 def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_path):
-    proc, _ = run_script(SYNC, tmp_path, *common_flags(tiny, "--num-learner-steps", "4", "--num-mini-batches", "2",
-                                                        "--output-dir", str(tmp_path / "model")))
+    proc, _ = run_script(
+        SYNC,
+        tmp_path,
+        *common_flags(
+            tiny, "--num-learner-steps", "4", "--num-mini-batches", "2", "--output-dir", str(tmp_path / "model")
+        ),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = read_metrics(tmp_path)  # (that the async script with K = 0 logs the same numbers: test_twins.py)
     assert [m["async/actor_version"] for m in metrics] == [0, 1, 2, 3]
@@ -294,8 +355,21 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_p
 def test_a_bfloat16_engine_passes_the_guard_at_every_sync_of_a_run(tiny, tmp_path):
     """The guard's second rule (the engine's answer must change when the learner's does) never fires on a correct
     sync: lr 3e-6 moves the probe by more than 1e-3 per step here, so every sync of the run is checked by it."""
-    proc, _ = run_script(ASYNC, tmp_path, *common_flags(tiny, "--num-learner-steps", "6", "--engine-dtype", "bfloat16",
-                                                        "--learning-rate", "3e-6", "--async-steps", "1"))
+    proc, _ = run_script(
+        ASYNC,
+        tmp_path,
+        *common_flags(
+            tiny,
+            "--num-learner-steps",
+            "6",
+            "--engine-dtype",
+            "bfloat16",
+            "--learning-rate",
+            "3e-6",
+            "--async-steps",
+            "1",
+        ),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = read_metrics(tmp_path)
     assert [m["async/actor_version"] for m in metrics] == [0, 0, 1, 2, 3, 4]
@@ -305,9 +379,15 @@ def test_a_bfloat16_engine_passes_the_guard_at_every_sync_of_a_run(tiny, tmp_pat
 # ---------------------------------------------------------------- failures
 def test_sigterm_saves_the_policy_before_the_run_exits(tiny, tmp_path):
     """Nothing the user trained is lost: a real SIGTERM mid-run saves the policy after the current step."""
-    proc = subprocess.Popen([sys.executable, str(REPO / ASYNC), *common_flags(tiny, "--num-learner-steps", "200")],
-                            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / ASYNC), *common_flags(tiny, "--num-learner-steps", "200")],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 900
         while time.time() < deadline and proc.poll() is None:
@@ -345,8 +425,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """)
     # --queue-timeout 1800 is longer than the subprocess timeout, so a learner that hung on the queue would fail this
     # test with TimeoutExpired instead of exiting through the queue timeout (no wall-time bound, the machine is noisy)
-    proc, _ = run_script(str(tmp_path / "inject.py"), tmp_path,
-                         *common_flags(tiny, "--num-learner-steps", "50", "--queue-timeout", "1800"), timeout=900)
+    proc, _ = run_script(
+        str(tmp_path / "inject.py"),
+        tmp_path,
+        *common_flags(tiny, "--num-learner-steps", "50", "--queue-timeout", "1800"),
+        timeout=900,
+    )
     assert proc.returncode != 0
     assert "ValueError: injected failure in generation" in proc.stderr
     assert "the generation thread failed" in proc.stderr
@@ -369,24 +453,44 @@ vllm.LLM.collective_rpc = lost_reload
 sys.argv = [{str(REPO / script)!r}] + sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """)
-    proc, _ = run_script(str(tmp_path / "inject.py"), tmp_path, *common_flags(tiny, "--num-learner-steps", "4"),
-                         timeout=900)
+    proc, _ = run_script(
+        str(tmp_path / "inject.py"), tmp_path, *common_flags(tiny, "--num-learner-steps", "4"), timeout=900
+    )
     assert proc.returncode != 0
     # the guard's one line is the last line printed, the async script's too (the learner's error begins with it)
-    assert (f"RuntimeError: weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-            f"to the learner") in proc.stderr.strip().splitlines()[-1], proc.stderr[-3000:]  # after "[rank0]: "
+    assert (
+        f"RuntimeError: weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
+        f"to the learner"
+    ) in proc.stderr.strip().splitlines()[-1], proc.stderr[-3000:]  # after "[rank0]: "
     assert "tensors differ from the learner's, e.g. model.embed_tokens.weight" in proc.stderr
     assert len(read_metrics(tmp_path)) <= version + 1  # stopped at the first sync
 
 
 @pytest.mark.parametrize("script", [ASYNC, SYNC])
-@pytest.mark.parametrize("flags,message", [
-    (("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model': no such folder"),
-    (("--prompts-per-step", "5", "--num-mini-batches", "2"),
-     "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
-    (("--num-samples-per-prompt", "1",), "--num-samples-per-prompt must be >= 2"),
-    (("--max-prompt-tokens", "2",), "all 64 prompts are empty or longer than --max-prompt-tokens 2"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model': no such folder"),
+        (
+            ("--prompts-per-step", "5", "--num-mini-batches", "2"),
+            "--prompts-per-step 5 is not divisible by --num-mini-batches 2",
+        ),
+        (
+            (
+                "--num-samples-per-prompt",
+                "1",
+            ),
+            "--num-samples-per-prompt must be >= 2",
+        ),
+        (
+            (
+                "--max-prompt-tokens",
+                "2",
+            ),
+            "all 64 prompts are empty or longer than --max-prompt-tokens 2",
+        ),
+    ],
+)
 def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, tmp_path, cli, script, flags, message):
     proc = cli(script, tmp_path, *common_flags(tiny, "--num-learner-steps", "2"), *flags)
     assert proc.returncode != 0

@@ -5,17 +5,32 @@ import subprocess
 
 from conftest import ENV, REPO, kill_group
 
-TORCH_CHECKS = [f"torch: {what} ({model})" for model in ("pythia", "qwen")
-                for what in ("learner memory", "grad == no-grad", "TF32 sensitivity")] + [
-    "torch: peak vs estimate (pythia)"]
-RUNS = ["dpo (pythia)", "rloo (pythia)", "ppo (pythia)", "dpo (pythia), engine TF32",
-        "dpo engine in own process (torchrun 1)", "dpo engine in own process (torchrun 2)", "grpo (arithmetic, qwen)"]
+TORCH_CHECKS = [
+    f"torch: {what} ({model})"
+    for model in ("pythia", "qwen")
+    for what in ("learner memory", "grad == no-grad", "TF32 sensitivity")
+] + ["torch: peak vs estimate (pythia)"]
+RUNS = [
+    "dpo (pythia)",
+    "rloo (pythia)",
+    "ppo (pythia)",
+    "dpo (pythia), engine TF32",
+    "dpo engine in own process (torchrun 1)",
+    "dpo engine in own process (torchrun 2)",
+    "grpo (arithmetic, qwen)",
+]
 
 
 def test_gpu_smoke_cpu_mode_passes_every_check(tmp_path):
-    proc = subprocess.Popen(["bash", str(REPO / "benchmark" / "gpu_smoke.sh"), "--cpu", "--work-dir",
-                             str(tmp_path / "work")], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "benchmark" / "gpu_smoke.sh"), "--cpu", "--work-dir", str(tmp_path / "work")],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=1800)  # ~4-7 min on 2 cores; generous for a loaded machine
     finally:
@@ -28,7 +43,7 @@ def test_gpu_smoke_cpu_mode_passes_every_check(tmp_path):
     # the table's row of each run shows the step-0 gap (engine vs learner, policy version 0) and a weight sync time
     for check in RUNS:
         row = next(line for line in lines if line.startswith(check + " "))
-        cells = row[len(check):].split()
+        cells = row[len(check) :].split()
         assert cells[0] == "PASS" and float(cells[1]) < 1e-3, row
     # the peak at both micro-batches is within the multigpu variants' estimate, and the 1-rank torchrun run had an
     # engine process beside the agent and its rank; on CPU an inherited TRITON_F32_DEFAULT=tf32 changes nothing

@@ -22,10 +22,33 @@ def grpo():
 
 def common_flags(tiny: Path, *extra: str):
     # temperature 1 and 16 problems x 4 samples: enough groups with mixed rewards that the tiny policy really learns
-    return ("--model-name-or-path", str(tiny / "policy"), "--max-prompt-tokens", "256", "--response-length", "16",
-            "--prompts-per-step", "16", "--num-samples-per-prompt", "4", "--temperature", "1.0",
-            "--learning-rate", "3e-3", "--seed", "3", "--sample-every", "2", "--num-eval-prompts", "8",
-            "--eval-every", "2", "--kv-cache-gib", "0.25", *extra)
+    return (
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--max-prompt-tokens",
+        "256",
+        "--response-length",
+        "16",
+        "--prompts-per-step",
+        "16",
+        "--num-samples-per-prompt",
+        "4",
+        "--temperature",
+        "1.0",
+        "--learning-rate",
+        "3e-3",
+        "--seed",
+        "3",
+        "--sample-every",
+        "2",
+        "--num-eval-prompts",
+        "8",
+        "--eval-every",
+        "2",
+        "--kv-cache-gib",
+        "0.25",
+        *extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,30 +67,33 @@ def gsm8k_folder(tmp_path_factory):
 
 
 # ---------------------------------------------------------------- verifier
-@pytest.mark.parametrize("text,expected", [
-    ("She makes 9 * 2 = $18 every day.\n#### 18", "18"),
-    ("#### 1,234", "1234"),
-    ("#### $1,234.00", "1234"),
-    ("The answer is 7.\n#### -5", "-5"),  # the marker wins over later or earlier numbers
-    ("#### 3.50 dollars, not 4", "3.5"),
-    ("#### 12.0", "12"),
-    ("#### 18\nNext problem: 3 + 4 = 7\n#### 7", "18"),  # the first marker: what follows is a new problem
-    ("So 5-3 = 2 apples", "2"),  # fallback: last number; the minus of "5-3" is not a sign
-    ("it fell to -7 degrees", "-7"),
-    ("He has 1,000 coins and 20 more", "20"),
-    ("The total is $2,500.", "2500"),  # a sentence-final period is not a decimal point
-    ("costs 0.25 each", "0.25"),
-    ("#### the answer is 42", "42"),  # a marker without a number falls back to the last number
-    ("#### 1 000", "1000"),  # thousands grouped by spaces, after the marker only
-    ("#### 2.5e3", "2500"),  # an exponent
-    ("it is 1.2E-2", "0.012"),
-    ("#### 12,34", None),  # neither thousands nor a decimal point: refused, not read as 12 or 34
-    ("#### 1,000,00", None),
-    ("#### 5e999999999", None),  # an exponent of at most three digits: no billion-digit integer
-    ("Answer: 3 500 apples", "500"),  # no space grouping outside the marker
-    ("I do not know.", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("She makes 9 * 2 = $18 every day.\n#### 18", "18"),
+        ("#### 1,234", "1234"),
+        ("#### $1,234.00", "1234"),
+        ("The answer is 7.\n#### -5", "-5"),  # the marker wins over later or earlier numbers
+        ("#### 3.50 dollars, not 4", "3.5"),
+        ("#### 12.0", "12"),
+        ("#### 18\nNext problem: 3 + 4 = 7\n#### 7", "18"),  # the first marker: what follows is a new problem
+        ("So 5-3 = 2 apples", "2"),  # fallback: last number; the minus of "5-3" is not a sign
+        ("it fell to -7 degrees", "-7"),
+        ("He has 1,000 coins and 20 more", "20"),
+        ("The total is $2,500.", "2500"),  # a sentence-final period is not a decimal point
+        ("costs 0.25 each", "0.25"),
+        ("#### the answer is 42", "42"),  # a marker without a number falls back to the last number
+        ("#### 1 000", "1000"),  # thousands grouped by spaces, after the marker only
+        ("#### 2.5e3", "2500"),  # an exponent
+        ("it is 1.2E-2", "0.012"),
+        ("#### 12,34", None),  # neither thousands nor a decimal point: refused, not read as 12 or 34
+        ("#### 1,000,00", None),
+        ("#### 5e999999999", None),  # an exponent of at most three digits: no billion-digit integer
+        ("Answer: 3 500 apples", "500"),  # no space grouping outside the marker
+        ("I do not know.", None),
+        ("", None),
+    ],
+)
 def test_extract_answer_on_tricky_strings(grpo, text, expected):
     assert grpo.extract_answer(text) == expected
 
@@ -158,8 +184,10 @@ def run_ok(script, cwd, *flags):
 def async_runs(tiny, arithmetic_folder, gsm8k_folder, tmp_path_factory):
     """K=1 on generated arithmetic problems and K=2 on a few GSM8K lines, 5 learner steps each."""
     runs = {}
-    for name, k, data in (("arith_k1", 1, ("--dataset-path", str(arithmetic_folder))),
-                          ("gsm8k_k2", 2, ("--dataset-path", str(gsm8k_folder)))):
+    for name, k, data in (
+        ("arith_k1", 1, ("--dataset-path", str(arithmetic_folder))),
+        ("gsm8k_k2", 2, ("--dataset-path", str(gsm8k_folder))),
+    ):
         cwd = tmp_path_factory.mktemp(name)
         runs[name] = run_ok(ASYNC, cwd, *common_flags(tiny, *data, "--num-learner-steps", "5", "--async-steps", str(k)))
     return runs
@@ -170,10 +198,22 @@ def test_async_run_logs_metrics_evaluates_and_learns(async_runs, tiny):
 
     proc, metrics, evals, cwd = async_runs["arith_k1"]
     assert [m["step"] for m in metrics] == list(range(5))
-    for key in ("objective/accuracy", "objective/format_rate", "losses/policy_loss", "policy/importance_ratio_mean",
-                "policy/importance_ratio_max", "policy/clipfrac", "policy/approx_kl", "val/truncated_rate",
-                "val/response_length", "time/generation", "time/reward_labeling", "time/training",
-                "async/behaviour_learner_logprob_gap", "async/staleness"):
+    for key in (
+        "objective/accuracy",
+        "objective/format_rate",
+        "losses/policy_loss",
+        "policy/importance_ratio_mean",
+        "policy/importance_ratio_max",
+        "policy/clipfrac",
+        "policy/approx_kl",
+        "val/truncated_rate",
+        "val/response_length",
+        "time/generation",
+        "time/reward_labeling",
+        "time/training",
+        "async/behaviour_learner_logprob_gap",
+        "async/staleness",
+    ):
         assert all(math.isfinite(m[key]) for m in metrics), key
     assert "objective/kl" not in metrics[0], "--kl-coef 0 must not load a reference"
     # the tiny policy solves a few problems: some groups have mixed rewards, so the policy gradient is not zero
@@ -217,10 +257,13 @@ def test_paper_mode_ratio_is_exactly_one_at_the_first_update_however_stale(async
         assert m["policy/importance_weight_mean"] == 1.0
 
 
-@pytest.mark.parametrize("name,data", [("arith", ("--dataset-path", "ARITHMETIC", "--num-mini-batches", "2")),
-                                       ("gsm8k", ("--dataset-path", "GSM8K"))])
-def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, arithmetic_folder, gsm8k_folder, tmp_path,
-                                                                     name, data):
+@pytest.mark.parametrize(
+    "name,data",
+    [("arith", ("--dataset-path", "ARITHMETIC", "--num-mini-batches", "2")), ("gsm8k", ("--dataset-path", "GSM8K"))],
+)
+def test_sync_baseline_generates_every_batch_with_the_current_policy(
+    tiny, arithmetic_folder, gsm8k_folder, tmp_path, name, data
+):
     folders = {"ARITHMETIC": str(arithmetic_folder), "GSM8K": str(gsm8k_folder)}
     data = tuple(folders.get(flag, flag) for flag in data)
     steps = 4 if name == "arith" else 2
@@ -246,10 +289,15 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("script", [ASYNC, SYNC, "async_grpo_gsm8k_inflight.py"])
 @pytest.mark.parametrize("flags,message", BAD_INPUTS)
-def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, arithmetic_folder, tmp_path, cli, script,
-                                                                 flags, message):
-    proc = cli(script, tmp_path, *common_flags(tiny, "--dataset-path", str(arithmetic_folder), "--num-learner-steps",
-                                               "2"), *flags)
+def test_bad_input_fails_with_one_message_before_the_engine_starts(
+    tiny, arithmetic_folder, tmp_path, cli, script, flags, message
+):
+    proc = cli(
+        script,
+        tmp_path,
+        *common_flags(tiny, "--dataset-path", str(arithmetic_folder), "--num-learner-steps", "2"),
+        *flags,
+    )
     assert proc.returncode != 0
     assert f"error: {message}" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -259,13 +307,20 @@ def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, arithme
 def test_the_run_ends_with_a_summary_naming_real_files_and_the_plot_command_works(async_runs):
     """The quickstart path: the summary's numbers come from the run's logs; every path or command it prints works."""
     proc, metrics, evals, cwd = async_runs["arith_k1"]
-    summary = proc.stdout[proc.stdout.index("== async_grpo_gsm8k__"):].splitlines()
-    assert re.match(r"== async_grpo_gsm8k__3__\d+: 5 learner steps, 320 episodes, [\d.]+ min \(idle: learner \d+%, "
-                    r"generation \d+%\)$", summary[0]), summary[0]
-    assert summary[1] == (f"objective/accuracy: {metrics[0]['objective/accuracy']:.3f} at step 0 -> "
-                          f"{metrics[-1]['objective/accuracy']:.3f} at step 4")
-    assert summary[2] == (f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version 0 -> "
-                          f"{evals[-1]['eval/accuracy']:.3f} at version 5")
+    summary = proc.stdout[proc.stdout.index("== async_grpo_gsm8k__") :].splitlines()
+    assert re.match(
+        r"== async_grpo_gsm8k__3__\d+: 5 learner steps, 320 episodes, [\d.]+ min \(idle: learner \d+%, "
+        r"generation \d+%\)$",
+        summary[0],
+    ), summary[0]
+    assert summary[1] == (
+        f"objective/accuracy: {metrics[0]['objective/accuracy']:.3f} at step 0 -> "
+        f"{metrics[-1]['objective/accuracy']:.3f} at step 4"
+    )
+    assert summary[2] == (
+        f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version 0 -> "
+        f"{evals[-1]['eval/accuracy']:.3f} at version 5"
+    )
     fields = dict(line.split(":", 1) for line in summary[3:])
     assert (cwd / fields["model"].strip() / "config.json").exists()
     assert all((cwd / path.strip()).stat().st_size > 0 for path in fields["metrics"].split(","))
@@ -276,8 +331,12 @@ def test_the_run_ends_with_a_summary_naming_real_files_and_the_plot_command_work
     assert command[:2] == ["python", "tools/plot_runs.py"]
     other = next((async_runs["gsm8k_k2"][3] / "runs").iterdir())
     out = cwd / "compare.png"
-    plot = subprocess.run([sys.executable, command[1], str(cwd / command[2]), str(other), "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True)
+    plot = subprocess.run(
+        [sys.executable, command[1], str(cwd / command[2]), str(other), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert plot.returncode == 0, plot.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     # a folder that is not a run fails with one line naming it

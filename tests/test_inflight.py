@@ -23,9 +23,12 @@ def run_side_by_side(tmp_path, runs, flags):
     for name in runs:
         (tmp_path / name).mkdir()
     with ThreadPoolExecutor(2) as pool:
-        done = {name: pool.submit(run_script, script, tmp_path / name, *flags, *extra,
-                                  "--output-dir", str(tmp_path / name / "model"))
-                for name, (script, extra) in runs.items()}
+        done = {
+            name: pool.submit(
+                run_script, script, tmp_path / name, *flags, *extra, "--output-dir", str(tmp_path / name / "model")
+            )
+            for name, (script, extra) in runs.items()
+        }
     for name, future in done.items():
         proc, _ = future.result()
         assert proc.returncode == 0, f"{name}: {proc.stderr[-4000:]}"
@@ -51,16 +54,50 @@ def runs(tiny, arithmetic_folder, tmp_path_factory):
     """The core and `off` (same flags, the core's correction); `fixed` twice (K = 2, a boundary every 4 decoding steps,
     so two versions enter each batch); `asap` with recomputed KV. Three learner steps of two mini-batches each."""
     tmp_path = tmp_path_factory.mktemp("inflight")
-    flags = ("--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--num-learner-steps", "3",
-             "--num-mini-batches", "2", "--learning-rate", "3e-3", "--seed", "3", "--sample-every", "2",
-             "--dataset-path", str(arithmetic_folder), "--max-prompt-tokens", "256", "--prompts-per-step", "16",
-             "--num-samples-per-prompt", "4", "--temperature", "1.0", "--num-eval-prompts", "8", "--eval-every", "2",
-             "--kv-cache-gib", "0.25")
+    flags = (
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--response-length",
+        "16",
+        "--num-learner-steps",
+        "3",
+        "--num-mini-batches",
+        "2",
+        "--learning-rate",
+        "3e-3",
+        "--seed",
+        "3",
+        "--sample-every",
+        "2",
+        "--dataset-path",
+        str(arithmetic_folder),
+        "--max-prompt-tokens",
+        "256",
+        "--prompts-per-step",
+        "16",
+        "--num-samples-per-prompt",
+        "4",
+        "--temperature",
+        "1.0",
+        "--num-eval-prompts",
+        "8",
+        "--eval-every",
+        "2",
+        "--kv-cache-gib",
+        "0.25",
+    )
     fixed = (INFLIGHT, ("--in-flight", "fixed", "--in-flight-chunk", "4", "--async-steps", "2"))
-    metrics = run_side_by_side(tmp_path, {
-        "core": (CORE, ()), "off": (INFLIGHT, ("--in-flight", "off", "--off-policy-correction", "paper")),
-        "fixed": fixed, "fixed_again": fixed,
-        "asap": (INFLIGHT, ("--in-flight", "asap", "--in-flight-kv", "recompute"))}, flags)
+    metrics = run_side_by_side(
+        tmp_path,
+        {
+            "core": (CORE, ()),
+            "off": (INFLIGHT, ("--in-flight", "off", "--off-policy-correction", "paper")),
+            "fixed": fixed,
+            "fixed_again": fixed,
+            "asap": (INFLIGHT, ("--in-flight", "asap", "--in-flight-kv", "recompute")),
+        },
+        flags,
+    )
     return metrics, tmp_path
 
 
@@ -71,8 +108,11 @@ def test_off_is_the_core_step_by_step(runs):
     core, off = untimed(metrics["core"]), untimed(metrics["off"])
     assert len({m["losses/policy_loss"] for m in core}) > 1, "the loss never changed: the test would prove nothing"
     for step, (c, o) in enumerate(zip(core, off, strict=True)):
-        assert set(o) - set(c) == {"async/token_staleness_mean", "async/token_staleness_max",
-                                   "async/mixed_version_share"}, step
+        assert set(o) - set(c) == {
+            "async/token_staleness_mean",
+            "async/token_staleness_max",
+            "async/mixed_version_share",
+        }, step
         differ = sorted(key for key in c if c[key] != o[key])
         assert not differ, f"step {step}: " + ", ".join(f"{key} {c[key]!r} != {o[key]!r}" for key in differ)
         assert o["async/token_staleness_mean"] == o["async/token_staleness_max"] == o["async/staleness"]
@@ -111,9 +151,18 @@ def test_each_token_records_the_version_that_sampled_it_and_the_kv_it_kept(tiny)
 
     inflight = load_script(INFLIGHT)
     policy = str(tiny / "policy")
-    args = inflight.Args(model_name_or_path=policy, engine_device="cpu", learner_device="cpu", kv_cache_gib=0.25,
-                         max_prompt_tokens=96, response_length=24, temperature=1.0, num_samples_per_prompt=2,
-                         prompts_per_step=4, seed=0)
+    args = inflight.Args(
+        model_name_or_path=policy,
+        engine_device="cpu",
+        learner_device="cpu",
+        kv_cache_gib=0.25,
+        max_prompt_tokens=96,
+        response_length=24,
+        temperature=1.0,
+        num_samples_per_prompt=2,
+        prompts_per_step=4,
+        seed=0,
+    )
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
     llm = inflight.build_engine(args)
@@ -131,7 +180,7 @@ def test_each_token_records_the_version_that_sampled_it_and_the_kv_it_kept(tiny)
         ids = torch.tensor([prompt + response])
         mask = torch.tensor([[0] * len(prompt) + [1] * len(response)])
         with torch.no_grad():
-            return inflight.token_logprobs(model, ids, torch.ones_like(ids), mask, 1.0)[0, len(prompt) - 1:]
+            return inflight.token_logprobs(model, ids, torch.ones_like(ids), mask, 1.0)[0, len(prompt) - 1 :]
 
     gaps = {}
     for kv in ("keep", "recompute"):
@@ -160,14 +209,27 @@ def test_each_token_records_the_version_that_sampled_it_and_the_kv_it_kept(tiny)
     assert gaps["keep"] > 1e-3, "keep showed no trace of the old weights' KV: did it recompute?"
 
 
-@pytest.mark.parametrize("flags,message", [
-    (("--in-flight", "fixed", "--async-steps", "0"), "--in-flight fixed needs --async-steps >= 1"),
-    (("--in-flight-chunk", "0"), "--in-flight-chunk must be >= 1, got 0"),
-])
-def test_bad_in_flight_flags_fail_with_one_message_before_the_engine_starts(tiny, arithmetic_folder, tmp_path, cli,
-                                                                          flags, message):
-    proc = cli(INFLIGHT, tmp_path, "--model-name-or-path", str(tiny / "policy"), "--dataset-path",
-               str(arithmetic_folder), "--num-learner-steps", "2", *flags)
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (("--in-flight", "fixed", "--async-steps", "0"), "--in-flight fixed needs --async-steps >= 1"),
+        (("--in-flight-chunk", "0"), "--in-flight-chunk must be >= 1, got 0"),
+    ],
+)
+def test_bad_in_flight_flags_fail_with_one_message_before_the_engine_starts(
+    tiny, arithmetic_folder, tmp_path, cli, flags, message
+):
+    proc = cli(
+        INFLIGHT,
+        tmp_path,
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--dataset-path",
+        str(arithmetic_folder),
+        "--num-learner-steps",
+        "2",
+        *flags,
+    )
     assert proc.returncode != 0
     assert f"error: {message}" in proc.stderr
     assert "Traceback" not in proc.stderr

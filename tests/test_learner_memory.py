@@ -37,8 +37,12 @@ def test_token_logprobs_equal_a_plain_log_softmax_and_so_do_their_gradients(dpo,
     tokenizer = AutoTokenizer.from_pretrained(tiny / architecture)
     model = AutoModelForCausalLM.from_pretrained(tiny / architecture, dtype=torch.float32).eval()
     # prompts of different lengths: logits are kept only from the first response column of the batch on
-    ids, attn, resp = batch(tokenizer, ["Natalia sold clips to 48 of her friends in April", "How many"],
-                            [" she sold 24", " apples are left now"], dpo)
+    ids, attn, resp = batch(
+        tokenizer,
+        ["Natalia sold clips to 48 of her friends in April", "How many"],
+        [" she sold 24", " apples are left now"],
+        dpo,
+    )
     ours = dpo.token_logprobs(model, ids, attn, resp, 0.7)
     ours.sum().backward()
     ours_grad = [p.grad.clone() for p in model.parameters()]
@@ -59,8 +63,9 @@ def test_gradient_checkpointing_gives_the_same_logprobs_and_gradients(dpo, tiny)
     results = []
     for checkpointing in (False, True):
         # dropout that would change the result if training mode left it on
-        model = AutoModelForCausalLM.from_pretrained(tiny / "neox_policy", dtype=torch.float32, hidden_dropout=0.5,
-                                                     attention_dropout=0.5).eval()
+        model = AutoModelForCausalLM.from_pretrained(
+            tiny / "neox_policy", dtype=torch.float32, hidden_dropout=0.5, attention_dropout=0.5
+        ).eval()
         if checkpointing:
             dpo.enable_gradient_checkpointing(model)
             assert model.training and model.is_gradient_checkpointing
@@ -90,6 +95,7 @@ def test_bfloat16_autocast_runs_the_learner_in_bfloat16_with_float32_weights(dpo
 def test_the_default_micro_batch_is_the_whole_mini_batch_when_it_fits_the_memory_budget(dpo, tiny, capsys):
     """--micro-batch-size None: the whole mini-batch under a large budget, the most sequences that fit under a small
     one (at least 1), on CPU and GPU alike; an explicit size always wins. One printed line gives the choice and the estimate."""
+
     def choose(sequences=16, length=100, **flags):
         args = dpo.Args(model_name_or_path=str(tiny / "policy"), learner_device=flags.pop("device", "cpu"), **flags)
         args.micro_batch_size = dpo.choose_micro_batch_size(args, sequences, length)
@@ -102,7 +108,9 @@ def test_the_default_micro_batch_is_the_whole_mini_batch_when_it_fits_the_memory
     assert choose(micro_batch_memory_gib=per_sequence / 10)[0] == 1
     assert choose(length=20, micro_batch_memory_gib=5.5 * per_sequence)[0] == 16  # shorter sequences: all fit again
     assert choose(micro_batch_size=3, micro_batch_memory_gib=0.001) == (
-        3, "micro-batch 3 of 16 sequences (est. 0.01 GiB of --micro-batch-memory-gib 0.001)")
+        3,
+        "micro-batch 3 of 16 sequences (est. 0.01 GiB of --micro-batch-memory-gib 0.001)",
+    )
     # on a GPU the core keeps the same budget (issue 44: a constant 8 did not fit Pythia-2.8b); the variant sizes it
     assert choose(micro_batch_memory_gib=5.5 * per_sequence, device="cuda:1")[0] == 5
     assert choose(micro_batch_size=32, device="cuda:1")[0] == 32
@@ -116,13 +124,15 @@ def test_the_multigpu_variant_sizes_the_gpu_micro_batch_from_free_memory_less_th
     variant = load_script("multigpu/async_dpo_multigpu.py")
     free, total = 79.0 * 2**30, 80.0 * 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, total))
-    size = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(
-        tiny / "policy").parameters())
+    size = sum(
+        p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(tiny / "policy").parameters()
+    )
     config = variant.model_config("--model-name-or-path", str(tiny / "policy"))
 
     def budget(**flags):
-        args = variant.Args(model_name_or_path=str(tiny / "policy"), **{"engine_device": "cuda:0",
-                                                                         "learner_device": "cuda:1", **flags})
+        args = variant.Args(
+            model_name_or_path=str(tiny / "policy"), **{"engine_device": "cuda:0", "learner_device": "cuda:1", **flags}
+        )
         return variant.learner_gpu_budget(args, config, 1) * 2**30
 
     assert budget() == pytest.approx(0.9 * free - 20 * size)  # weights, gradients, AdamW; the reference
@@ -130,8 +140,9 @@ def test_the_multigpu_variant_sizes_the_gpu_micro_batch_from_free_memory_less_th
     assert budget(world_size=3, fsdp=True) == pytest.approx(0.9 * free - 20 * size / 3)  # FSDP2: all sharded
     shared = 0.9 * free - 24 * size - 0.3 * (free - 24 * size)  # one GPU: the reward model, then vLLM's 30%
     assert budget(learner_device="cuda:0") == pytest.approx(shared)
-    assert budget(learner_device="cuda:0", gpu_memory_utilization=0.5) == pytest.approx(0.9 * free - 24 * size - 0.5 *
-                                                                                         total)
+    assert budget(learner_device="cuda:0", gpu_memory_utilization=0.5) == pytest.approx(
+        0.9 * free - 24 * size - 0.5 * total
+    )
     per_sequence = 100 * (2 * 1.27 * (48 * 128 + 16 * 256) + 16 * 512)  # bytes, as in the test above
     args = variant.Args(model_name_or_path=str(tiny / "policy"), engine_device="cuda:0", learner_device="cuda:1")
     assert variant.choose_micro_batch_size(args, 10**9, 100) == int(budget() / per_sequence)
@@ -141,8 +152,11 @@ def test_the_multigpu_variant_sizes_the_gpu_micro_batch_from_free_memory_less_th
     assert variant.choose_micro_batch_size(args, 16, 100) == 2
     free = 20 * size / 0.9  # nothing left beside the models: even one sequence does not fit
     args.micro_batch_memory_gib = None
-    with pytest.raises(SystemExit, match=r"error: one sequence of 100 tokens needs ~0.00 GiB of activations and "
-                                         r"logits, more than the -?0.00 GiB cuda:1 leaves them"):
+    with pytest.raises(
+        SystemExit,
+        match=r"error: one sequence of 100 tokens needs ~0.00 GiB of activations and "
+        r"logits, more than the -?0.00 GiB cuda:1 leaves them",
+    ):
         variant.choose_micro_batch_size(args, 16, 100)
     args.micro_batch_size = 1  # an explicit size is the user's call
     assert variant.choose_micro_batch_size(args, 16, 100) == 1
@@ -158,10 +172,26 @@ def test_chunks_and_combined_statistics(dpo):
 
 # ---------------------------------------------------------------- one optimizer step, any micro-batch size
 def reward_model_flags(tiny: Path, architecture: str):
-    return ("--model-name-or-path", str(tiny / f"{architecture}policy"), "--reward-model-path",
-            str(tiny / f"{architecture}rm"), "--dataset-name", str(tiny / "prompts.jsonl"), "--max-prompt-tokens", "64",
-            "--response-length", "16", "--prompts-per-step", "4", "--num-samples-per-prompt", "2",
-            "--learning-rate", "3e-3", "--seed", "3")
+    return (
+        "--model-name-or-path",
+        str(tiny / f"{architecture}policy"),
+        "--reward-model-path",
+        str(tiny / f"{architecture}rm"),
+        "--dataset-name",
+        str(tiny / "prompts.jsonl"),
+        "--max-prompt-tokens",
+        "64",
+        "--response-length",
+        "16",
+        "--prompts-per-step",
+        "4",
+        "--num-samples-per-prompt",
+        "2",
+        "--learning-rate",
+        "3e-3",
+        "--seed",
+        "3",
+    )
 
 
 # GPT-NeoX for the reward-model scripts (the paper's Pythia setups), Llama for GRPO (Rho-1B is Llama-style)
@@ -169,10 +199,33 @@ STEP_RUNS = {
     "dpo": ("async_dpo.py", lambda tiny, arithmetic: reward_model_flags(tiny, "neox_")),
     "rloo": ("async_rloo.py", lambda tiny, arithmetic: reward_model_flags(tiny, "neox_")),
     "ppo": ("async_ppo.py", lambda tiny, arithmetic: reward_model_flags(tiny, "neox_")),
-    "grpo_gsm8k": ("async_grpo_gsm8k.py", lambda tiny, arithmetic: (
-        "--model-name-or-path", str(tiny / "policy"), "--dataset-path", str(arithmetic), "--max-prompt-tokens", "256",
-        "--response-length", "16", "--prompts-per-step", "32", "--num-samples-per-prompt", "4", "--temperature", "1.0",
-        "--learning-rate", "3e-3", "--seed", "2", "--num-eval-prompts", "0", "--kv-cache-gib", "0.25")),  # mixed groups
+    "grpo_gsm8k": (
+        "async_grpo_gsm8k.py",
+        lambda tiny, arithmetic: (
+            "--model-name-or-path",
+            str(tiny / "policy"),
+            "--dataset-path",
+            str(arithmetic),
+            "--max-prompt-tokens",
+            "256",
+            "--response-length",
+            "16",
+            "--prompts-per-step",
+            "32",
+            "--num-samples-per-prompt",
+            "4",
+            "--temperature",
+            "1.0",
+            "--learning-rate",
+            "3e-3",
+            "--seed",
+            "2",
+            "--num-eval-prompts",
+            "0",
+            "--kv-cache-gib",
+            "0.25",
+        ),
+    ),  # mixed groups
 }
 
 
@@ -185,8 +238,17 @@ def test_one_optimizer_step_does_not_depend_on_the_micro_batch_size(tiny, arithm
     for micro_batch_size in (1, 64):  # one sequence (DPO: one pair) at a time, and the whole mini-batch at once
         cwd = tmp_path / f"m{micro_batch_size}"
         cwd.mkdir()
-        proc, _ = run_script(script, cwd, *flags(tiny, arithmetic_folder), "--num-learner-steps", "1",
-                             "--micro-batch-size", str(micro_batch_size), "--output-dir", str(cwd / "model"))
+        proc, _ = run_script(
+            script,
+            cwd,
+            *flags(tiny, arithmetic_folder),
+            "--num-learner-steps",
+            "1",
+            "--micro-batch-size",
+            str(micro_batch_size),
+            "--output-dir",
+            str(cwd / "model"),
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         model = AutoModelForCausalLM.from_pretrained(cwd / "model", dtype=torch.float32)
         params[micro_batch_size] = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -194,17 +256,30 @@ def test_one_optimizer_step_does_not_depend_on_the_micro_batch_size(tiny, arithm
     initial = AutoModelForCausalLM.from_pretrained(flags(tiny, arithmetic_folder)[1], dtype=torch.float32)
     initial = torch.cat([p.detach().flatten() for p in initial.parameters()])
     assert (params[1] - initial).abs().max() > 1e-3, "the step did not move the policy: the test would prove nothing"
-    print(f"{algo}: max |theta(M=1) - theta(M=64)| = {(params[1] - params[64]).abs().max():.2e}, "
-          f"max |theta - theta_0| = {(params[1] - initial).abs().max():.2e}")
+    print(
+        f"{algo}: max |theta(M=1) - theta(M=64)| = {(params[1] - params[64]).abs().max():.2e}, "
+        f"max |theta - theta_0| = {(params[1] - initial).abs().max():.2e}"
+    )
     assert (params[1] - params[64]).abs().max() < 1e-5
     assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4  # the engine serves the same weights (GPT-NeoX too)
 
 
-@pytest.mark.parametrize("script", ["sync_baselines/sync_dpo.py", "sync_baselines/sync_rloo.py",
-                                    "sync_baselines/sync_ppo.py"])
+@pytest.mark.parametrize(
+    "script", ["sync_baselines/sync_dpo.py", "sync_baselines/sync_rloo.py", "sync_baselines/sync_ppo.py"]
+)
 def test_sync_twins_train_gpt_neox_with_the_engine_in_step(tiny, tmp_path, script):
-    proc, _ = run_script(script, tmp_path, *reward_model_flags(tiny, "neox_"), "--num-learner-steps", "3",
-                         "--micro-batch-size", "2", "--gradient-checkpointing", "--output-dir", str(tmp_path / "model"))
+    proc, _ = run_script(
+        script,
+        tmp_path,
+        *reward_model_flags(tiny, "neox_"),
+        "--num-learner-steps",
+        "3",
+        "--micro-batch-size",
+        "2",
+        "--gradient-checkpointing",
+        "--output-dir",
+        str(tmp_path / "model"),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = read_metrics(tmp_path)
     assert [m["async/actor_version"] for m in metrics] == [0, 1, 2]

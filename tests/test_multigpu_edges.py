@@ -8,8 +8,10 @@ from conftest import load_script
 def test_an_output_dir_that_is_the_initial_model_or_cannot_be_written_is_refused(tmp_path):
     ppo = load_script("multigpu/async_ppo_multigpu.py")
     model = str(tmp_path / "sft")
-    with pytest.raises(SystemExit, match="error: --output-dir is --model-name-or-path: the trained policy would "
-                                         "overwrite the initial one"):
+    with pytest.raises(
+        SystemExit,
+        match="error: --output-dir is --model-name-or-path: the trained policy would overwrite the initial one",
+    ):
         ppo.check_args(ppo.Args(model_name_or_path=model, output_dir=model + "/"))
     (tmp_path / "a_file").write_text("")
     with pytest.raises(SystemExit, match=r"error: --output-dir '.*a_file/out' is not a folder this run can write to"):

@@ -20,24 +20,26 @@ def script(request):
 def policy_loss(module, new, anchor, weights, advantages, dual_clip=None):
     """Each script's loss on four terms, four one-token responses: RLOO's terms are its sequences, PPO's and GRPO's
     their tokens."""
-    column = (lambda x: x[:, None])
+    column = lambda x: x[:, None]
     mask = torch.ones(4, 1)
     if hasattr(module, "rloo_advantages"):
-        return module.clipped_policy_loss(column(new), column(anchor), column(weights), advantages, mask, 0.2,
-                                          dual_clip)
+        return module.clipped_policy_loss(
+            column(new), column(anchor), column(weights), advantages, mask, 0.2, dual_clip
+        )
     if hasattr(module, "compute_gae"):  # PPO: per-token advantages
-        return module.clipped_policy_loss(column(new), column(anchor), column(weights), column(advantages), mask, 0.2,
-                                          dual_clip)
+        return module.clipped_policy_loss(
+            column(new), column(anchor), column(weights), column(advantages), mask, 0.2, dual_clip
+        )
     return module.grpo_policy_loss(column(new), column(anchor), column(weights), advantages, mask, 0.2, dual_clip)
 
 
 def stale_example():
     """Four terms, cliprange 0.2, cap 2. Logprobs relative to the behaviour policy mu (vLLM's, version i-K):
-        term  A      pi_old/mu  pi/pi_old  pi/mu
-        1     +1     1.5        1.0        1.5
-        2     -1     4.0        1.1        4.4
-        3     +2     0.5        1.3        0.65
-        4     -0.5   1.0        0.7        0.7
+    term  A      pi_old/mu  pi/pi_old  pi/mu
+    1     +1     1.5        1.0        1.5
+    2     -1     4.0        1.1        4.4
+    3     +2     0.5        1.3        0.65
+    4     -0.5   1.0        0.7        0.7
     """
     behaviour = torch.tensor([-3.0, -9.0, -1.0, -6.0])
     old = behaviour + torch.tensor([1.5, 4.0, 0.5, 1.0]).log()
@@ -117,10 +119,12 @@ def test_a_huge_log_ratio_gives_a_finite_loss_and_gradient():
     rloo = load_script("async_rloo.py")
     new = torch.full((2, 2), -0.5, requires_grad=True)  # two tokens of log-ratio 50 each: 100 per sequence
     for dual_clip, expected in ((3.0, (3.0 - 1.2) / 2), (None, None)):
-        anchor, weights = rloo.off_policy_anchor("decoupled", torch.full((2, 2), -50.5), torch.full((2, 2), -150.0),
-                                                 2.0)
-        loss, _ = rloo.clipped_policy_loss(new, anchor, weights, torch.tensor([-1.0, 1.0]), torch.ones(2, 2), 0.2,
-                                           dual_clip)
+        anchor, weights = rloo.off_policy_anchor(
+            "decoupled", torch.full((2, 2), -50.5), torch.full((2, 2), -150.0), 2.0
+        )
+        loss, _ = rloo.clipped_policy_loss(
+            new, anchor, weights, torch.tensor([-1.0, 1.0]), torch.ones(2, 2), 0.2, dual_clip
+        )
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(new.grad).all() and (weights == 2.0).all()
         if expected is not None:
@@ -211,13 +215,18 @@ def test_rloo_gradient_is_the_per_token_weighted_policy_gradient():
     assert torch.allclose(theta.grad, expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--off-policy-correction", "tis"], None),
-    (["--importance-weight-cap", "0.5"], "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
-                                         "samples), got 0.5"),
-    (["--dual-clip", "1.0"], "--dual-clip must be > 1 + --cliprange = 1.2 (or None), got 1.0"),
-    (["--dual-clip", "1.1"], "--dual-clip must be > 1 + --cliprange = 1.2 (or None), got 1.1"),  # inside the clip
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--off-policy-correction", "tis"], None),
+        (
+            ["--importance-weight-cap", "0.5"],
+            "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy samples), got 0.5",
+        ),
+        (["--dual-clip", "1.0"], "--dual-clip must be > 1 + --cliprange = 1.2 (or None), got 1.0"),
+        (["--dual-clip", "1.1"], "--dual-clip must be > 1 + --cliprange = 1.2 (or None), got 1.1"),  # inside the clip
+    ],
+)
 def test_bad_correction_flags_are_rejected(script, flags, message):
     import tyro
 
@@ -243,7 +252,8 @@ def test_defaults_are_the_papers_loss_without_dual_clip(script):
 @pytest.mark.parametrize("learner_dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("algo", ["grpo_gsm8k", "rloo", "ppo"])
 def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_grad_pass_bit_for_bit(
-        tiny, algo, learner_dtype, model_name, gradient_checkpointing):
+    tiny, algo, learner_dtype, model_name, gradient_checkpointing
+):
     """The multigpu variants take pi_old of their first mini-batch (no update yet) from its own training forward,
     detached, instead of the no-grad pass their cores make (RLOO and PPO of its first micro-batch only, run
     before the others' no-grad passes, as their rewards need pi_old of every row before the first loss; PPO its values
@@ -262,8 +272,9 @@ def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_gra
     model = AutoModelForCausalLM.from_pretrained(tiny / f"{prefix}policy", dtype=torch.float32, **dropout).eval()
     value_model = None
     if algo == "ppo":  # the critic: the reward model's weights, trained, as in the variant's main
-        value_model = AutoModelForSequenceClassification.from_pretrained(tiny / f"{prefix}rm", num_labels=1,
-                                                                         dtype=torch.float32, **dropout).eval()
+        value_model = AutoModelForSequenceClassification.from_pretrained(
+            tiny / f"{prefix}rm", num_labels=1, dtype=torch.float32, **dropout
+        ).eval()
         value_model.config.pad_token_id = tokenizer.pad_token_id  # as the variant's main: its forward pools at padding
     for trained in filter(None, (model, value_model)):
         if gradient_checkpointing:  # as the variant's main does for --gradient-checkpointing
@@ -272,15 +283,21 @@ def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_gra
     prompts = [tokenizer(f"Natalia sold {n} clips").input_ids for n in range(6)]
     responses = [tokenizer(" to her friends" * (1 + n % 3)).input_ids for n in range(6)]
     ids, attn, resp = script.pad_sequences(prompts, responses, tokenizer.pad_token_id, "cpu")
-    args = script.Args(learner_device="cpu", learner_dtype=learner_dtype, micro_batch_size=4, temperature=0.7,
-                       gradient_checkpointing=gradient_checkpointing)
+    args = script.Args(
+        learner_device="cpu",
+        learner_dtype=learner_dtype,
+        micro_batch_size=4,
+        temperature=0.7,
+        gradient_checkpointing=gradient_checkpointing,
+    )
     mini_batches = script.chunks(torch.tensor([4, 1, 5, 0, 3, 2]), 6)  # shuffled rows, as PPO's epochs
     no_grad = script.token_logprobs_no_grad(model, ids, attn, resp, args, mini_batches)
     assert not script.token_logprobs_no_grad(model, ids, attn, resp, args, mini_batches[1:]).any()  # none: no pass
     for rows in script.chunks(mini_batches[0], args.micro_batch_size):  # the loop's micro-batches, with gradient
         with script.learner_autocast(args):
             trained = (script.token_logprobs_and_entropy if algo == "ppo" else script.token_logprobs)(
-                model, ids[rows], attn[rows], resp[rows], args.temperature)
+                model, ids[rows], attn[rows], resp[rows], args.temperature
+            )
         trained = trained[0] if algo == "ppo" else trained
         assert trained.requires_grad and torch.equal(trained.detach(), no_grad[rows])
     if algo == "ppo":  # V_old: the value model's no-grad pass (the loop's, inline) against its training forward

@@ -25,10 +25,29 @@ def ppo():
 
 
 def common_flags(tiny: Path, *extra: str):
-    return ("--model-name-or-path", str(tiny / "policy"), "--reward-model-path", str(tiny / "rm"),
-            "--dataset-name", str(tiny / "prompts.jsonl"), "--max-prompt-tokens", "64", "--response-length", "16",
-            "--prompts-per-step", "4", "--num-samples-per-prompt", "2", "--learning-rate", "3e-3", "--seed", "3",
-            "--sample-every", "2", *extra)
+    return (
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--reward-model-path",
+        str(tiny / "rm"),
+        "--dataset-name",
+        str(tiny / "prompts.jsonl"),
+        "--max-prompt-tokens",
+        "64",
+        "--response-length",
+        "16",
+        "--prompts-per-step",
+        "4",
+        "--num-samples-per-prompt",
+        "2",
+        "--learning-rate",
+        "3e-3",
+        "--seed",
+        "3",
+        "--sample-every",
+        "2",
+        *extra,
+    )
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -68,8 +87,10 @@ def test_masked_whiten_uses_only_response_tokens(ppo):
     mean, std = statistics.mean(kept), statistics.stdev(kept)
     assert (mean, std**2) == pytest.approx((3.0, 2.5))
     white = ppo.masked_whiten(x, mask)
-    expected = [[0.0] + [(v - mean) / math.sqrt(std**2 + 1e-8) for v in (1.0, 2.0, 4.0)],
-                [0.0, 0.0] + [(v - mean) / math.sqrt(std**2 + 1e-8) for v in (3.0, 5.0)]]
+    expected = [
+        [0.0] + [(v - mean) / math.sqrt(std**2 + 1e-8) for v in (1.0, 2.0, 4.0)],
+        [0.0, 0.0] + [(v - mean) / math.sqrt(std**2 + 1e-8) for v in (3.0, 5.0)],
+    ]
     assert white.tolist()[0] == pytest.approx(expected[0], abs=1e-6)
     assert white.tolist()[1] == pytest.approx(expected[1], abs=1e-6)
     assert ppo.masked_whiten(torch.tensor([[3.0]]), torch.ones(1, 1)).tolist() == [[0.0]]  # one token: 0, not NaN
@@ -117,16 +138,16 @@ def test_values_are_the_score_head_on_every_prefix(ppo, tiny):
     for row, length in ((0, 5), (1, 3)):
         for t in range(length - 1):  # column t = value of tokens[: t + 1], the state that samples token t + 1
             prefix = ids[row : row + 1, : t + 1]
-            assert values[row, t].item() == pytest.approx(ppo.get_scores(vm, prefix, torch.ones_like(prefix), 8).item(),
-                                                          abs=1e-5)
+            assert values[row, t].item() == pytest.approx(
+                ppo.get_scores(vm, prefix, torch.ones_like(prefix), 8).item(), abs=1e-5
+            )
 
 
 # ---------------------------------------------------------------- subprocess runs, started together
 # each costs a vLLM/torch import (~10 s of CPU); the other checks are covered in-process by
 # test_check_args_names_the_flag
 BAD_INPUTS = [
-    (ASYNC, ("--model-name-or-path", "./no/such/model"),
-     "--model-name-or-path './no/such/model': no such folder"),
+    (ASYNC, ("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model': no such folder"),
     (SYNC, ("--max-prompt-tokens", "2"), "all 64 prompts are empty or longer than --max-prompt-tokens 2"),
     (ASYNC, ("--async-steps", "-1"), "--async-steps must be >= 0, got -1"),
 ]
@@ -136,19 +157,40 @@ BAD_INPUTS = [
 def runs(tiny, tmp_path_factory):
     """K=1 (ratio to vLLM's logprobs) and K=2 (decoupled, two micro-batches) async runs (5 steps), the K=2 run again on
     the multigpu variant, a sync run with N=2 and the paper's loss (4 steps), and the bad-input runs, all in parallel."""
-    k2 = ("--num-learner-steps", "5", "--async-steps", "2", "--off-policy-correction", "decoupled",
-          "--micro-batch-size", "4")
-    jobs = {"k1": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "1", "--off-policy-correction", "behaviour")),
-            "k2": (ASYNC, k2), "k2_multigpu": (MULTIGPU, k2),
-            "sync": (SYNC, ("--num-learner-steps", "4", "--num-mini-batches", "2"))}
-    jobs.update({f"bad{i}": (script, ("--num-learner-steps", "2", *flags))
-                 for i, (script, flags, _) in enumerate(BAD_INPUTS)})
+    k2 = (
+        "--num-learner-steps",
+        "5",
+        "--async-steps",
+        "2",
+        "--off-policy-correction",
+        "decoupled",
+        "--micro-batch-size",
+        "4",
+    )
+    jobs = {
+        "k1": (ASYNC, ("--num-learner-steps", "5", "--async-steps", "1", "--off-policy-correction", "behaviour")),
+        "k2": (ASYNC, k2),
+        "k2_multigpu": (MULTIGPU, k2),
+        "sync": (SYNC, ("--num-learner-steps", "4", "--num-mini-batches", "2")),
+    }
+    jobs.update(
+        {f"bad{i}": (script, ("--num-learner-steps", "2", *flags)) for i, (script, flags, _) in enumerate(BAD_INPUTS)}
+    )
     procs = {}
     for name, (script, flags) in jobs.items():
         cwd = tmp_path_factory.mktemp(name)
-        procs[name] = (cwd, subprocess.Popen([sys.executable, str(REPO / script), *common_flags(tiny, *flags),
-                                              "--output-dir", str(cwd / "model")], cwd=cwd, env=ENV, text=True,
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
+        procs[name] = (
+            cwd,
+            subprocess.Popen(
+                [sys.executable, str(REPO / script), *common_flags(tiny, *flags), "--output-dir", str(cwd / "model")],
+                cwd=cwd,
+                env=ENV,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            ),
+        )
     results, deadline = {}, time.time() + 1800  # one deadline for all: only a hang should reach it
     try:
         for name, (cwd, proc) in procs.items():
@@ -172,18 +214,37 @@ def test_async_run_writes_metrics_and_a_loadable_model(runs, tiny):
     metrics = metrics_of(runs, "k1")
     cwd, _, stdout, _ = runs["k1"]
     assert [m["step"] for m in metrics] == list(range(5))
-    for key in ("objective/scores", "objective/kl", "objective/rlhf_reward", "objective/non_score_reward",
-                "losses/policy_loss", "losses/value_loss", "value/clipfrac", "policy/entropy", "policy/approx_kl",
-                "policy/clipfrac", "policy/importance_ratio_mean", "policy/importance_ratio_max", "val/eos_rate",
-                "policy/zero_gradient_frac", "policy/importance_weight_mean",
-                "time/generation", "time/training", "time/weight_sync", "time/learner_waiting",
-                "async/actor_version", "async/learner_version", "async/staleness",
-                "async/behaviour_learner_logprob_gap"):
+    for key in (
+        "objective/scores",
+        "objective/kl",
+        "objective/rlhf_reward",
+        "objective/non_score_reward",
+        "losses/policy_loss",
+        "losses/value_loss",
+        "value/clipfrac",
+        "policy/entropy",
+        "policy/approx_kl",
+        "policy/clipfrac",
+        "policy/importance_ratio_mean",
+        "policy/importance_ratio_max",
+        "val/eos_rate",
+        "policy/zero_gradient_frac",
+        "policy/importance_weight_mean",
+        "time/generation",
+        "time/training",
+        "time/weight_sync",
+        "time/learner_waiting",
+        "async/actor_version",
+        "async/learner_version",
+        "async/staleness",
+        "async/behaviour_learner_logprob_gap",
+    ):
         assert all(math.isfinite(m[key]) for m in metrics), key
     for m in metrics:  # rlhf reward = score - kl_coef * KL, per sequence, averaged
         assert m["objective/non_score_reward"] == pytest.approx(-0.05 * m["objective/kl"], abs=1e-5)
-        assert m["objective/rlhf_reward"] == pytest.approx(m["objective/scores"] + m["objective/non_score_reward"],
-                                                           abs=1e-5)
+        assert m["objective/rlhf_reward"] == pytest.approx(
+            m["objective/scores"] + m["objective/non_score_reward"], abs=1e-5
+        )
     assert list((cwd / "runs").glob("*/events.out.tfevents.*")), "no tensorboard file"
     assert "60 prompts, 4 dropped as longer than --max-prompt-tokens 64" in stdout
     trained = AutoModelForCausalLM.from_pretrained(cwd / "model")
@@ -260,16 +321,23 @@ def test_bad_input_fails_with_one_message_before_the_engine_starts(runs, index):
 
 
 @pytest.mark.parametrize("script", [ASYNC, SYNC])
-@pytest.mark.parametrize("overrides,message", [
-    (dict(num_samples_per_prompt=0), "--num-samples-per-prompt and --num-ppo-epochs must be >= 1"),
-    (dict(micro_batch_size=0), "--micro-batch-size must be >= 1"),
-    (dict(micro_batch_memory_gib=0.0), "--micro-batch-memory-gib > 0"),
-    (dict(kl_coef=-0.1), "--kl-coef must be >= 0"),
-    (dict(prompts_per_step=6, num_mini_batches=4), "--prompts-per-step 6 is not divisible by --num-mini-batches 4"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(num_samples_per_prompt=0), "--num-samples-per-prompt and --num-ppo-epochs must be >= 1"),
+        (dict(micro_batch_size=0), "--micro-batch-size must be >= 1"),
+        (dict(micro_batch_memory_gib=0.0), "--micro-batch-memory-gib > 0"),
+        (dict(kl_coef=-0.1), "--kl-coef must be >= 0"),
+        (dict(prompts_per_step=6, num_mini_batches=4), "--prompts-per-step 6 is not divisible by --num-mini-batches 4"),
+    ],
+)
 def test_check_args_names_the_flag(tiny, script, overrides, message):
     module = load_script(script)
-    args = module.Args(model_name_or_path=str(tiny / "policy"), reward_model_path=str(tiny / "rm"),
-                       dataset_name=str(tiny / "prompts.jsonl"), **overrides)
+    args = module.Args(
+        model_name_or_path=str(tiny / "policy"),
+        reward_model_path=str(tiny / "rm"),
+        dataset_name=str(tiny / "prompts.jsonl"),
+        **overrides,
+    )
     with pytest.raises(SystemExit, match=message.replace("+", r"\+")):
         module.check_args(args)

@@ -18,10 +18,29 @@ def rloo():
 
 
 def common_flags(tiny: Path, *extra: str):
-    return ("--model-name-or-path", str(tiny / "policy"), "--reward-model-path", str(tiny / "rm"),
-            "--dataset-name", str(tiny / "prompts.jsonl"), "--max-prompt-tokens", "64", "--response-length", "16",
-            "--prompts-per-step", "4", "--num-samples-per-prompt", "2", "--learning-rate", "3e-3", "--seed", "3",
-            "--sample-every", "2", *extra)
+    return (
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--reward-model-path",
+        str(tiny / "rm"),
+        "--dataset-name",
+        str(tiny / "prompts.jsonl"),
+        "--max-prompt-tokens",
+        "64",
+        "--response-length",
+        "16",
+        "--prompts-per-step",
+        "4",
+        "--num-samples-per-prompt",
+        "2",
+        "--learning-rate",
+        "3e-3",
+        "--seed",
+        "3",
+        "--sample-every",
+        "2",
+        *extra,
+    )
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -44,25 +63,62 @@ def async_runs(tiny, tmp_path_factory):
     """A K=1 run with N=2 mini-batches and the ratio to vLLM's logprobs, and a K=2 run with N=1, two micro-batches
     and the paper's loss (the default), each 5 learner steps; and the K=2 run again on the multigpu variant."""
     runs = {}
-    for name, script, k, n, correction in (("k1", ASYNC, 1, 2, "behaviour"), ("k2", ASYNC, 2, 1, "paper"),
-                                           ("k2_multigpu", MULTIGPU, 2, 1, "paper")):
+    for name, script, k, n, correction in (
+        ("k1", ASYNC, 1, 2, "behaviour"),
+        ("k2", ASYNC, 2, 1, "paper"),
+        ("k2_multigpu", MULTIGPU, 2, 1, "paper"),
+    ):
         cwd = tmp_path_factory.mktemp(name)
         micro_batches = ("--micro-batch-size", "4") if k == 2 else ()  # K=2: the variant's shortcut takes one of two
-        proc, _ = run_script(script, cwd, *common_flags(tiny, "--num-learner-steps", "5", "--async-steps", str(k),
-                                                         "--num-mini-batches", str(n), "--off-policy-correction",
-                                                         correction, *micro_batches, "--output-dir",
-                                                         str(cwd / "model")))
+        proc, _ = run_script(
+            script,
+            cwd,
+            *common_flags(
+                tiny,
+                "--num-learner-steps",
+                "5",
+                "--async-steps",
+                str(k),
+                "--num-mini-batches",
+                str(n),
+                "--off-policy-correction",
+                correction,
+                *micro_batches,
+                "--output-dir",
+                str(cwd / "model"),
+            ),
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         runs[name] = (cwd, proc, read_metrics(cwd))
     return runs
 
 
-KEYS = ("objective/scores", "objective/kl", "objective/rlhf_reward", "losses/policy_loss",
-        "policy/importance_ratio_mean", "policy/importance_ratio_max", "policy/clipfrac", "policy/approx_kl",
-        "policy/zero_gradient_frac", "policy/importance_weight_mean",
-        "policy/grad_norm", "policy/learning_rate", "val/eos_rate", "val/response_length", "time/generation",
-        "time/reward_labeling", "time/training", "time/weight_sync", "time/learner_waiting", "time/actor_waiting",
-        "async/actor_version", "async/learner_version", "async/staleness", "async/behaviour_learner_logprob_gap")
+KEYS = (
+    "objective/scores",
+    "objective/kl",
+    "objective/rlhf_reward",
+    "losses/policy_loss",
+    "policy/importance_ratio_mean",
+    "policy/importance_ratio_max",
+    "policy/clipfrac",
+    "policy/approx_kl",
+    "policy/zero_gradient_frac",
+    "policy/importance_weight_mean",
+    "policy/grad_norm",
+    "policy/learning_rate",
+    "val/eos_rate",
+    "val/response_length",
+    "time/generation",
+    "time/reward_labeling",
+    "time/training",
+    "time/weight_sync",
+    "time/learner_waiting",
+    "time/actor_waiting",
+    "async/actor_version",
+    "async/learner_version",
+    "async/staleness",
+    "async/behaviour_learner_logprob_gap",
+)
 
 
 def test_async_run_writes_metrics_and_a_loadable_model(async_runs, tiny):
@@ -84,8 +140,9 @@ def test_reward_is_score_minus_the_kl_penalty_of_the_anchor_policy(async_runs):
     for name, k in (("k1", 1), ("k2", 2)):
         metrics = async_runs[name][2]
         for m in metrics:  # means are linear: mean(r) = mean(score) - 0.05 * mean(KL)
-            assert m["objective/rlhf_reward"] == pytest.approx(m["objective/scores"] - 0.05 * m["objective/kl"],
-                                                               abs=1e-4)
+            assert m["objective/rlhf_reward"] == pytest.approx(
+                m["objective/scores"] - 0.05 * m["objective/kl"], abs=1e-4
+            )
         assert abs(metrics[0]["objective/kl"]) < 1e-3  # version 0 is the reference itself
         assert abs(metrics[-1]["objective/kl"]) > 1e-2
     # behaviour mode: the log pi of the KL is vLLM's, and the first K + 1 batches were sampled by version 0
@@ -133,7 +190,8 @@ def test_the_multigpu_variant_s_shortcut_trains_exactly_as_the_core(async_runs):
     assert len(core) == len(variant) == 5
     for c, v in zip(core, variant):
         assert {key: c[key] for key in c if not key.startswith("time/")} == {
-            key: v[key] for key in c if not key.startswith("time/")}
+            key: v[key] for key in c if not key.startswith("time/")
+        }
     weights = [AutoModelForCausalLM.from_pretrained(d / "model").state_dict() for d in (core_dir, variant_dir)]
     assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
 
@@ -147,10 +205,25 @@ def test_decoupled_mode_weights_each_token_of_stale_steps_only(tiny, tmp_path):
     for micro_batch_size in ("1", "4"):  # 4: the whole mini-batch (8 sequences in N = 2)
         cwd = tmp_path / f"m{micro_batch_size}"
         cwd.mkdir()
-        proc, _ = run_script(ASYNC, cwd, *common_flags(
-            tiny, "--num-learner-steps", "4", "--async-steps", "2", "--num-mini-batches", "2",
-            "--off-policy-correction", "decoupled", "--importance-weight-cap", "1.5",
-            "--micro-batch-size", micro_batch_size))
+        proc, _ = run_script(
+            ASYNC,
+            cwd,
+            *common_flags(
+                tiny,
+                "--num-learner-steps",
+                "4",
+                "--async-steps",
+                "2",
+                "--num-mini-batches",
+                "2",
+                "--off-policy-correction",
+                "decoupled",
+                "--importance-weight-cap",
+                "1.5",
+                "--micro-batch-size",
+                micro_batch_size,
+            ),
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         metrics[micro_batch_size] = read_metrics(cwd)
     metrics, one = metrics["4"], metrics["1"]
@@ -167,8 +240,19 @@ def test_decoupled_mode_weights_each_token_of_stale_steps_only(tiny, tmp_path):
 
 def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_path):
     # N=1 and fresh weights every step: the data is on-policy, so even vLLM's logprobs give a ratio of 1
-    proc, _ = run_script(SYNC, tmp_path, *common_flags(tiny, "--num-learner-steps", "4", "--off-policy-correction",
-                                                        "behaviour", "--output-dir", str(tmp_path / "model")))
+    proc, _ = run_script(
+        SYNC,
+        tmp_path,
+        *common_flags(
+            tiny,
+            "--num-learner-steps",
+            "4",
+            "--off-policy-correction",
+            "behaviour",
+            "--output-dir",
+            str(tmp_path / "model"),
+        ),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = read_metrics(tmp_path)
     for key in KEYS:
@@ -183,24 +267,41 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_p
 
 
 # ---------------------------------------------------------------- failures
-@pytest.mark.parametrize("flags,message", [
-    (dict(prompts_per_step=5, num_mini_batches=2), "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
-    (dict(num_samples_per_prompt=1), "--num-samples-per-prompt must be >= 2 for a leave-one-out baseline, got 1"),
-    (dict(cliprange=-0.1), "--cliprange must be >= 0, got -0.1"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (dict(prompts_per_step=5, num_mini_batches=2), "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
+        (dict(num_samples_per_prompt=1), "--num-samples-per-prompt must be >= 2 for a leave-one-out baseline, got 1"),
+        (dict(cliprange=-0.1), "--cliprange must be >= 0, got -0.1"),
+    ],
+)
 def test_bad_flag_values_are_rejected_with_a_message_naming_the_flag(rloo, tiny, flags, message):
     # `check_args` is the same function in both files (checked above); the subprocess test below shows it runs first
-    args = rloo.Args(model_name_or_path=str(tiny / "policy"), reward_model_path=str(tiny / "rm"),
-                     dataset_name=str(tiny / "prompts.jsonl"), **flags)
+    args = rloo.Args(
+        model_name_or_path=str(tiny / "policy"),
+        reward_model_path=str(tiny / "rm"),
+        dataset_name=str(tiny / "prompts.jsonl"),
+        **flags,
+    )
     with pytest.raises(SystemExit, match=re.escape(f"error: {message}")):
         rloo.check_args(args)
 
 
-@pytest.mark.parametrize("script,flags,message", [
-    (ASYNC, ("--num-samples-per-prompt", "1"), "--num-samples-per-prompt must be >= 2 for a leave-one-out baseline"),
-    (SYNC, ("--prompts-per-step", "5", "--num-mini-batches", "2"),
-     "--prompts-per-step 5 is not divisible by --num-mini-batches 2"),
-])
+@pytest.mark.parametrize(
+    "script,flags,message",
+    [
+        (
+            ASYNC,
+            ("--num-samples-per-prompt", "1"),
+            "--num-samples-per-prompt must be >= 2 for a leave-one-out baseline",
+        ),
+        (
+            SYNC,
+            ("--prompts-per-step", "5", "--num-mini-batches", "2"),
+            "--prompts-per-step 5 is not divisible by --num-mini-batches 2",
+        ),
+    ],
+)
 def test_bad_input_fails_with_one_message_before_the_engine_starts(tiny, tmp_path, cli, script, flags, message):
     proc = cli(script, tmp_path, *common_flags(tiny, "--num-learner-steps", "2"), *flags)
     assert proc.returncode != 0

@@ -26,15 +26,19 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
         assert prep[key] > 0, key
     assert (work / "sft" / "config.json").exists() and not (work / "rm").exists()  # every run trains on the verifier
     test_questions = {json.loads(line)["question"] for line in (work / "data" / "test.jsonl").read_text().splitlines()}
-    train_questions = {json.loads(line)["question"]
-                       for line in (work / "data" / "train.jsonl").read_text().splitlines()}
+    train_questions = {
+        json.loads(line)["question"] for line in (work / "data" / "train.jsonl").read_text().splitlines()
+    }
     assert test_questions and not test_questions & train_questions  # the held-out set is disjoint
 
     # one result file per run, each a curve evaluated at the same update counts, with finite numbers and the same
     # episode budget for every setting
     names = sorted(p.name for p in (results / "staleness").glob("*__*__seed*.json"))
-    assert names == ["dpo__async-1__lr0.0001__seed1.json", "dpo__sync-1__lr0.0001__seed1.json",
-                     "dpo__sync-2__lr0.0001__seed1.json"]
+    assert names == [
+        "dpo__async-1__lr0.0001__seed1.json",
+        "dpo__sync-1__lr0.0001__seed1.json",
+        "dpo__sync-2__lr0.0001__seed1.json",
+    ]
     runs = [json.loads((results / "staleness" / n).read_text()) for n in names]
     for r in runs:
         assert [p["updates"] for p in r["curve"]] == [0, 2, 4]
@@ -51,8 +55,10 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     # the paper's protocol: the same mini-batch and number of updates, sync-N generating N mini-batches per round, and
     # a checkpoint every 2 updates; every run trains on the verifier
     flag = lambda r, name: r["command"][r["command"].index(name) + 1]
-    assert [(int(flag(r, "--prompts-per-step")), int(flag(r, "--num-learner-steps")), int(flag(r, "--save-every")))
-            for r in runs] == [(2, 4, 2), (2, 4, 2), (4, 2, 1)]
+    assert [
+        (int(flag(r, "--prompts-per-step")), int(flag(r, "--num-learner-steps")), int(flag(r, "--save-every")))
+        for r in runs
+    ] == [(2, 4, 2), (2, 4, 2), (4, 2, 1)]
     assert flag(runs[2], "--num-mini-batches") == "2" and flag(runs[0], "--async-steps") == "1"
     assert all(flag(r, "--reward") == "verifier" and flag(r, "--keep-checkpoints") == "0" for r in runs)  # DPO
 
@@ -77,8 +83,9 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     assert (results / "staleness.md").read_text() == table
 
     # finished runs of another budget are refused, not reused (a silent mix would corrupt the table)
-    longer, _ = run_script("benchmark/staleness.py", tmp_path, *flags, "--settings", "sync-1",
-                           "--num-updates", "8", timeout=900)
+    longer, _ = run_script(
+        "benchmark/staleness.py", tmp_path, *flags, "--settings", "sync-1", "--num-updates", "8", timeout=900
+    )
     assert longer.returncode != 0
     assert "dpo__sync-1__lr0.0001__seed1.json was made with" in longer.stderr
     assert "'--num-learner-steps': 4" in longer.stderr
@@ -115,20 +122,34 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
 def test_settings_and_gold_at_matched_kl():
     """The sweep's settings (DPO has no correction modes) and the interpolation behind "gold at matched KL"."""
     staleness = load_script("benchmark/staleness.py")
-    assert staleness.settings_of("dpo") == ["sync-1", "sync-4", "sync-16", "sync-32", "async-1", "async-2", "async-4",
-                                            "async-8"]
+    assert staleness.settings_of("dpo") == [
+        "sync-1",
+        "sync-4",
+        "sync-16",
+        "sync-32",
+        "async-1",
+        "async-2",
+        "async-4",
+        "async-8",
+    ]
     rloo = staleness.settings_of("rloo")
     assert len(rloo) == 4 + 4 * 3 and "async-8-decoupled" in rloo and "async-8" not in rloo
     assert staleness.setting_flags("async-4-behaviour") == (
-        "async_script", 1, ["--async-steps", "4", "--off-policy-correction", "behaviour"])
+        "async_script",
+        1,
+        ["--async-steps", "4", "--off-policy-correction", "behaviour"],
+    )
     assert staleness.setting_flags("sync-16") == ("sync_script", 16, ["--num-mini-batches", "16"])
-    curve = [dict(kl=0.0, gold_reward=0.2), dict(kl=1.0, gold_reward=0.4), dict(kl=0.8, gold_reward=0.3),
-             dict(kl=3.0, gold_reward=0.5)]
+    curve = [
+        dict(kl=0.0, gold_reward=0.2),
+        dict(kl=1.0, gold_reward=0.4),
+        dict(kl=0.8, gold_reward=0.3),
+        dict(kl=3.0, gold_reward=0.5),
+    ]
     assert staleness.gold_at_kl(curve, 0.5) == pytest.approx(0.3)  # halfway along the first segment
     # 2.0 is first reached on the 0.8 -> 3.0 leg
     assert staleness.gold_at_kl(curve, 2.0) == pytest.approx(0.3 + (1.2 / 2.2) * 0.2)
     assert math.isnan(staleness.gold_at_kl(curve, 4.0))  # never reached
-
 
 
 def test_cost_tables_pair_seeds_rank_by_the_most_stale_settings_and_compare_corrections():
@@ -136,18 +157,29 @@ def test_cost_tables_pair_seeds_rank_by_the_most_stale_settings_and_compare_corr
     ranking uses RANKED, async under the paper's loss; an algorithm missing one of them is not ranked."""
     staleness = load_script("benchmark/staleness.py")
     gold = {  # (algorithm, setting): late gold of seeds 1 and 2
-        ("dpo", "sync-1"): (0.30, 0.20), ("dpo", "sync-16"): (0.29, 0.19), ("dpo", "sync-32"): (0.28, 0.18),
-        ("dpo", "async-4"): (0.30, 0.20), ("dpo", "async-8"): (0.29, 0.19),
-        ("rloo", "sync-1"): (0.30, 0.30), ("rloo", "sync-16"): (0.20, 0.22), ("rloo", "sync-32"): (0.10, 0.10),
-        ("rloo", "async-4-paper"): (0.20, 0.20), ("rloo", "async-8-paper"): (0.10, 0.10),
-        ("rloo", "async-8-behaviour"): (0.25, 0.27), ("rloo", "async-8-decoupled"): (0.30, 0.32),
-        ("ppo", "sync-1"): (0.30, 0.30), ("ppo", "sync-16"): (0.30, 0.30),  # incomplete: not ranked
+        ("dpo", "sync-1"): (0.30, 0.20),
+        ("dpo", "sync-16"): (0.29, 0.19),
+        ("dpo", "sync-32"): (0.28, 0.18),
+        ("dpo", "async-4"): (0.30, 0.20),
+        ("dpo", "async-8"): (0.29, 0.19),
+        ("rloo", "sync-1"): (0.30, 0.30),
+        ("rloo", "sync-16"): (0.20, 0.22),
+        ("rloo", "sync-32"): (0.10, 0.10),
+        ("rloo", "async-4-paper"): (0.20, 0.20),
+        ("rloo", "async-8-paper"): (0.10, 0.10),
+        ("rloo", "async-8-behaviour"): (0.25, 0.27),
+        ("rloo", "async-8-decoupled"): (0.30, 0.32),
+        ("ppo", "sync-1"): (0.30, 0.30),
+        ("ppo", "sync-16"): (0.30, 0.30),  # incomplete: not ranked
     }
     # four evaluations, the last three around the late gold; the final gold equals it but for one run
-    curve = lambda g: [dict(updates=u, gold_reward=x) for u, x in zip((0, 32, 64, 96), (0.0, g - 0.02, g + 0.01,
-                                                                                       g + 0.01))]
-    runs = {key: [dict(seed=seed, gold_reward=g + 0.01, curve=curve(g)) for seed, g in zip((1, 2), golds)]
-            for key, golds in gold.items()}
+    curve = lambda g: [
+        dict(updates=u, gold_reward=x) for u, x in zip((0, 32, 64, 96), (0.0, g - 0.02, g + 0.01, g + 0.01))
+    ]
+    runs = {
+        key: [dict(seed=seed, gold_reward=g + 0.01, curve=curve(g)) for seed, g in zip((1, 2), golds)]
+        for key, golds in gold.items()
+    }
     runs[("dpo", "sync-32")][0]["gold_reward"] = 0.21  # final gold alone: -0.10 against sync-1's 0.31, not -0.02
     prep = dict(flags=dict(num_eval_problems=256, eval_samples=4))
     lines = staleness.cost_tables(runs, prep)
@@ -165,6 +197,7 @@ def test_cost_tables_pair_seeds_rank_by_the_most_stale_settings_and_compare_corr
     k8 = row("| rloo | 8 |")
     assert [c.strip() for c in k8[2:5]] == ["-0.200 ± 0.000", "-0.040 ± 0.014", "+0.010 ± 0.014"]
     assert any("1,024 samples" in line for line in lines)
+
 
 def test_a_claimed_run_is_left_to_its_claimant_until_that_process_is_gone(tmp_path):
     """Two invocations sharing a sweep never run the same run: the second sees the first's claim and skips the run;
@@ -188,8 +221,17 @@ def test_sampler_and_kl_match_the_scripts_logprobs(tmp_path):
 
     staleness, dpo = load_script("benchmark/staleness.py"), load_script("async_dpo.py")
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=1, num_key_value_heads=1, head_dim=64)).eval()
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=64,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            head_dim=64,
+        )
+    ).eval()
     prompts = [[1, 2, 3], [4, 5, 6], [7, 8]]
     responses = staleness.sample(model, prompts, 2, 0.7, 6, eos_id=0, seed=0)
     assert len(responses) == 6 and all(0 < len(r) <= 6 and 0 not in r[:-1] for r in responses)

@@ -37,8 +37,11 @@ def test_paper_protocol_quick_mode_trains_on_the_proxy_and_reports_win_rate_agai
 
     # one result file per run (RLOO's async setting names its correction), each a curve from the SFT policy on
     names = sorted(p.name for p in (results / "staleness_paper").glob("*__seed*.json"))
-    assert names == ["rloo__async-1-paper__lr0.0001__seed1.json", "rloo__sync-1__lr0.0001__seed1.json",
-                     "rloo__sync-2__lr0.0001__seed1.json"]
+    assert names == [
+        "rloo__async-1-paper__lr0.0001__seed1.json",
+        "rloo__sync-1__lr0.0001__seed1.json",
+        "rloo__sync-2__lr0.0001__seed1.json",
+    ]
     runs = [json.loads((results / "staleness_paper" / n).read_text()) for n in names]
     flag = lambda r, name: r["command"][r["command"].index(name) + 1]
     for r in runs:
@@ -77,8 +80,20 @@ def test_gate_sweep_quick_mode_runs_on_the_candidates_miniature(tmp_path, quick_
     paper = load_script("benchmark/staleness_paper.py")
     name = "rm-e1__u512__kl0.01"
     results, work = tmp_path / "results", quick_work
-    flags = ("--quick", "--gate", name, "--algorithms", "rloo", "--settings", "sync-1", "sync-2",
-             "--results-dir", str(results), "--work-dir", str(work))
+    flags = (
+        "--quick",
+        "--gate",
+        name,
+        "--algorithms",
+        "rloo",
+        "--settings",
+        "sync-1",
+        "sync-2",
+        "--results-dir",
+        str(results),
+        "--work-dir",
+        str(work),
+    )
     proc, _ = run_script("benchmark/staleness_paper.py", tmp_path, *flags, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
@@ -101,16 +116,39 @@ def test_gate_sweep_quick_mode_runs_on_the_candidates_miniature(tmp_path, quick_
     for suffix in ("", "_final", "_gate"):
         assert (results / f"staleness_paper__{name}{suffix}.png").stat().st_size > 1000
     report.unlink()  # --report-only --gate rebuilds it from the result files alone
-    again, _ = run_script("benchmark/staleness_paper.py", tmp_path, "--report-only", "--gate", name,
-                          "--results-dir", str(results), timeout=300)
+    again, _ = run_script(
+        "benchmark/staleness_paper.py",
+        tmp_path,
+        "--report-only",
+        "--gate",
+        name,
+        "--results-dir",
+        str(results),
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr[-4000:]
     assert report.read_text() == table
 
     # the scale axis (--policy-width): a wider SFT policy of its own, trained once, optimising the same proxy and
     # judged against its own SFT samples, in a folder of its own; the drops by width go to the __scale report
-    proc, _ = run_script("benchmark/staleness_paper.py", tmp_path, "--quick", "--gate", name, "--policy-width", "256",
-                         "--algorithms", "rloo", "--settings", "sync-1", "--results-dir", str(results), "--work-dir",
-                         str(work), timeout=1800)
+    proc, _ = run_script(
+        "benchmark/staleness_paper.py",
+        tmp_path,
+        "--quick",
+        "--gate",
+        name,
+        "--policy-width",
+        "256",
+        "--algorithms",
+        "rloo",
+        "--settings",
+        "sync-1",
+        "--results-dir",
+        str(results),
+        "--work-dir",
+        str(work),
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     (run,) = [json.loads(p.read_text()) for p in (results / f"staleness_paper__{name}__w256").glob("*__seed*.json")]
     flag = lambda f: run["command"][run["command"].index(f) + 1]
@@ -156,8 +194,10 @@ def test_win_rate_shortfall_and_confidence_interval():
 def test_scores_pair_each_setting_with_the_same_seed_of_sync_1_over_the_common_kl_range():
     paper = load_script("benchmark/staleness_paper.py")
     line = lambda top, slope: [dict(kl=0.0, win_rate=0.5), dict(kl=top, win_rate=0.5 + slope * top)]
-    runs = {("rloo", "sync-1"): [dict(seed=1, curve=line(4.0, 0.10)), dict(seed=2, curve=line(4.0, 0.05))],
-            ("rloo", "sync-16"): [dict(seed=2, curve=line(2.0, 0.05)), dict(seed=1, curve=line(3.0, 0.00))]}
+    runs = {
+        ("rloo", "sync-1"): [dict(seed=1, curve=line(4.0, 0.10)), dict(seed=2, curve=line(4.0, 0.05))],
+        ("rloo", "sync-16"): [dict(seed=2, curve=line(2.0, 0.05)), dict(seed=1, curve=line(3.0, 0.00))],
+    }
     kl_max, scores = paper.scores_of(runs, "rloo")
     assert kl_max == 2.0  # the smallest reach of any run
     # seed 1: 0.10 * kl below its sync-1, mean over the grid of (0, 2] = 0.10 * 1.05; seed 2: the same line, 0
@@ -174,8 +214,11 @@ def test_report_pairs_the_two_corrections_by_seed(tmp_path):
 
     def write(setting, seed, below):  # a straight win-rate curve over KL 0..4, `below` under sync-1's
         curve = [dict(updates=u, kl=u / 2, win_rate=0.5 + 0.05 * u / 2 - below, gold=0.6, proxy=0.0) for u in range(9)]
-        (tmp_path / "staleness_paper" / f"rloo__{setting}__lr0.0001__seed{seed}.json").write_text(json.dumps(
-            dict(algorithm="rloo", setting=setting, learning_rate=paper.LEARNING_RATE, seed=seed, curve=curve)))
+        (tmp_path / "staleness_paper" / f"rloo__{setting}__lr0.0001__seed{seed}.json").write_text(
+            json.dumps(
+                dict(algorithm="rloo", setting=setting, learning_rate=paper.LEARNING_RATE, seed=seed, curve=curve)
+            )
+        )
 
     for seed, (paper_below, behaviour_below) in {1: (0.02, 0.01), 2: (0.04, 0.01), 3: (0.03, 0.03)}.items():
         write("sync-1", seed, 0.0)
@@ -211,8 +254,9 @@ def test_tests_against_hand_computed_values():
     assert paper.fisher_exact(0, 5, 3, 5) == pytest.approx(42 / 252) and paper.fisher_exact(1, 5, 1, 5) == 1.0
     assert paper.fisher_exact(5, 5, 0, 5) == pytest.approx(2 / 252)
     # Holm: the k-th smallest of m times (m - k + 1), kept monotone; NaN (one seed) is no test
-    assert paper.holm([0.03, 0.004, float("nan"), 0.2, 0.01]) == pytest.approx([0.06, 0.016, float("nan"), 0.2, 0.03],
-                                                                              nan_ok=True)
+    assert paper.holm([0.03, 0.004, float("nan"), 0.2, 0.01]) == pytest.approx(
+        [0.06, 0.016, float("nan"), 0.2, 0.03], nan_ok=True
+    )
     assert paper.holm([0.01, 0.011]) == pytest.approx([0.02, 0.02])  # monotone: never below a smaller p's
 
 
@@ -224,7 +268,8 @@ def write_run(folder, algo, setting, seed, win, kl=None, gold=None, proxy=None, 
     (folder / "staleness_paper").mkdir(exist_ok=True)
     lr = lr or load_script("benchmark/staleness_paper.py").LEARNING_RATE
     (folder / "staleness_paper" / f"{algo}__{setting}__lr{lr:g}__seed{seed}.json").write_text(
-        json.dumps(dict(algorithm=algo, setting=setting, learning_rate=lr, seed=seed, curve=curve)))
+        json.dumps(dict(algorithm=algo, setting=setting, learning_rate=lr, seed=seed, curve=curve))
+    )
 
 
 def test_final_points_drop_paired_by_seed_and_holm_over_the_family(tmp_path):
@@ -233,9 +278,14 @@ def test_final_points_drop_paired_by_seed_and_holm_over_the_family(tmp_path):
     separated. sync-32 drops 0.05 on every seed: separated."""
     paper = load_script("benchmark/staleness_paper.py")
     rise = [0.5 + 0.0125 * i for i in range(9)]  # sync-1: 0.5 -> 0.6
-    drops = {"sync-4": [0.01, -0.01, 0.005, -0.005, 0.0], "sync-16": [0.002, -0.004, 0.001, 0.0, -0.002],
-             "sync-32": [0.05, 0.051, 0.049, 0.05, 0.052], "async-1": [-0.01, 0.01, 0.0, 0.003, -0.004],
-             "async-4": [0.004, -0.006, 0.0, 0.01, -0.003], "async-8": [0.010, 0.030, 0.020, 0.000, 0.015]}
+    drops = {
+        "sync-4": [0.01, -0.01, 0.005, -0.005, 0.0],
+        "sync-16": [0.002, -0.004, 0.001, 0.0, -0.002],
+        "sync-32": [0.05, 0.051, 0.049, 0.05, 0.052],
+        "async-1": [-0.01, 0.01, 0.0, 0.003, -0.004],
+        "async-4": [0.004, -0.006, 0.0, 0.01, -0.003],
+        "async-8": [0.010, 0.030, 0.020, 0.000, 0.015],
+    }
     for seed in range(1, 6):
         write_run(tmp_path, "dpo", "sync-1", seed, rise)
         for setting, values in drops.items():
@@ -255,8 +305,11 @@ def test_final_points_drop_paired_by_seed_and_holm_over_the_family(tmp_path):
 def test_algorithm_comparison_holm_over_the_pairs():
     """Three algorithms: a vs b gives p = 0.017 alone, 0.051 after Holm over the three pairs: not separated."""
     paper = load_script("benchmark/staleness_paper.py")
-    per_seed = {"a": [0.0, 0.01, -0.01, 0.005, -0.005], "b": [0.015, 0.025, 0.005, 0.02, 0.01],
-                "c": [0.01, 0.0, 0.02, 0.005, 0.015]}
+    per_seed = {
+        "a": [0.0, 0.01, -0.01, 0.005, -0.005],
+        "b": [0.015, 0.025, 0.005, 0.02, 0.01],
+        "c": [0.01, 0.0, 0.02, 0.005, 0.015],
+    }
     lines = paper.algorithm_comparison("drop", per_seed, lambda mc: f"{mc[0]:+.3f}", lambda p: f"{p:.3f}")
     assert [line.split(" | ")[1] for line in lines if line.startswith("| 1 ") or line.startswith("| 3 ")] == ["a", "b"]
     a_b = next(line for line in lines if line.startswith("- a vs b"))
@@ -278,8 +331,16 @@ def test_gate_verdict_over_optimisation_against_rise_and_collapse(tmp_path):
         write_run(tmp_path, "dpo", "sync-1", seed, win, gold=[0.60, 0.62, 0.64, 0.62, 0.60 + noise], proxy=proxy)
         write_run(tmp_path, "rloo", "sync-1", seed, win, gold=[0.60, 0.61, 0.62, 0.63, 0.64 + noise], proxy=proxy)
         write_run(tmp_path, "ppo", "sync-1", seed, win, gold=[0.60, 0.55, 0.56, 0.57, 0.58 + noise], proxy=proxy)
-        write_run(tmp_path, "dpo", "sync-1", seed, win, gold=[0.60, 0.50, 0.52, 0.53, 0.54 + noise],
-                  proxy=[0.0, -0.2, -0.1, -0.1, -0.05], lr=3e-4)
+        write_run(
+            tmp_path,
+            "dpo",
+            "sync-1",
+            seed,
+            win,
+            gold=[0.60, 0.50, 0.52, 0.53, 0.54 + noise],
+            proxy=[0.0, -0.2, -0.1, -0.1, -0.05],
+            lr=3e-4,
+        )
     paper.report(tmp_path)
     table = (tmp_path / "staleness_paper.md").read_text()
     lines = table.splitlines()
@@ -303,9 +364,14 @@ def test_excursions_leave_sync_1_kl_range_and_fisher_compares_the_corrections(tm
         write_run(tmp_path, "ppo", "sync-1", seed, calm, kl=[0.0, 0.25, 0.5, 0.75, 1.0])
         write_run(tmp_path, "ppo", "async-8-behaviour", seed, calm, kl=[0.0, 0.2, 0.4, 0.6, 0.8])
         spike = seed <= 3
-        write_run(tmp_path, "ppo", "async-8-paper", seed,
-                  [start, 0.45 if seed == 1 else 0.52, 0.54, 0.55, 0.56],
-                  kl=[0.0, 0.25, 5.0 if spike else 0.5, 0.75, 0.9])
+        write_run(
+            tmp_path,
+            "ppo",
+            "async-8-paper",
+            seed,
+            [start, 0.45 if seed == 1 else 0.52, 0.54, 0.55, 0.56],
+            kl=[0.0, 0.25, 5.0 if spike else 0.5, 0.75, 0.9],
+        )
     paper.report(tmp_path)
     table = (tmp_path / "staleness_paper.md").read_text()
     assert "(ppo 1.00)" in table and "a dip = a win-rate below 0.495" in table
@@ -321,9 +387,19 @@ def test_reward_model_is_read_where_the_scripts_read_it():
 
     paper, dpo = load_script("benchmark/staleness_paper.py"), load_script("async_dpo.py")
     torch.manual_seed(0)
-    rm = LlamaForSequenceClassification(LlamaConfig(
-        vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
-        num_key_value_heads=1, head_dim=64, num_labels=1, pad_token_id=0)).eval()
+    rm = LlamaForSequenceClassification(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=64,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            head_dim=64,
+            num_labels=1,
+            pad_token_id=0,
+        )
+    ).eval()
     prompts, responses = [[1, 2, 3], [4, 5], [6]], [[7, 0], [8, 9, 10, 0], [11]]
     ids, mask, _ = dpo.pad_sequences(prompts, responses, 0, "cpu")
     with torch.no_grad():
@@ -343,9 +419,19 @@ def test_gate_search_report_scores_each_candidate_by_its_over_optimisation(tmp_p
     for seed, noise in zip((1, 2, 3), (0.0, 0.003, -0.003)):
         for algo, gold in (("dpo", [0.60, 0.63, 0.66, 0.63, 0.60 + noise]), ("ppo", [0.60, 0.61, 0.62, 0.63, 0.64])):
             curve = [dict(updates=64 * i, kl=i / 2, win_rate=0.5, gold=g, proxy=0.1 * i) for i, g in enumerate(gold)]
-            (tmp_path / "staleness_gate" / f"{name}__{algo}__seed{seed}.json").write_text(json.dumps(dict(
-                algorithm=algo, setting="sync-1", learning_rate=1e-4, seed=seed, gate_candidate=name, curve=curve,
-                rm_stats=dict(rm_pairs=1234, rm_test_pair_accuracy=0.8, rm_gold_correlation=0.4))))
+            (tmp_path / "staleness_gate" / f"{name}__{algo}__seed{seed}.json").write_text(
+                json.dumps(
+                    dict(
+                        algorithm=algo,
+                        setting="sync-1",
+                        learning_rate=1e-4,
+                        seed=seed,
+                        gate_candidate=name,
+                        curve=curve,
+                        rm_stats=dict(rm_pairs=1234, rm_test_pair_accuracy=0.8, rm_gold_correlation=0.4),
+                    )
+                )
+            )
     paper.gate_report(tmp_path)
     table = (tmp_path / "staleness_gate.md").read_text()
     assert f"| {name} | dpo | 3 | 1,234 (0.80, 0.40) |" in table
@@ -364,18 +450,25 @@ def test_scale_report_drops_by_width_and_whether_the_largest_n_shrinks_with_size
     gate = "rm-e1__u512__kl0.01"
     lr = paper.GATE_CANDIDATES[gate]["lr"]
     rise = [0.5 + 0.0125 * i for i in range(9)]
-    drops = {("dpo", 128): [0.05, 0.06, 0.055], ("dpo", 512): [0.0, 0.005, -0.005],
-             ("ppo", 128): [0.02, -0.01, 0.03], ("ppo", 512): [0.01, 0.03, -0.02]}
+    drops = {
+        ("dpo", 128): [0.05, 0.06, 0.055],
+        ("dpo", 512): [0.0, 0.005, -0.005],
+        ("ppo", 128): [0.02, -0.01, 0.03],
+        ("ppo", 512): [0.01, 0.03, -0.02],
+    }
     for (algo, width), values in drops.items():
         folder = tmp_path / (f"staleness_paper__{gate}" + (f"__w{width}" if width != 128 else ""))
         folder.mkdir(exist_ok=True)
         (folder / "prep.json").write_text(json.dumps(dict(policy_parameters=4e5 if width == 128 else 5.5e6)))
         for seed, drop in enumerate(values, 1):
             for setting, d in (("sync-1", 0.0), ("sync-4", drop / 2), ("sync-16", drop)):
-                curve = [dict(updates=64 * i, kl=i / 4, win_rate=w, gold=0.6, proxy=0.0) for i, w in enumerate(
-                    rise[:-1] + [rise[-1] - d])]
-                (folder / f"{algo}__{setting}__lr{lr:g}__seed{seed}.json").write_text(json.dumps(dict(
-                    algorithm=algo, setting=setting, learning_rate=lr, seed=seed, curve=curve)))
+                curve = [
+                    dict(updates=64 * i, kl=i / 4, win_rate=w, gold=0.6, proxy=0.0)
+                    for i, w in enumerate(rise[:-1] + [rise[-1] - d])
+                ]
+                (folder / f"{algo}__{setting}__lr{lr:g}__seed{seed}.json").write_text(
+                    json.dumps(dict(algorithm=algo, setting=setting, learning_rate=lr, seed=seed, curve=curve))
+                )
     assert list(paper.scale_widths(tmp_path, gate)) == [128, 512]
     lines = paper.scale_report(tmp_path, gate)
     assert (tmp_path / f"staleness_paper__{gate}__scale.md").read_text() == "\n".join(lines) + "\n"
@@ -398,8 +491,10 @@ def test_scale_report_drops_by_width_and_whether_the_largest_n_shrinks_with_size
         for seed in (1, 2, 3):
             (tmp_path / f"staleness_paper__{gate}__w512" / f"ppo__{setting}__lr{lr:g}__seed{seed}.json").unlink()
     write_seed3 = tmp_path / f"staleness_paper__{gate}__w512" / f"dpo__sync-16__lr{lr:g}__seed3.json"
-    curve = [dict(updates=64 * i, kl=i / 4, win_rate=w, gold=0.6, proxy=0.0) for i, w in enumerate(
-        rise[:-1] + [rise[-1] + 0.005])]
+    curve = [
+        dict(updates=64 * i, kl=i / 4, win_rate=w, gold=0.6, proxy=0.0)
+        for i, w in enumerate(rise[:-1] + [rise[-1] + 0.005])
+    ]
     write_seed3.write_text(json.dumps(dict(algorithm="dpo", setting="sync-16", learning_rate=lr, seed=3, curve=curve)))
     lines = paper.scale_report(tmp_path, gate)
     dpo = next(line for line in lines if line.startswith("- dpo:"))
@@ -412,7 +507,8 @@ def write_pilot_run(folder, algo, setting, seed, win, kl):
     curve = [dict(updates=step * i, kl=kl[i], win_rate=win[i], gold=0.6, proxy=0.0) for i in range(len(win))]
     (folder / "staleness_pilot").mkdir(exist_ok=True)
     (folder / "staleness_pilot" / f"{algo}__{setting}__lr0.0001__seed{seed}.json").write_text(
-        json.dumps(dict(algorithm=algo, setting=setting, learning_rate=1e-4, seed=seed, curve=curve)))
+        json.dumps(dict(algorithm=algo, setting=setting, learning_rate=1e-4, seed=seed, curve=curve))
+    )
 
 
 def test_pilot_rule_finds_a_cost_only_where_sync_1_has_a_gain_to_lose(tmp_path):

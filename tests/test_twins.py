@@ -33,54 +33,145 @@ REWARD_MODEL_SCRIPTS = ["async_dpo.py", "async_rloo.py", "async_ppo.py"]
 ASYNC_ONLY = {"generation_thread", "receive"}
 # what scaling out changes in a function the core also has: the flags, the engine's placement and weight transport,
 # the ranks' shares of a batch, the thread's resume and spare copies, and the signal handling that saves a checkpoint
-MULTIGPU_CHANGES = {"Args", "check_args", "build_engine", "push_weights_to_engine", "sync_engine", "generation_thread",
-                    "token_logprobs_no_grad", "stop_requests", "get_values", "main", "start_tracking", "save_final",
-                    "choose_micro_batch_size"}  # and the micro-batch: on a GPU from its free memory, alike on every rank
+MULTIGPU_CHANGES = {
+    "Args",
+    "check_args",
+    "build_engine",
+    "push_weights_to_engine",
+    "sync_engine",
+    "generation_thread",
+    "token_logprobs_no_grad",
+    "stop_requests",
+    "get_values",
+    "main",
+    "start_tracking",
+    "save_final",
+    "choose_micro_batch_size",
+}  # and the micro-batch: on a GPU from its free memory, alike on every rank
 # what in-flight weight updates change in the GRPO core: the flags and their checks, step-by-step decoding with each
 # token's version, the in-flight push and guard, the thread that swaps, the engine's scheduling, the loop's metrics
-INFLIGHT_CHANGES = {"Args", "check_args", "generate", "produce_batch", "push_weights_to_engine", "check_weight_sync",
-                    "generation_thread", "build_engine", "main"}
-# the reading budgets of a core (../STYLE.md, habit 11): lines above the PLUMBING banner, and of the whole file; a
-# feature that needs more room goes below the banner, to the multigpu variant, a tool or the docs
-ABOVE_BANNER = {"dpo": 450, "rloo": 520, "grpo_gsm8k": 540, "ppo": 620}
-CEILINGS = {"dpo": 780, "rloo": 870, "grpo_gsm8k": 900, "ppo": 960}
-LOSS = {"dpo": "dpo_loss(", "rloo": "clipped_policy_loss(", "grpo_gsm8k": "grpo_policy_loss(",
-        "ppo": "clipped_policy_loss("}
+INFLIGHT_CHANGES = {
+    "Args",
+    "check_args",
+    "generate",
+    "produce_batch",
+    "push_weights_to_engine",
+    "check_weight_sync",
+    "generation_thread",
+    "build_engine",
+    "main",
+}
+# the reading budgets of a core (../STYLE.md, habit 11): lines above the PLUMBING banner, and of the whole file, as
+# `ruff format` lays them out (issue 53: the old ceilings, 450-620 and 780-960, were met by packing lines); a feature
+# that needs more room goes below the banner, to the multigpu variant, a tool or the docs
+ABOVE_BANNER = {"dpo": 500, "rloo": 600, "grpo_gsm8k": 630, "ppo": 700}
+CEILINGS = {"dpo": 980, "rloo": 1090, "grpo_gsm8k": 1130, "ppo": 1200}
+# light lines (habit 11): the mean characters of a non-blank line, in every core, twin and variant (CleanRL's 46-47);
+# a budget in lines is met by moving code, and this one keeps it from being met by packing
+MEAN_LINE_CHARACTERS = 60
+LOSS = {
+    "dpo": "dpo_loss(",
+    "rloo": "clipped_policy_loss(",
+    "grpo_gsm8k": "grpo_policy_loss(",
+    "ppo": "clipped_policy_loss(",
+}
 
-COMMON = [
-    (name, ASYNC_SCRIPTS) for name in ("build_engine", "generate", "push_weights_to_engine", "weight_check",
-                                       "check_weight_sync", "bit_checksum", "keep_models_eager", "pad_sequences",
-                                       "token_logprobs",
-                                       "logprob_gap", "prompt_order", "receive", "chunks", "token_logprobs_no_grad",
-                                       "combine_stats", "learner_autocast", "enable_gradient_checkpointing",
-                                       "extract_answer", "verify", "model_config", "load_tokenizer", "read_records",
-                                       "create_run_folder", "save_policy", "stop_requests", "choose_micro_batch_size",
-                                       "start_tracking", "log_step", "log_samples", "save_final", "load_causal_lm")
-] + [
-    (name, REWARD_MODEL_SCRIPTS) for name in ("load_prompts", "get_scores", "generation_thread", "print_summary",
-                                              "split_into_steps", "load_scalar_model")
-] + [
-    ("behaviour_logprobs_tensor", ["async_rloo.py", "async_ppo.py", "async_grpo_gsm8k.py"]),  # per-token weights
-] + [
-    (name, ["async_rloo.py", "async_ppo.py", "async_grpo_gsm8k.py"]) for name in ("off_policy_anchor",
-                                                                               "clipped_surrogate")
-] + [  # the multigpu variants share their scale-out plumbing
-    (name, list(MULTIGPU.values())) for name in ("init_distributed", "wrap_model", "unwrap", "full_state_dict",
-                                                 "rank_rows", "gather_rows", "from_rank_0", "mean_over_ranks",
-                                                 "any_rank", "gradient_sync", "copy_for_engine",
-                                                 "push_weights_to_engine", "sync_engine", "token_logprobs_no_grad",
-                                                 "replay_flags", "record_batch", "check_replay", "recorded_batch",
-                                                 "start_tracking", "save_final", "resume_run_folder",
-                                                 "check_hand_off_room", "stop_requests", "choose_micro_batch_size",
-                                                 "learner_gpu_budget")
-]
+COMMON = (
+    [
+        (name, ASYNC_SCRIPTS)
+        for name in (
+            "build_engine",
+            "generate",
+            "push_weights_to_engine",
+            "weight_check",
+            "check_weight_sync",
+            "bit_checksum",
+            "keep_models_eager",
+            "pad_sequences",
+            "token_logprobs",
+            "logprob_gap",
+            "prompt_order",
+            "receive",
+            "chunks",
+            "token_logprobs_no_grad",
+            "combine_stats",
+            "learner_autocast",
+            "enable_gradient_checkpointing",
+            "extract_answer",
+            "verify",
+            "model_config",
+            "load_tokenizer",
+            "read_records",
+            "create_run_folder",
+            "save_policy",
+            "stop_requests",
+            "choose_micro_batch_size",
+            "start_tracking",
+            "log_step",
+            "log_samples",
+            "save_final",
+            "load_causal_lm",
+        )
+    ]
+    + [
+        (name, REWARD_MODEL_SCRIPTS)
+        for name in (
+            "load_prompts",
+            "get_scores",
+            "generation_thread",
+            "print_summary",
+            "split_into_steps",
+            "load_scalar_model",
+        )
+    ]
+    + [
+        ("behaviour_logprobs_tensor", ["async_rloo.py", "async_ppo.py", "async_grpo_gsm8k.py"]),  # per-token weights
+    ]
+    + [
+        (name, ["async_rloo.py", "async_ppo.py", "async_grpo_gsm8k.py"])
+        for name in ("off_policy_anchor", "clipped_surrogate")
+    ]
+    + [  # the multigpu variants share their scale-out plumbing
+        (name, list(MULTIGPU.values()))
+        for name in (
+            "init_distributed",
+            "wrap_model",
+            "unwrap",
+            "full_state_dict",
+            "rank_rows",
+            "gather_rows",
+            "from_rank_0",
+            "mean_over_ranks",
+            "any_rank",
+            "gradient_sync",
+            "copy_for_engine",
+            "push_weights_to_engine",
+            "sync_engine",
+            "token_logprobs_no_grad",
+            "replay_flags",
+            "record_batch",
+            "check_replay",
+            "recorded_batch",
+            "start_tracking",
+            "save_final",
+            "resume_run_folder",
+            "check_hand_off_room",
+            "stop_requests",
+            "choose_micro_batch_size",
+            "learner_gpu_budget",
+        )
+    ]
+)
 
 
 @functools.cache  # parsed once per file
 def functions(path: str):
     source = (REPO / path).read_text()
-    return {node.name: ast.get_source_segment(source, node) for node in ast.parse(source).body
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    return {
+        node.name: ast.get_source_segment(source, node)
+        for node in ast.parse(source).body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+    }
 
 
 @functools.cache
@@ -100,14 +191,55 @@ def test_async_and_sync_twins_define_identical_functions(algo):
 def twin_flags(algo, tiny, arithmetic_folder):
     """Three learner steps of two mini-batches each (so that an update also sees a policy the step has moved), on the
     tiny models; GRPO on generated problems, with enough groups of mixed rewards that its loss is not always 0."""
-    common = ("--model-name-or-path", str(tiny / "policy"), "--response-length", "16", "--num-learner-steps", "3",
-              "--num-mini-batches", "2", "--learning-rate", "3e-3", "--seed", "3", "--sample-every", "2")
+    common = (
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--response-length",
+        "16",
+        "--num-learner-steps",
+        "3",
+        "--num-mini-batches",
+        "2",
+        "--learning-rate",
+        "3e-3",
+        "--seed",
+        "3",
+        "--sample-every",
+        "2",
+    )
     if algo == "grpo_gsm8k":
-        return (*common, "--dataset-path", str(arithmetic_folder), "--max-prompt-tokens", "256", "--prompts-per-step",
-                "16", "--num-samples-per-prompt", "4", "--temperature", "1.0", "--num-eval-prompts", "8",
-                "--eval-every", "2", "--kv-cache-gib", "0.25")
-    return (*common, "--reward-model-path", str(tiny / "rm"), "--dataset-name", str(tiny / "prompts.jsonl"),
-            "--max-prompt-tokens", "64", "--prompts-per-step", "4", "--num-samples-per-prompt", "2")
+        return (
+            *common,
+            "--dataset-path",
+            str(arithmetic_folder),
+            "--max-prompt-tokens",
+            "256",
+            "--prompts-per-step",
+            "16",
+            "--num-samples-per-prompt",
+            "4",
+            "--temperature",
+            "1.0",
+            "--num-eval-prompts",
+            "8",
+            "--eval-every",
+            "2",
+            "--kv-cache-gib",
+            "0.25",
+        )
+    return (
+        *common,
+        "--reward-model-path",
+        str(tiny / "rm"),
+        "--dataset-name",
+        str(tiny / "prompts.jsonl"),
+        "--max-prompt-tokens",
+        "64",
+        "--prompts-per-step",
+        "4",
+        "--num-samples-per-prompt",
+        "2",
+    )
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -119,9 +251,18 @@ def test_the_async_core_with_zero_async_steps_is_its_sync_twin(algo, tiny, arith
     for name in runs:
         (tmp_path / name).mkdir()
     with ThreadPoolExecutor(len(runs)) as pool:
-        done = {name: pool.submit(run_script, script, tmp_path / name, *twin_flags(algo, tiny, arithmetic_folder),
-                                  *extra, "--output-dir", str(tmp_path / name / "model"))
-                for name, (script, extra) in runs.items()}
+        done = {
+            name: pool.submit(
+                run_script,
+                script,
+                tmp_path / name,
+                *twin_flags(algo, tiny, arithmetic_folder),
+                *extra,
+                "--output-dir",
+                str(tmp_path / name / "model"),
+            )
+            for name, (script, extra) in runs.items()
+        }
     for name, future in done.items():
         proc, _ = future.result()
         assert proc.returncode == 0, f"{name}: {proc.stderr[-4000:]}"
@@ -135,8 +276,13 @@ def test_the_async_core_with_zero_async_steps_is_its_sync_twin(algo, tiny, arith
         differ = sorted(key for key in c if not key.startswith("time/") and c[key] != t[key])
         assert not differ, f"step {step}: " + ", ".join(f"{key} {c[key]!r} != {t[key]!r}" for key in differ)
     if algo == "grpo_gsm8k":  # the evaluations of policy versions 0, 2 and the final 3
-        core, twin = ([{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in
-                       next((tmp_path / name / "runs").glob("*/eval.jsonl")).read_text().splitlines()] for name in runs)
+        core, twin = (
+            [
+                {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+                for line in next((tmp_path / name / "runs").glob("*/eval.jsonl")).read_text().splitlines()
+            ]
+            for name in runs
+        )
         assert [e["policy_version"] for e in core] == [0, 2, 3] and core == twin
     weights = [load_file(tmp_path / name / "model" / "model.safetensors") for name in runs]
     assert weights[0].keys() == weights[1].keys()
@@ -158,7 +304,7 @@ def test_the_in_flight_variant_is_the_grpo_core_plus_in_flight_updates():
     changed = sorted(name for name in core if core[name] != variant[name])
     assert set(changed) <= INFLIGHT_CHANGES, f"changed outside the list: {sorted(set(changed) - INFLIGHT_CHANGES)}"
     lines = {path: len((REPO / path).read_text().splitlines()) for path in (PAIRS["grpo_gsm8k"][0], INFLIGHT)}
-    assert lines[INFLIGHT] <= lines[PAIRS["grpo_gsm8k"][0]] + 70, lines  # a diff a reader reads in one sitting
+    assert lines[INFLIGHT] <= lines[PAIRS["grpo_gsm8k"][0]] + 80, lines  # a diff a reader reads in one sitting
 
 
 @pytest.mark.parametrize("name,scripts", COMMON, ids=[f"{name}-{len(scripts)}" for name, scripts in COMMON])
@@ -187,8 +333,19 @@ def test_every_file_reads_in_the_same_order_and_points_at_its_docs(algo):
         source = (REPO / path).read_text()
         assert source.startswith("# docs: docs/"), path
         assert (REPO / source.split()[2].split("#")[0]).exists(), path
-        banners = [source.index(banner) for banner in ("class Args", "# ALGO LOGIC", "# REWARD", "# GENERATION",
-                                                        "\ndef main():", "\n# PLUMBING", "\n# DATA", "\n# vLLM")]
+        banners = [
+            source.index(banner)
+            for banner in (
+                "class Args",
+                "# ALGO LOGIC",
+                "# REWARD",
+                "# GENERATION",
+                "\ndef main():",
+                "\n# PLUMBING",
+                "\n# DATA",
+                "\n# vLLM",
+            )
+        ]
         assert banners == sorted(banners), path
         assert source.count("\n# PLUMBING") == 1, path
         assert source.rstrip().endswith('if __name__ == "__main__":\n    main()'), path
@@ -199,27 +356,32 @@ def test_the_sync_twin_and_the_multigpu_variant_stay_within_their_budgets(algo):
     lines = {path: len((REPO / path).read_text().splitlines()) for path in (*PAIRS[algo], MULTIGPU[algo])}
     core, sync = PAIRS[algo]
     assert lines[sync] <= lines[core]
-    # scale-out, exact resume, record and replay (440: what a replay must share with its recording, issue 42), and
-    # the micro-batch sized from a learner GPU's free memory (20, issue 44)
-    assert lines[MULTIGPU[algo]] <= lines[core] + 460
+    # scale-out, exact resume, record and replay (what a replay must share with its recording, issue 42), and the
+    # micro-batch sized from a learner GPU's free memory (issue 44): 460 lines packed, ~600 as the formatter lays out
+    assert lines[MULTIGPU[algo]] <= lines[core] + 620
 
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_each_core_reads_algorithm_first_within_its_budget(algo):
-    """../STYLE.md habit 11: the loop starts before line 450, the loss is called within 45 lines of its start, the part
-    above the PLUMBING banner and the whole file stay within their budgets."""
+    """../STYLE.md habit 11: the loop starts in the first half of the file, the loss is called on the loop's first
+    screen (within 55 lines of its start: the 45 of the packed files, as the formatter breaks them), the part above the
+    PLUMBING banner and the whole file stay within their budgets."""
     source = (REPO / PAIRS[algo][0]).read_text().splitlines()
     loop = next(i for i, line in enumerate(source, 1) if line.startswith("    for step in progress"))
     loss = next(i for i, line in enumerate(source, 1) if i > loop and LOSS[algo] in line)
     banner = next(i for i, line in enumerate(source, 1) if line.startswith("# PLUMBING"))
     main = next(i for i, line in enumerate(source, 1) if line.startswith("def main():"))
-    assert main < loop < banner and loop < 450, (main, loop, banner)
-    assert loss - loop <= 45, loss - loop
+    assert main < loop < banner and loop < len(source) / 2, (main, loop, banner, len(source))
+    assert loss - loop <= 55, loss - loop
     assert banner - 1 <= ABOVE_BANNER[algo] and len(source) <= CEILINGS[algo], (banner - 1, len(source))
 
 
-PINNED = {"VLLM_USE_BYTECODE_HOOK": "0", "VLLM_FLOAT32_MATMUL_PRECISION": "highest", "VLLM_USE_V2_MODEL_RUNNER": "0",
-          "TRITON_F32_DEFAULT": "ieee"}
+PINNED = {
+    "VLLM_USE_BYTECODE_HOOK": "0",
+    "VLLM_FLOAT32_MATMUL_PRECISION": "highest",
+    "VLLM_USE_V2_MODEL_RUNNER": "0",
+    "TRITON_F32_DEFAULT": "ieee",
+}
 
 
 @pytest.mark.parametrize("script", ["async_dpo.py", MULTIGPU["dpo"]])
@@ -227,17 +389,31 @@ def test_process_wide_vllm_settings_are_pinned_before_vllm_reads_them(script):
     """docs/async.md, design decision 17: in a real import, with the opposite values inherited, vLLM reads the bytecode
     hook off, float32 matmuls at "highest" (both forced), the V1 model runner and IEEE Triton float32 (defaults), and
     every script sets them the same way before it imports vllm."""
-    code = (f"import runpy, sys; sys.argv = ['x']; runpy.run_path({str(REPO / script)!r}, run_name='imported'); "
-            "import os, json, vllm.envs as e; print(json.dumps({n: os.environ[n] for n in " + repr(list(PINNED)) + "}),"
-            " e.VLLM_USE_BYTECODE_HOOK, e.VLLM_USE_V2_MODEL_RUNNER, e.VLLM_FLOAT32_MATMUL_PRECISION)")
-    env = {k: v for k, v in ENV.items() if k not in PINNED} | {"VLLM_USE_BYTECODE_HOOK": "1",
-                                                                "VLLM_FLOAT32_MATMUL_PRECISION": "high"}
+    code = (
+        f"import runpy, sys; sys.argv = ['x']; runpy.run_path({str(REPO / script)!r}, run_name='imported'); "
+        "import os, json, vllm.envs as e; print(json.dumps({n: os.environ[n] for n in " + repr(list(PINNED)) + "}),"
+        " e.VLLM_USE_BYTECODE_HOOK, e.VLLM_USE_V2_MODEL_RUNNER, e.VLLM_FLOAT32_MATMUL_PRECISION)"
+    )
+    env = {k: v for k, v in ENV.items() if k not in PINNED} | {
+        "VLLM_USE_BYTECODE_HOOK": "1",
+        "VLLM_FLOAT32_MATMUL_PRECISION": "high",
+    }
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     values, hook, v2, precision = proc.stdout.strip().splitlines()[-1].rsplit(" ", 3)
     assert json.loads(values) == PINNED and (hook, v2, precision) == ("False", "False", "highest")
     for path in [*ASYNC_SCRIPTS, *(pair[1] for pair in PAIRS.values()), *MULTIGPU.values()]:
         source = (REPO / path).read_text()
-        head = source[:source.index("\nfrom vllm import")]
+        head = source[: source.index("\nfrom vllm import")]
         assert 'VLLM_USE_BYTECODE_HOOK="0"' in head and 'os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")' in head
-        assert 'VLLM_FLOAT32_MATMUL_PRECISION' in head and 'os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")' in head
+        assert "VLLM_FLOAT32_MATMUL_PRECISION" in head and 'os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")' in head
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_script_has_light_lines(algo):
+    """../STYLE.md habit 11: one idea per line, as `ruff format` leaves it; the mean non-blank line of each core, its
+    sync twin, its multigpu variant (and the in-flight variant) stays within MEAN_LINE_CHARACTERS."""
+    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT] * (algo == "grpo_gsm8k")):
+        lines = [line for line in (REPO / path).read_text().splitlines() if line.strip()]
+        mean = sum(len(line) for line in lines) / len(lines)
+        assert mean <= MEAN_LINE_CHARACTERS, (path, round(mean, 1))

@@ -29,8 +29,10 @@ def policy_folders(paths):
         if os.path.isfile(os.path.join(path, "config.json")):
             folders.append(path)
             continue
-        snapshots = sorted(glob.glob(os.path.join(path, "checkpoint_*[0-9]", "policy")),
-                           key=lambda p: int(Path(p).parent.name.rsplit("_", 1)[1]))
+        snapshots = sorted(
+            glob.glob(os.path.join(path, "checkpoint_*[0-9]", "policy")),
+            key=lambda p: int(Path(p).parent.name.rsplit("_", 1)[1]),
+        )
         final = [os.path.join(path, "model")] if os.path.isfile(os.path.join(path, "model", "config.json")) else []
         if not snapshots + final:
             sys.exit(f"error: {path} is neither a model folder nor a run folder with checkpoint_*/policy or model/")
@@ -43,8 +45,11 @@ def main():
     parser.add_argument("paths", nargs="+", help="run folders (runs/{run_name}) or model folders")
     parser.add_argument("--dataset-path", required=True, help="a folder holding a GSM8K-format test.jsonl")
     parser.add_argument("--tokenizer", help="folder of the policy's tokenizer (default: the first folder that has one)")
-    parser.add_argument("--prompt-template", default="[MATH_TASK] Problem:\n{question}\n\nSolution:",
-                        help="as the run's --prompt-template")
+    parser.add_argument(
+        "--prompt-template",
+        default="[MATH_TASK] Problem:\n{question}\n\nSolution:",
+        help="as the run's --prompt-template",
+    )
     parser.add_argument("--chat-template", action="store_true", help="as the run's --chat-template")
     parser.add_argument("--num-eval-prompts", type=int, default=256, help="the first this many test problems")
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
@@ -68,12 +73,19 @@ def main():
     from transformers import AutoModelForCausalLM
 
     gpu = torch.cuda.is_available()
-    args = grpo.Args(model_name_or_path=tokenizer_path, dataset_path=flags.dataset_path,
-                     prompt_template=flags.prompt_template, chat_template=flags.chat_template,
-                     max_prompt_tokens=flags.max_prompt_tokens, response_length=flags.response_length,
-                     engine_dtype=flags.engine_dtype, engine_device="cuda:0" if gpu else "cpu",
-                     learner_device="cuda:0" if gpu else "cpu", gpu_memory_utilization=0.9 if gpu else 0.1,
-                     kv_cache_gib=flags.kv_cache_gib if gpu or flags.kv_cache_gib else 1.0)
+    args = grpo.Args(
+        model_name_or_path=tokenizer_path,
+        dataset_path=flags.dataset_path,
+        prompt_template=flags.prompt_template,
+        chat_template=flags.chat_template,
+        max_prompt_tokens=flags.max_prompt_tokens,
+        response_length=flags.response_length,
+        engine_dtype=flags.engine_dtype,
+        engine_device="cuda:0" if gpu else "cpu",
+        learner_device="cuda:0" if gpu else "cpu",
+        gpu_memory_utilization=0.9 if gpu else 0.1,
+        kv_cache_gib=flags.kv_cache_gib if gpu or flags.kv_cache_gib else 1.0,
+    )
     tokenizer, args.eos_token_ids = grpo.load_tokenizer(args)
     prompts, answers = grpo.build_prompts(grpo.load_problems(args, "test"), tokenizer, args)[:2]
     eval_set = (prompts[: flags.num_eval_prompts], answers[: flags.num_eval_prompts])
@@ -81,8 +93,11 @@ def main():
     for folder in folders:
         weights = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
         grpo.push_weights_to_engine(llm, {name: t.to(args.engine_device) for name, t in weights.items()})
-        result = {"policy": folder, "num_problems": len(eval_set[0]),
-                  **{k: v for k, v in grpo.evaluate(llm, eval_set, args, 0).items() if k != "policy_version"}}
+        result = {
+            "policy": folder,
+            "num_problems": len(eval_set[0]),
+            **{k: v for k, v in grpo.evaluate(llm, eval_set, args, 0).items() if k != "policy_version"},
+        }
         print(json.dumps(result), flush=True)
         if flags.output:
             with open(flags.output, "a") as f:

@@ -62,8 +62,9 @@ def plot(runs, out: Path):
         ax = axes[0][-1]
         for label, _, evals in runs:
             if evals:
-                ax.plot([e["policy_version"] for e in evals], [e["eval/accuracy"] for e in evals], marker="o",
-                        label=label)
+                ax.plot(
+                    [e["policy_version"] for e in evals], [e["eval/accuracy"] for e in evals], marker="o", label=label
+                )
         ax.set(title="held-out greedy accuracy (eval/accuracy)", xlabel="policy version", ylim=(0, 1))
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()

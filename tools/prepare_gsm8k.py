@@ -47,8 +47,10 @@ if __name__ == "__main__":
         paths = [os.path.join(source, f"{split}.jsonl") for split in SPLITS]
         for path in paths:
             if not os.path.isfile(path):
-                sys.exit(f"error: GSM8K_DIR={source!r} has no {os.path.basename(path)} (it must hold train.jsonl and "
-                         f"test.jsonl)")
+                sys.exit(
+                    f"error: GSM8K_DIR={source!r} has no {os.path.basename(path)} (it must hold train.jsonl and "
+                    f"test.jsonl)"
+                )
         for path in paths:
             check_file(path)
             shutil.copyfile(path, os.path.join(out, os.path.basename(path)))
@@ -65,9 +67,11 @@ if __name__ == "__main__":
                     for row in rows:
                         f.write(json.dumps({"question": row["question"], "answer": row["answer"]}) + "\n")
         except Exception as e:  # no hub access, most often: say what to do instead
-            sys.exit(f"error: could not download openai/gsm8k ({type(e).__name__}: {str(e)[:200]}); on a machine "
-                     f"without hub access set GSM8K_DIR to a folder holding GSM8K's train.jsonl and test.jsonl and "
-                     f"run the install again")
+            sys.exit(
+                f"error: could not download openai/gsm8k ({type(e).__name__}: {str(e)[:200]}); on a machine "
+                f"without hub access set GSM8K_DIR to a folder holding GSM8K's train.jsonl and test.jsonl and "
+                f"run the install again"
+            )
         origin = "openai/gsm8k from the hub"
     counts = {split: check_file(os.path.join(out, f"{split}.jsonl")) for split in SPLITS}
     print(f"GSM8K in {out} from {origin}: " + ", ".join(f"{n} {split} problems" for split, n in counts.items()))
