@@ -313,9 +313,12 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
                     mask,
                     run.cliprange,
                     run.dual_clip,
+                    run.loss_aggregation,
+                    run.response_length,
                 )
                 if ref_policy is not None:
-                    loss = loss + run.kl_coef * m.kl_penalty(new, x["ref"][rows], mask)
+                    kl = m.kl_penalty(new, x["ref"][rows], mask, run.loss_aggregation, run.response_length)
+                    loss = loss + run.kl_coef * kl
             else:
                 new_values = m.get_values(value_model, ids, am)
                 pg_loss, _ = m.clipped_policy_loss(

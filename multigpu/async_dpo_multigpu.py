@@ -132,6 +132,9 @@ class Args:
     """verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
     prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
     """verifier: the paper's Rho-1B prompt"""
+    require_answer_marker: bool = False
+    """verifier: grade only the number after "####", as the paper's code (after OpenAI's grade-school-math): a
+    response without one, such as one cut off by --response-length, scores 0; off: else its last number counts"""
     chat_template: bool = False
     """verifier: the filled template becomes a user message in the tokenizer's chat template"""
     max_prompt_tokens: int = 512
@@ -246,10 +249,14 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
 NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
 
 
-def extract_answer(text: str) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else the text's last one, canonical."""
+def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
+    last one, canonical."""
     marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
-    numbers = ([] if marked.group(2) else [marked.group(1)]) if marked else re.findall(NUMBER, text)
+    if marked:
+        numbers = [] if marked.group(2) else [marked.group(1)]
+    else:
+        numbers = [] if marker_only else re.findall(NUMBER, text)
     try:
         value = Decimal(re.sub(r"[,$ ]", "", numbers[-1]))
     except (IndexError, InvalidOperation):
@@ -257,9 +264,10 @@ def extract_answer(text: str) -> Optional[str]:
     return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
 
 
-def verify(text: str, answer: str):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found)."""
-    extracted = extract_answer(text)
+def verify(text: str, answer: str, marker_only: bool):
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
+    `marker_only`: --require-answer-marker."""
+    extracted = extract_answer(text, marker_only)
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
@@ -325,7 +333,12 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     if args.reward == "verifier":  # graded as written, with or without EOS, as in the paper's GSM8K runs
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-        scores = torch.tensor([verify(text, a)[0] for text, a in zip(texts, [a for a in answers for _ in range(k)])])
+        scores = torch.tensor(
+            [
+                verify(text, a, args.require_answer_marker)[0]
+                for text, a in zip(texts, [a for a in answers for _ in range(k)])
+            ]
+        )
     else:
         input_ids, attention_mask, _ = pad_sequences(
             [p for p in prompts for _ in range(k)], responses, tokenizer.pad_token_id, args.engine_device

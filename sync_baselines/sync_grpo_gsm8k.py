@@ -58,7 +58,12 @@ class Args:
     weight_decay: float = 0.0
     """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
     scale_rewards: bool = True
-    """divide centred rewards by the group std (DeepSeekMath); --no-scale-rewards: Dr. GRPO"""
+    """divide centred rewards by the group std (DeepSeekMath); --no-scale-rewards only centres them, Dr. GRPO's
+    advantage (Dr. GRPO also aggregates with --loss-aggregation constant)"""
+    loss_aggregation: Literal["sequence", "token", "constant"] = "sequence"
+    """how per-token terms become the loss (`aggregate`): sequence = mean over each response, then over responses
+    (DeepSeekMath's GRPO); token = mean over all response tokens (DAPO); constant = sum over tokens divided by
+    responses x --response-length (Dr. GRPO, no length bias)"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
     """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
     cliprange: float = 0.2
@@ -76,7 +81,7 @@ class Args:
     temperature: float = 0.7
     """sampling temperature; the learner's logprobs use the same temperature"""
     num_samples_per_prompt: int = 4
-    """G: solutions per problem, normalised together (4 in the paper)"""
+    """G: solutions per problem, normalised together (the paper's GSM8K configs sample 8; 4 fits a CPU run)"""
     response_length: int = 512
     """maximum new tokens per response"""
     engine_dtype: str = "float32"
@@ -97,6 +102,9 @@ class Args:
     """a folder with GSM8K-format train/test.jsonl; overrides --dataset-name"""
     prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
     """the paper's Rho-1B prompt"""
+    require_answer_marker: bool = False
+    """grade only the number after "####", as the paper's code (after OpenAI's grade-school-math): a
+    response without one, such as one cut off by --response-length, scores 0; off: else its last number counts"""
     chat_template: bool = False
     """the filled template as a user message in the chat template"""
     max_prompt_tokens: int = 512
@@ -156,9 +164,24 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool
     return centred.flatten()
 
 
-def masked_sequence_mean(values, mask):
-    """Mean over each sequence's response tokens, then over sequences (DeepSeekMath's GRPO objective, eq. 3)."""
-    return ((values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+def aggregate(values, mask, aggregation: str, response_length: int):
+    """A micro-batch's loss from per-token values, per --loss-aggregation. `sequence`: the mean over each response's
+    tokens, then over responses (DeepSeekMath's GRPO objective, eq. 3), so a long response's tokens weigh less, the
+    length bias Dr. GRPO names (Liu et al., 2025, Sec. 3.1); `token`: the mean over all response tokens (DAPO, Yu et
+    al., 2025); `constant`: the sum over tokens divided by responses x response_length, a constant (Dr. GRPO)."""
+    if aggregation == "sequence":
+        return ((values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+    if aggregation == "token":
+        return (values * mask).sum() / mask.sum().clamp(min=1)
+    return (values * mask).sum() / (mask.shape[0] * response_length)
+
+
+def micro_batch_share(rows, mini_batch, response_mask, aggregation: str):
+    """The micro-batch's weight, so that the gradients of share-weighted losses add up to the mini-batch's: its share
+    of the responses, or under `token` aggregation of the response tokens."""
+    if aggregation == "token":
+        return (response_mask[rows, 1:].sum() / response_mask[mini_batch, 1:].sum()).item()
+    return len(rows) / len(mini_batch)
 
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
@@ -196,7 +219,9 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
     return losses, no_gradient
 
 
-def grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip):
+def grpo_policy_loss(
+    new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip, aggregation, length
+):
     """Clipped token-level surrogate of pi / pi_anchor, each term times its importance weight (`off_policy_anchor`)."""
     mask = mask.float()
     log_ratio = (new_logprobs - anchor_logprobs) * mask
@@ -212,14 +237,14 @@ def grpo_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantag
             "importance_weight_mean": importance_weights[tokens].mean().item(),
             "approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
         }
-    return masked_sequence_mean(importance_weights * per_token, mask), stats
+    return aggregate(importance_weights * per_token, mask, aggregation, length), stats
 
 
-def kl_penalty(new_logprobs, ref_logprobs, mask):
+def kl_penalty(new_logprobs, ref_logprobs, mask, aggregation: str, length: int):
     """k3 estimate of KL(pi || pi_ref) per token, aggregated like the loss (DeepSeekMath eq. 4): >= 0, unbiased only on
     samples of pi (here mu's); as a loss, its expected gradient is that of KL(pi_ref || pi), not KL(pi || pi_ref)."""
     log_ratio = (ref_logprobs - new_logprobs) * mask
-    return masked_sequence_mean(torch.exp(log_ratio) - log_ratio - 1, mask.float())
+    return aggregate(torch.exp(log_ratio) - log_ratio - 1, mask.float(), aggregation, length)
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
@@ -254,10 +279,14 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
 NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
 
 
-def extract_answer(text: str) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else the text's last one, canonical."""
+def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
+    last one, canonical."""
     marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
-    numbers = ([] if marked.group(2) else [marked.group(1)]) if marked else re.findall(NUMBER, text)
+    if marked:
+        numbers = [] if marked.group(2) else [marked.group(1)]
+    else:
+        numbers = [] if marker_only else re.findall(NUMBER, text)
     try:
         value = Decimal(re.sub(r"[,$ ]", "", numbers[-1]))
     except (IndexError, InvalidOperation):
@@ -265,9 +294,10 @@ def extract_answer(text: str) -> Optional[str]:
     return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
 
 
-def verify(text: str, answer: str):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found)."""
-    extracted = extract_answer(text)
+def verify(text: str, answer: str, marker_only: bool):
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
+    `marker_only`: --require-answer-marker."""
+    extracted = extract_answer(text, marker_only)
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
@@ -314,7 +344,9 @@ def evaluate(llm: LLM, eval_set, args: Args, version: int):
     start, (prompts, answers) = time.time(), eval_set
     params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    graded = [verify(output.outputs[0].text, answer) for output, answer in zip(outputs, answers)]
+    graded = [
+        verify(output.outputs[0].text, answer, args.require_answer_marker) for output, answer in zip(outputs, answers)
+    ]
     return {
         "policy_version": version,
         "eval/accuracy": float(np.mean([r for r, _ in graded])),
@@ -330,7 +362,9 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
     generation_time = time.time() - start
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     k = args.num_samples_per_prompt
-    rewards, found = zip(*[verify(text, a) for text, a in zip(texts, [a for a in answers for _ in range(k)])])
+    rewards, found = zip(
+        *[verify(text, a, args.require_answer_marker) for text, a in zip(texts, [a for a in answers for _ in range(k)])]
+    )
     truncated = float(np.mean([len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]))
     return dict(
         prompts=prompts,
@@ -447,13 +481,15 @@ def main():
                     mask,
                     args.cliprange,
                     args.dual_clip,
+                    args.loss_aggregation,
+                    args.response_length,
                 )
                 micro_stats = dict(loss=loss.item(), **policy_stats)
                 if ref_policy is not None:
-                    kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask)
+                    kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask, args.loss_aggregation, args.response_length)
                     loss = loss + args.kl_coef * kl
                     micro_stats["kl"] = kl.item()
-                share = len(rows) / len(mini_batch)  # gradients of share-weighted means add up to the mini-batch's
+                share = micro_batch_share(rows, mini_batch, response_mask, args.loss_aggregation)
                 (loss * share).backward()
                 micro_batch_stats.append((share, micro_stats))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)

@@ -101,9 +101,19 @@ def test_extract_answer_on_tricky_strings(grpo, text, expected):
 def test_verify_compares_normalised_numbers(grpo):
     gold = grpo.extract_answer("So the answer is\n#### 1,500")
     assert gold == "1500"
-    assert grpo.verify("... that is $1,500.00 in total.", gold) == (1.0, True)
-    assert grpo.verify("#### 1499", gold) == (0.0, True)
-    assert grpo.verify("no idea", gold) == (0.0, False)
+    assert grpo.verify("... that is $1,500.00 in total.", gold, False) == (1.0, True)
+    assert grpo.verify("#### 1499", gold, False) == (0.0, True)
+    assert grpo.verify("no idea", gold, False) == (0.0, False)
+
+
+def test_require_answer_marker_grades_only_the_marked_number_as_the_papers_code(grpo):
+    """--require-answer-marker: a response cut off mid-solution ("... 4 + 4 = 8") is graded by its last number by
+    default, and scores 0 with the flag, as in the paper's code; a marked answer counts either way."""
+    cut_off = "Tom has 4 apples and buys 4 more, so 4 + 4 = 8"
+    assert grpo.verify(cut_off, "8", False) == (1.0, True)
+    assert grpo.verify(cut_off, "8", True) == (0.0, False)
+    assert grpo.verify("4 + 4 = 8\n#### 8", "8", True) == (1.0, True)
+    assert grpo.verify("4 + 4 = 8\n#### 9", "8", True) == (0.0, True)
 
 
 # ---------------------------------------------------------------- advantages and loss
@@ -124,7 +134,34 @@ def test_kl_penalty_is_the_k3_estimator_per_sequence(grpo):
     mask = torch.tensor([[1, 1], [1, 0]])
     k3 = lambda d: math.exp(d) - d - 1  # d = log ref - log new
     expected = ((k3(-0.5) + k3(0.0)) / 2 + k3(0.4)) / 2
-    assert grpo.kl_penalty(new, ref, mask).item() == pytest.approx(expected, abs=1e-6)
+    assert grpo.kl_penalty(new, ref, mask, "sequence", 4).item() == pytest.approx(expected, abs=1e-6)
+    # aggregated like the loss: over the 3 response tokens, or over 2 responses x a response length of 4
+    total = k3(-0.5) + k3(0.0) + k3(0.4)
+    assert grpo.kl_penalty(new, ref, mask, "token", 4).item() == pytest.approx(total / 3, abs=1e-6)
+    assert grpo.kl_penalty(new, ref, mask, "constant", 4).item() == pytest.approx(total / 8, abs=1e-6)
+
+
+@pytest.mark.parametrize("aggregation", ["sequence", "token", "constant"])
+def test_loss_aggregations_by_hand_and_micro_batches_add_up_to_the_mini_batch(grpo, aggregation):
+    """--loss-aggregation on hand-computed values (a 1-token and a 3-token response: the sequence mean weighs the
+    short one's token 3x each of the long one's; the token mean weighs all alike; constant divides by 2 x 4), and the
+    share-weighted micro-batches of one response each give the mini-batch's gradient exactly."""
+    values = torch.tensor([[2.0, 0.0, 0.0], [1.0, 4.0, 7.0]])
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    expected = {"sequence": (2.0 + 12.0 / 3) / 2, "token": 14.0 / 4, "constant": 14.0 / (2 * 4)}[aggregation]
+    assert grpo.aggregate(values, mask, aggregation, 4).item() == pytest.approx(expected)
+
+    # the loop's layout: response_mask over the whole sequence, column t of the loss's mask = token t+1
+    response_mask = torch.cat([torch.zeros(2, 1), mask], dim=1)
+    weights = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]], requires_grad=True)
+    mini_batch = torch.arange(2)
+    grpo.aggregate(weights * values, mask, aggregation, 4).backward()
+    whole = weights.grad.clone()
+    weights.grad = None
+    for rows in (mini_batch[:1], mini_batch[1:]):
+        share = grpo.micro_batch_share(rows, mini_batch, response_mask, aggregation)
+        (grpo.aggregate(weights[rows] * values[rows], mask[rows], aggregation, 4) * share).backward()
+    assert torch.allclose(weights.grad, whole)
 
 
 def test_behaviour_logprobs_are_laid_out_like_learner_logprobs(grpo):

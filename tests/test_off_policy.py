@@ -30,7 +30,9 @@ def policy_loss(module, new, anchor, weights, advantages, dual_clip=None):
         return module.clipped_policy_loss(
             column(new), column(anchor), column(weights), column(advantages), mask, 0.2, dual_clip
         )
-    return module.grpo_policy_loss(column(new), column(anchor), column(weights), advantages, mask, 0.2, dual_clip)
+    return module.grpo_policy_loss(
+        column(new), column(anchor), column(weights), advantages, mask, 0.2, dual_clip, "sequence", None
+    )
 
 
 def stale_example():

@@ -64,8 +64,8 @@ INFLIGHT_CHANGES = {
 # the reading budgets of a core (../STYLE.md, habit 11): lines above the PLUMBING banner, and of the whole file, as
 # `ruff format` lays them out (issue 53: the old ceilings, 450-620 and 780-960, were met by packing lines); a feature
 # that needs more room goes below the banner, to the multigpu variant, a tool or the docs
-ABOVE_BANNER = {"dpo": 500, "rloo": 600, "grpo_gsm8k": 630, "ppo": 700}
-CEILINGS = {"dpo": 980, "rloo": 1090, "grpo_gsm8k": 1130, "ppo": 1200}
+ABOVE_BANNER = {"dpo": 500, "rloo": 600, "grpo_gsm8k": 660, "ppo": 700}
+CEILINGS = {"dpo": 990, "rloo": 1100, "grpo_gsm8k": 1160, "ppo": 1210}
 # light lines (habit 11): the mean characters of a non-blank line, in every core, twin and variant (CleanRL's 46-47);
 # a budget in lines is met by moving code, and this one keeps it from being met by packing
 MEAN_LINE_CHARACTERS = 60
