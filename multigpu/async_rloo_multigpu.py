@@ -736,8 +736,8 @@ def main():
         thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
     weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # the group we joined; plain python's is the engine's own (vLLM's
+        dist.destroy_process_group()  # teardown destroys it at exit, and fails once it is gone)
     if args.rank > 0:  # rank 0 saves and reports; the others skip the interpreter's teardown, in which DDP's gloo
         sys.stdout.flush()  # group can deadlock on the GIL (pytorch/pytorch#56297; seen here: a rank stuck at exit)
         os._exit(0)

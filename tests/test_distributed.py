@@ -123,6 +123,10 @@ def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path,
     (tmp_path / "two").mkdir()
     proc, _ = run_script(script, tmp_path / "one", *one_args)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # a clean end: the summary's line is the last one printed (the engine's teardown printed a traceback after it,
+    # rc 0, when the script had destroyed the process group vLLM made for its in-process engine)
+    assert proc.stdout.splitlines()[-1].startswith("plot:"), proc.stdout[-1000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     two, _ = torchrun(REPO / script, tmp_path / "two", *args)
     assert two.returncode == 0, two.stderr[-5000:]
 
