@@ -1,4 +1,4 @@
-# docs: docs/dpo.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), online DPO
+# docs: docs/dpo.md -- Asynchronous RLHF (Noukhovitch et al., ICLR 2025), online DPO
 """Asynchronous online DPO: a generation thread samples with policy version i-K while the learner trains step i.
 
 The thread drives an in-process vLLM engine and picks each prompt's best and worst sample by reward; the learner does

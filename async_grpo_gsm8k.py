@@ -1,4 +1,4 @@
-# docs: docs/grpo_gsm8k.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), GRPO on GSM8K
+# docs: docs/grpo_gsm8k.md -- Asynchronous RLHF (Noukhovitch et al., ICLR 2025), GRPO on GSM8K
 """Asynchronous GRPO on GSM8K: a generation thread samples with policy version i-K while the learner trains step i.
 
 The thread drives an in-process vLLM engine and grades G solutions per problem (1 if the final number is the answer,

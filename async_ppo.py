@@ -1,4 +1,4 @@
-# docs: docs/ppo.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), PPO
+# docs: docs/ppo.md -- Asynchronous RLHF (Noukhovitch et al., ICLR 2025), PPO
 """Asynchronous PPO: a generation thread samples with policy version i-K while the learner trains step i.
 
 The thread drives an in-process vLLM engine and scores each response; the learner does PPO with a value model, as in

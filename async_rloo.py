@@ -1,4 +1,4 @@
-# docs: docs/rloo.md -- Asynchronous RLHF (Noukhov et al., ICLR 2025), RLOO
+# docs: docs/rloo.md -- Asynchronous RLHF (Noukhovitch et al., ICLR 2025), RLOO
 """Asynchronous RLOO: a generation thread samples with policy version i-K while the learner trains step i.
 
 The thread drives an in-process vLLM engine and scores each prompt's k samples; the learner subtracts a KL penalty to a

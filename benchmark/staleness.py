@@ -7,7 +7,7 @@ Sec. 3 protocol at CPU scale, with a gold reward that can still rise.
     python benchmark/staleness.py --report-only                        # rebuild staleness.md / .png from result files
     python benchmark/staleness.py --quick --algorithms dpo --results-dir D --work-dir W   # the test suite's smoke run
 
-Paper (Noukhov et al., 2025, Sec. 3): train with N mini-batches per generation round (N-1 of the N updates use data
+Paper (Noukhovitch et al., 2025, Sec. 3): train with N mini-batches per generation round (N-1 of the N updates use data
 from an older policy) and compare gold reward against KL to the initial policy. As in the paper's code (where a
 generation batch is num_mini_batches x the mini-batch), the mini-batch and the number of optimizer updates are the same
 for every setting: sync-N generates N mini-batches per round and runs 1/N as many rounds, so only off-policyness varies,
@@ -769,7 +769,8 @@ def cost_tables(runs, prep):
         f"{', '.join(map(str, late))}) minus sync-1's, per seed, then mean ± std over seeds (async-K under the "
         "paper's loss, `--off-policy-correction paper`, for the algorithms that have a ratio)."
         + noise
-        + f" Rank: by the mean cost over {', '.join(RANKED)}, most robust first (± the std over seeds of each "
+        + f" Order: by the mean cost over {', '.join(RANKED)}, smallest cost first, an order of means, not a tested "
+        "ranking (± the std over seeds of each "
         "seed's own mean cost); the same mean on the final gold alone is shown beside it.",
         "",
         "| algorithm | sync-1 late gold | " + " | ".join(columns) + " | mean cost | on final gold | rank |",

@@ -1,5 +1,5 @@
 """Staleness the paper's way: a proxy reward model over a continuous gold, gold win-rate against KL, one learning rate.
-Noukhov et al. (2025), Sec. 3, in miniature on this machine.
+Noukhovitch et al. (2025), Sec. 3, in miniature on this machine.
 
     python benchmark/staleness_paper.py --prep-only                 # data, SFT policy, gold-labelled pairs, proxy RM
     python benchmark/staleness_paper.py --settings sync-1 --seeds 1 --learning-rates 1e-4 3e-4   # the gate runs
@@ -1004,7 +1004,7 @@ def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128)
     pv = lambda p: "–" if math.isnan(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
     bold = lambda text, p: f"**{text}**" if p < 0.05 else text
     lines = [
-        "Staleness under the paper's protocol (Noukhov et al. 2025, Sec. 3), in miniature: every algorithm "
+        "Staleness under the paper's protocol (Noukhovitch et al. 2025, Sec. 3), in miniature: every algorithm "
         "optimises a proxy reward model trained on gold-labelled pairs; measured is the gold win-rate against the "
         "SFT policy (held-out problems, T=0.7, ties half) versus KL(pi || pi_sft). The paper's statement, as its "
         'Fig. 4 caption puts it: "Online DPO is more robust to off-policyness than PPO, RLOO" (N in '
@@ -1071,22 +1071,32 @@ def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128)
         if verdicts and not any(o["over_optimised"] for o in verdicts.values()):
             lines += [
                 "",
-                f"At {learning_rate:g} no algorithm over-optimises: sync-1's gold rises with the proxy to "
-                "the end (or falls by less than its CI). In this regime staleness can only slow a run down, "
-                "not make it land worse, so the paper's ranking is **undetermined here**: the tables below "
-                "measure speed of progress, not robustness to over-optimisation.",
+                f"At {learning_rate:g} no algorithm's sync-1 mean gold falls by more than its CI after its peak (single "
+                "seeds may still escape to large KL: see the excursions). Where sync-1 gains, a stale run that moves "
+                "more slowly also ends lower, so a drop below sync-1 is the share of that gain lost; where sync-1 "
+                "neither gains nor falls, the drops are not read as robustness, and the paper's ranking is "
+                "**undetermined here**.",
             ]
         elif verdicts:
-            over = [a for a in verdicts if verdicts[a]["over_optimised"]]
-            rest = [a for a in verdicts if a not in over]
-            lines += [
-                "",
-                f"At {learning_rate:g} sync-1 over-optimises ({', '.join(over)}"
-                + (f"; not {', '.join(rest)}" if rest else "")
-                + "): its gold falls by more than its CI while "
-                "the proxy still rises, so a stale run can land worse, not only later, and the tables below "
-                "measure robustness as the paper does (for the algorithms that over-optimise).",
-            ]
+            start = [a for a in verdicts if verdicts[a]["verdict"] == "from the start"]
+            peaked = [a for a in verdicts if verdicts[a]["over_optimised"] and a not in start]
+            rest = [a for a in verdicts if not verdicts[a]["over_optimised"]]
+            if peaked:
+                lines += [
+                    "",
+                    f"At {learning_rate:g} sync-1 over-optimises ({', '.join(peaked)}"
+                    + (f"; not {', '.join(rest)}" if rest else "")
+                    + "): its gold falls by more than its CI while the proxy still rises, so a stale run can land "
+                    "worse, not only later, and for these the tables below measure robustness as the paper does.",
+                ]
+            if start:
+                lines += [
+                    "",
+                    f"At {learning_rate:g} sync-1 over-optimises from the start ({', '.join(start)}): its gold is "
+                    "highest at update 0 and falls while the proxy rises, so a run that moves less lands higher. For "
+                    "these the final point ranks slowness, not robustness to off-policy data, and the paper's ranking "
+                    "cannot be read from it.",
+                ]
 
     # 1. the paper's measure: the final point of each setting, and its drop below sync-1's (paired by seed)
     algos = [a for a in ALGORITHMS if runs.get((a, "sync-1"))]
@@ -1183,9 +1193,13 @@ def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128)
             + ", ".join(f"{a} {min(v):.0%}–{max(v):.0%}" for a, v in covered.items())
             + " of its updates (per seed).",
         ]
-        lines += algorithm_comparison(
-            "matched-KL shortfall", {a: ranked_mean(shortfalls[a], a) for a in shortfalls}, ci, pv
+        ranges = ", ".join(f"{a} 0–{scores_of(runs, a)[0]:.2f}" for a in shortfalls)
+        caveat = (
+            f"Not read as a ranking: each algorithm's KL range differs ({ranges}), so these pairs compare different "
+            "stretches of the runs."
         )
+        per_seed = {a: ranked_mean(shortfalls[a], a) for a in shortfalls}
+        lines += algorithm_comparison("matched-KL shortfall", per_seed, ci, pv, caveat)
     if corrections:
         tests = [one_sample_t(paired)[1] for _, _, paired in corrections]
         lines += [
@@ -1514,13 +1528,20 @@ def scale_report(results_dir: Path, gate: str):
         )
     if not trend:
         lines.append(f"- no algorithm has {len(SCALE_SEEDS)} seeds of {largest_n} at two widths yet")
+    lines += [
+        "",
+        "Widths whose sync-1 runs sit in different regimes (each width's gate table: one loses gold from update 0, "
+        "another stays flat, another collapses) do not test the size claim: it stays **not tested** until they share "
+        "one, whatever the tests above say.",
+    ]
     (results_dir / f"staleness_paper__{gate}__scale.md").write_text("\n".join(lines) + "\n")
     return lines
 
 
-def algorithm_comparison(what, per_seed, ci, pv):
+def algorithm_comparison(what, per_seed, ci, pv, caveat: Optional[str] = None):
     """The algorithms in order of a per-seed mean over RANKED, Welch's t between each pair with Holm over the pairs,
-    and the ranking those tests support: only the separated pairs (issue 41: a ranking only where Holm separates)."""
+    and the ranking those tests support: only the separated pairs (issue 41: a ranking only where Holm separates);
+    `caveat`, when the measure compares unlike things, replaces that ranking."""
     ranking = {a: v for a, v in per_seed.items() if v}
     if not ranking:
         return []
@@ -1547,6 +1568,8 @@ def algorithm_comparison(what, per_seed, ci, pv):
         verdict = "separated" if h < 0.05 else "not separated"
         lines.append(f"- {a} vs {b}: {diff:+.3f}, t = {t:.2f} (df {df:.1f}), p = {pv(p)}, Holm p = {pv(h)}: {verdict}")
     separated = [f"{a} ahead of {b}" for (a, b), h in zip(pairs, holm([t[2] for t in tests])) if h < 0.05]
+    if caveat:
+        return lines + ["", caveat]
     return lines + [
         "",
         f"Ranking the tests support (smaller {what} ahead): "
