@@ -421,7 +421,7 @@ def main():
                 ],
             )
         if requests or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
-            path = save_policy(args, step + 1, policy)
+            path = save_policy(args, step + 1, policy, tokenizer)
             if requests:
                 sys.exit(f"{requests[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
 
@@ -841,11 +841,14 @@ def log_samples(writer, step: int, columns, rows):
     )
 
 
-def save_policy(args: Args, step: int, policy):
-    """The policy in runs/{run_name}/checkpoint_{step} via .tmp (a kill mid-save spares the last); old ones pruned."""
+def save_policy(args: Args, step: int, policy, tokenizer):
+    """The policy in runs/{run_name}/checkpoint_{step} via .tmp (a kill mid-save spares the last); old ones pruned.
+    Its folder is a model folder, for --model-name-or-path and tools/evaluate.py: weights, generation config (its EOS
+    ids) and the tokenizer."""
     path = os.path.join("runs", args.run_name, f"checkpoint_{step}")
     shutil.rmtree(path + ".tmp", ignore_errors=True)
     policy.save_pretrained(os.path.join(path + ".tmp", "policy"))
+    tokenizer.save_pretrained(os.path.join(path + ".tmp", "policy"))
     os.rename(path + ".tmp", path)
     saved = sorted(
         glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]")),

@@ -385,3 +385,12 @@ def test_a_documented_command_passes_its_scripts_checks(command, workdir, monkey
             return
         message = e.code if isinstance(e.code, str) else " ".join(capsys.readouterr().err.split())[-600:]
     pytest.fail(f"{command}\n  exits: {message}", pytrace=False)
+
+
+def test_the_layout_quoted_in_the_docs_is_the_code_s():
+    """docs/async.md's layout table and the README's learner-loop lines are what `tools/layout.py` measures now (issue
+    53: hand-typed line numbers had drifted in every row); after a change, `python tools/layout.py --write`."""
+    layout = load_script("tools/layout.py")
+    rows, loops = layout.documented()
+    assert rows == layout.table(), "stale: run python tools/layout.py --write"
+    assert loops == layout.loops(), "stale: run python tools/layout.py --write"
