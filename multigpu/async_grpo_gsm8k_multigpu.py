@@ -766,7 +766,15 @@ def main():
                     receive(data_queue, args.queue_timeout, f"the batch of learner step {step + 1 + len(pending)}")
                 )
             path = save_checkpoint(
-                args, step + 1, {"policy": policy}, optimizer, scheduler, pending, generators, metrics["time/elapsed"]
+                args,
+                step + 1,
+                {"policy": policy},
+                tokenizer,
+                optimizer,
+                scheduler,
+                pending,
+                generators,
+                metrics["time/elapsed"],
             )
             if stop:  # rank 0 names the checkpoint, which exists once save_checkpoint returns; the others end silently
                 sys.exit(
@@ -1511,7 +1519,7 @@ RESUMABLE = {
 
 
 def save_checkpoint(
-    args: Args, step: int, models: dict, optimizer, scheduler, pending, generators: dict, elapsed: float
+    args: Args, step: int, models: dict, tokenizer, optimizer, scheduler, pending, generators: dict, elapsed: float
 ):
     """runs/{run_name}/checkpoint_{step}: the models, optimizer, scheduler, every random state, the batches already
     generated for the next steps (async: by versions no checkpoint holds), the logs' length and time/elapsed. Written to
@@ -1523,6 +1531,8 @@ def save_checkpoint(
     shutil.rmtree(path + ".tmp", ignore_errors=True)
     for name, model in models.items():
         unwrap(model).save_pretrained(os.path.join(path + ".tmp", name))
+    # and a model folder, for --model-name-or-path and tools/evaluate.py: the policy's generation config and tokenizer
+    tokenizer.save_pretrained(os.path.join(path + ".tmp", "policy"))
     torch.save(
         dict(
             step=step,

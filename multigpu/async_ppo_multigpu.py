@@ -836,6 +836,7 @@ def main():
                 args,
                 step + 1,
                 {"policy": policy, "value_model": value_model},
+                tokenizer,
                 optimizer,
                 scheduler,
                 pending,
@@ -1582,7 +1583,7 @@ RESUMABLE = {
 
 
 def save_checkpoint(
-    args: Args, step: int, models: dict, optimizer, scheduler, pending, generators: dict, elapsed: float
+    args: Args, step: int, models: dict, tokenizer, optimizer, scheduler, pending, generators: dict, elapsed: float
 ):
     """runs/{run_name}/checkpoint_{step}: the models, optimizer, scheduler, every random state, the batches already
     generated for the next steps (async: by versions no checkpoint holds), the logs' length and time/elapsed. Written to
@@ -1594,6 +1595,8 @@ def save_checkpoint(
     shutil.rmtree(path + ".tmp", ignore_errors=True)
     for name, model in models.items():
         unwrap(model).save_pretrained(os.path.join(path + ".tmp", name))
+    # and a model folder, for --model-name-or-path and tools/evaluate.py: the policy's generation config and tokenizer
+    tokenizer.save_pretrained(os.path.join(path + ".tmp", "policy"))
     torch.save(
         dict(
             step=step,

@@ -969,12 +969,12 @@ def log_samples(writer, step: int, columns, rows):
 
 def save_policy(args: Args, step: int, policy, tokenizer):
     """The policy in runs/{run_name}/checkpoint_{step} via .tmp (a kill mid-save spares the last); old ones pruned.
-    Its folder is a model folder, for --model-name-or-path and tools/evaluate.py: weights, generation config (its EOS
-    ids) and the tokenizer."""
+    A model folder (generation config, tokenizer) for --model-name-or-path and tools/evaluate.py."""
     path = os.path.join("runs", args.run_name, f"checkpoint_{step}")
     shutil.rmtree(path + ".tmp", ignore_errors=True)
-    policy.save_pretrained(os.path.join(path + ".tmp", "policy"))
-    tokenizer.save_pretrained(os.path.join(path + ".tmp", "policy"))
+    folder = os.path.join(path + ".tmp", "policy")
+    policy.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     os.rename(path + ".tmp", path)
     saved = sorted(
         glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]")),

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import ENV, REPO, kill_group, read_metrics, run_script
+from conftest import ENV, REPO, kill_group, load_script, read_metrics, run_script
 
 STEPS = 6
 PPO, GRPO = "multigpu/async_ppo_multigpu.py", "multigpu/async_grpo_gsm8k_multigpu.py"
@@ -81,6 +81,25 @@ def flags(script, tiny, arithmetic_folder):
     )
 
 
+def assert_a_model_folder(script, folder, tiny, arithmetic_folder):
+    """A checkpoint's policy is a model folder (issue 55: it had no tokenizer, and as --model-name-or-path the input
+    checks failed with a traceback asking for sentencepiece): the variant's own checks take it, and it holds the
+    run's tokenizer and EOS ids (the tiny tokenizer's EOS is id 0)."""
+    from transformers import AutoTokenizer
+
+    variant = load_script(script)
+    data = (
+        dict(reward_model_path=str(tiny / "rm"), dataset_name=str(tiny / "prompts.jsonl"), max_prompt_tokens=64)
+        if script == PPO
+        else dict(dataset_path=str(arithmetic_folder), max_prompt_tokens=128)
+    )
+    args = variant.Args(model_name_or_path=str(folder), response_length=16, **data)
+    variant.check_args(args)
+    tokenizer, eos_token_ids = variant.load_tokenizer(args)
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(tiny / "policy").get_vocab()
+    assert eos_token_ids == (0,) and (folder / "generation_config.json").exists()
+
+
 def run_until_sigterm(script, cwd, args, after_steps: int):
     """Start the script, send it SIGTERM once `after_steps` learner steps are logged, and wait for it to exit."""
     proc = subprocess.Popen(
@@ -123,12 +142,18 @@ def test_a_run_stopped_by_sigterm_and_resumed_logs_what_an_uninterrupted_run_log
         "checkpoint_2",
         "checkpoint_4",
     ]
+    # a clean end: the summary's line is the last one printed (issue 55: a traceback of vLLM's teardown followed it)
+    assert proc.stdout.splitlines()[-1].startswith("plot:") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert_a_model_folder(
+        script, next((tmp_path / "whole" / "runs").glob("*/checkpoint_2/policy")), tiny, arithmetic_folder
+    )
 
     returncode, _, stderr = run_until_sigterm(script, tmp_path / "stopped", args, after_steps=3)
     assert returncode != 0
     assert "SIGTERM: stopped after learner step" in stderr, stderr[-3000:]
     (run_dir,) = (tmp_path / "stopped" / "runs").iterdir()
     (checkpoint,) = run_dir.glob("checkpoint_*")  # older checkpoints are deleted once a newer one is complete
+    assert_a_model_folder(script, checkpoint / "policy", tiny, arithmetic_folder)  # a stop's save too
     saved = int(checkpoint.name.split("_")[1])
     assert 3 <= saved < STEPS
     # a save that was killed half-way leaves a .tmp folder: never taken for a checkpoint

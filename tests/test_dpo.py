@@ -405,6 +405,22 @@ def test_sigterm_saves_the_policy_before_the_run_exits(tiny, tmp_path):
     assert saved.name == f"checkpoint_{steps}"
     assert f"SIGTERM: stopped after learner step {steps - 1}; the policy is saved in runs/" in stderr
     assert (saved / "policy" / "model.safetensors").exists()
+    # the saved policy is a model folder (issue 55: it had no tokenizer, and as --model-name-or-path the input checks
+    # failed with a traceback asking for sentencepiece): the script's own checks take it, with the run's tokenizer
+    # and EOS ids (the tiny tokenizer's EOS is id 0)
+    dpo = load_script(ASYNC)
+    args = dpo.Args(
+        model_name_or_path=str(saved / "policy"),
+        reward_model_path=str(tiny / "rm"),
+        dataset_name=str(tiny / "prompts.jsonl"),
+        max_prompt_tokens=64,
+        response_length=16,
+    )
+    dpo.check_args(args)
+    tokenizer, eos_token_ids = dpo.load_tokenizer(args)
+    initial, _ = dpo.load_tokenizer(dpo.Args(model_name_or_path=str(tiny / "policy")))
+    assert tokenizer.get_vocab() == initial.get_vocab() and eos_token_ids == (0,)
+    assert (saved / "policy" / "generation_config.json").exists()
 
 
 def test_exception_in_generation_thread_stops_the_run_with_its_traceback(tiny, tmp_path):
