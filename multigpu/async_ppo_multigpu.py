@@ -931,6 +931,10 @@ def check_args(args: Args):
         ),
         (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
         (
+            not (args.learning_rate >= 0 and args.weight_decay >= 0),  # NaN too: AdamW would refuse it in a traceback
+            f"--learning-rate and --weight-decay must be >= 0, got {args.learning_rate:g} and {args.weight_decay:g}",
+        ),
+        (
             args.reward == "verifier" and "{question}" not in args.prompt_template,
             "--prompt-template must contain {question}",
         ),
@@ -975,6 +979,13 @@ def check_args(args: Args):
             sys.exit(
                 f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
                 f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's"
+            )
+        # and an embedding row for every token id, or the first batch it scores fails with "index out of range"
+        rows = getattr(model_config("--reward-model-path", args.reward_model_path), "vocab_size", None)
+        if rows is not None and rows <= max(vocab.values()):
+            sys.exit(
+                f"error: --reward-model-path {args.reward_model_path!r} embeds {rows} token ids, fewer than the "
+                f"{max(vocab.values()) + 1} of its tokenizer"
             )
 
 
@@ -1076,8 +1087,8 @@ def load_prompts(args: Args, tokenizer):
         if 0 < len(ids) <= args.max_prompt_tokens and answer is not None
     ]
     print(
-        f"{len(kept)} prompts, {len(records) - len(kept)} dropped as longer than --max-prompt-tokens "
-        f"{args.max_prompt_tokens}" + (" or without an answer" if verifier else "")
+        f"{len(kept)} prompt{'s' * (len(kept) != 1)}, {len(records) - len(kept)} dropped as longer than "
+        f"--max-prompt-tokens {args.max_prompt_tokens}" + (" or without an answer" if verifier else "")
     )
     if not kept:
         sys.exit(

@@ -608,6 +608,10 @@ def check_args(args: Args):
         ),
         (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
         (
+            not (args.learning_rate >= 0 and args.weight_decay >= 0),  # NaN too: AdamW would refuse it in a traceback
+            f"--learning-rate and --weight-decay must be >= 0, got {args.learning_rate:g} and {args.weight_decay:g}",
+        ),
+        (
             args.output_dir and os.path.isfile(args.output_dir),
             f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder",
         ),
@@ -725,14 +729,14 @@ def load_problem_sets(args: Args, tokenizer):
     """The training problems' prompt ids and answers, and the held-out set: the first --num-eval-prompts of test."""
     prompts, answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
     print(
-        f"{len(prompts)} training problems, {num_dropped} dropped (longer than --max-prompt-tokens "
-        f'{args.max_prompt_tokens}, or no "#### <number>" answer)'
+        f"{len(prompts)} training problem{'s' * (len(prompts) != 1)}, {num_dropped} dropped (longer than "
+        f'--max-prompt-tokens {args.max_prompt_tokens}, or no "#### <number>" answer)'
     )
     if not prompts:
         sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
     eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
     eval_set = (eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
-    print(f"{len(eval_set[0])} held-out problems for greedy evaluation")
+    print(f"{len(eval_set[0])} held-out problem{'s' * (len(eval_set[0]) != 1)} for greedy evaluation")
     return prompts, answers, eval_set
 
 

@@ -86,6 +86,21 @@ def rm_with_another_tokenizer(tmp, tiny, arithmetic):
     tokenizer.save_pretrained(tmp / "rm2")
 
 
+def rm_with_a_smaller_embedding(tmp, tiny, arithmetic):
+    """The tiny reward model with 8 embedding rows fewer than its tokenizer's 512 tokens: it passed every check and
+    failed at its first score, after the engine had started ("index out of range", a run folder left)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny / "rm")
+    model.resize_token_embeddings(len(AutoTokenizer.from_pretrained(tiny / "rm")) - 8)
+    model.save_pretrained(tmp / "rm_small")
+    AutoTokenizer.from_pretrained(tiny / "rm").save_pretrained(tmp / "rm_small")
+
+
+def one_long_prompt(tmp, tiny, arithmetic):
+    (tmp / "one.jsonl").write_text((tiny / "prompts.jsonl").read_text().splitlines()[0] + "\n")  # 6 questions long
+
+
 def null_prompt(tmp, tiny, arithmetic):
     lines = (tiny / "prompts.jsonl").read_text().splitlines()
     (tmp / "null.jsonl").write_text("\n".join(lines[:2] + ['{"query": null}'] + lines[2:]) + "\n")
@@ -229,6 +244,56 @@ BAD_INPUTS = [
         ("--micro-batch-memory-gib", "0"),
         nothing,  # its default is None
         "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0",
+    ),
+    # issue 55: AdamW's traceback after the models loaded, and an empty run folder left
+    (
+        "async_rloo.py",
+        rm_flags,
+        ("--learning-rate", "-1"),
+        nothing,
+        "--learning-rate and --weight-decay must be >= 0, got -1 and 0",
+    ),
+    (
+        "sync_baselines/sync_grpo_gsm8k.py",
+        grpo_flags,
+        ("--weight-decay", "nan"),
+        nothing,
+        "--learning-rate and --weight-decay must be >= 0, got 3e-06 and nan",
+    ),
+    (
+        "async_grpo_gsm8k_inflight.py",
+        grpo_flags,
+        ("--learning-rate", "-1"),
+        nothing,
+        "--learning-rate and --weight-decay must be >= 0, got -1 and 0",
+    ),
+    (
+        "multigpu/async_ppo_multigpu.py",
+        rm_flags,
+        ("--learning-rate", "-1e-5"),
+        nothing,
+        "--learning-rate and --weight-decay must be >= 0, got -1e-05 and 0",
+    ),
+    (
+        "async_dpo.py",
+        rm_flags,
+        ("--reward-model-path", "{tmp}/rm_small"),
+        rm_with_a_smaller_embedding,
+        "--reward-model-path '{tmp}/rm_small' embeds 504 token ids, fewer than the 512 of its tokenizer",
+    ),
+    (
+        "multigpu/async_rloo_multigpu.py",
+        rm_flags,
+        ("--reward-model-path", "{tmp}/rm_small"),
+        rm_with_a_smaller_embedding,
+        "--reward-model-path '{tmp}/rm_small' embeds 504 token ids, fewer than the 512 of its tokenizer",
+    ),
+    (  # "all 1 prompts" once
+        "async_ppo.py",
+        rm_flags,
+        ("--dataset-name", "{tmp}/one.jsonl"),
+        one_long_prompt,
+        "the one prompt is empty or longer than --max-prompt-tokens 64",
     ),
 ]
 
