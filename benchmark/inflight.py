@@ -317,6 +317,7 @@ def kv_gap(args: Args):
             generation_seconds=time.time() - start,
         )
     path = Path(args.results_dir) / "inflight_kv.json"
+    path.parent.mkdir(parents=True, exist_ok=True)  # a new --results-dir
     path.write_text(json.dumps(result, indent=1))
     lines = [
         f"The logprob gap `--in-flight-kv keep` causes (issue 45). Produced by `python benchmark/inflight.py "
@@ -345,6 +346,18 @@ def main():
         sys.exit(f"error: --settings {sorted(unknown)} unknown; choose from {list(SETTINGS)}")
     if args.warmup_steps < 1 or args.num_learner_steps < args.warmup_steps + 2:
         sys.exit("error: --warmup-steps must be >= 1 and --num-learner-steps >= --warmup-steps + 2")
+    if args.kv_gap and not 1 <= args.kv_swap_step < args.response_length:  # else no swap: keep = recompute
+        sys.exit(
+            f"error: --kv-swap-step must be >= 1 and below --response-length {args.response_length} (the swap "
+            f"happens after that many decoding steps), got {args.kv_swap_step}"
+        )
+    if not args.kv_gap and "fixed" in args.settings and not 1 <= args.chunk < args.response_length:
+        sys.exit(
+            f"error: --chunk must be >= 1 and below --response-length {args.response_length} (fixed takes the next "
+            f"version after that many decoding steps), got {args.chunk}"
+        )
+    if not args.kv_gap and args.num_eval_prompts < 1:
+        sys.exit(f"error: --num-eval-prompts must be >= 1 (the table's accuracy columns), got {args.num_eval_prompts}")
     if args.kv_gap:
         return kv_gap(args)
     if not args.report_only:

@@ -1864,6 +1864,18 @@ def check(args: Args):
         sys.exit(f"error: unknown --settings {[s for s in args.settings if s not in known]}; known: {sorted(known)}")
     if args.rm_samples < 2 or args.rm_samples % 2:
         sys.exit("error: --rm-samples must be even and >= 2 (disjoint pairs per problem)")
+    empty = [
+        flag
+        for flag in ("--algorithms", "--seeds", "--learning-rates")
+        if not getattr(args, flag[2:].replace("-", "_"))
+    ]
+    if empty and not (args.prep_only or args.report_only):  # the prep would be built for no run
+        sys.exit(f"error: {' and '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty: no run to make")
+    if min(args.num_updates, args.eval_every_updates) < 1:
+        sys.exit(
+            f"error: --num-updates and --eval-every-updates must be >= 1, got {args.num_updates} and "
+            f"{args.eval_every_updates}"
+        )
     for s in args.settings or [s for a in args.algorithms for s in settings_of(a, sweep_of(args.gate)[1])]:
         n = base.setting_flags(s)[1]
         # a round of N updates holds a whole number of evaluation periods, or the other way round (sync-128)

@@ -4,6 +4,8 @@ cannot rot."""
 import json
 import re
 
+import pytest
+
 from conftest import REPO, run_script
 
 
@@ -302,12 +304,42 @@ def test_inflight_benchmark_runs_pairs_resumes_and_refuses_a_mixed_table(tiny, a
         "4",
         "--learning-rate",
         "0.01",
+        "--results-dir",
+        str(tmp_path / "kv"),  # a new folder (issue 55: --kv-gap crashed there after its measurement)
         timeout=600,
     )
     assert gap.returncode == 0, gap.stderr[-3000:]
-    measured = json.loads((tmp_path / "inflight_kv.json").read_text())
+    measured = json.loads((tmp_path / "kv" / "inflight_kv.json").read_text())
     assert measured["recompute"]["max_gap"] < 1e-4 < measured["keep"]["mean_gap"]  # recomputed KV: version 1 exactly
-    assert "| keep |" in (tmp_path / "inflight_kv.md").read_text()
+    assert "| keep |" in (tmp_path / "kv" / "inflight_kv.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (  # no swap happened, yet the table compared keep with recompute
+            ("--kv-gap", "--kv-swap-step", "-1"),
+            "--kv-swap-step must be >= 1 and below --response-length 192 (the swap happens after that many decoding "
+            "steps), got -1",
+        ),
+        (  # refused by the script after the core's whole run
+            ("--chunk", "0"),
+            "--chunk must be >= 1 and below --response-length 192 (fixed takes the next version after that many "
+            "decoding steps), got 0",
+        ),
+        (
+            ("--num-eval-prompts", "0"),
+            "--num-eval-prompts must be >= 1 (the table's accuracy columns), got 0",
+        ),  # KeyError
+    ],
+)
+def test_inflight_benchmark_refuses_bad_flags_in_one_line_before_any_run(tmp_path, cli, flags, message):
+    """Issue 55: each of these ran (a model, an engine, whole runs) before it failed or wrote a wrong table."""
+    results, work = tmp_path / "results", tmp_path / "work"
+    proc = cli("benchmark/inflight.py", tmp_path, *flags, "--results-dir", str(results), "--work-dir", str(work))
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [f"error: {message}"], proc.stderr[-3000:]
+    assert not work.exists() and not results.exists()
 
 
 def test_gpu_fit_table_is_what_the_variants_compute_and_every_paper_config_fits_under_fsdp2(tmp_path):

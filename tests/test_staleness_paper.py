@@ -162,6 +162,26 @@ def test_gate_sweep_quick_mode_runs_on_the_candidates_miniature(tmp_path, quick_
     assert (results / f"staleness_paper__{name}__scale.md").exists()
 
 
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (("--seeds",), "--seeds is empty: no run to make"),
+        (("--learning-rates",), "--learning-rates is empty: no run to make"),
+        (("--algorithms", "--seeds"), "--algorithms and --seeds are empty: no run to make"),
+        (("--eval-every-updates", "0"), "--num-updates and --eval-every-updates must be >= 1, got 256 and 0"),
+        (("--num-updates", "0"), "--num-updates and --eval-every-updates must be >= 1, got 0 and 32"),
+    ],
+)
+def test_bad_flags_fail_in_one_line_before_the_prep(tmp_path, cli, flags, message):
+    """Issue 55: empty lists built the prep's data and models for 75 s, ran nothing and exited 0; --eval-every-updates
+    0 was a ZeroDivisionError; --num-updates 0 was refused only after the prep."""
+    results, work = tmp_path / "results", tmp_path / "work"
+    proc = cli("benchmark/staleness_paper.py", tmp_path, *flags, "--results-dir", str(results), "--work-dir", str(work))
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [f"error: {message}"], proc.stderr[-3000:]
+    assert not work.exists() and not results.exists()  # nothing prepared, no result folder
+
+
 def test_gold_score_gives_partial_credit_by_distance_and_a_format_term():
     gold = make_arithmetic.gold_score
     assert gold("Ava starts with 3.\n#### 7", "7") == pytest.approx(1.0)
