@@ -929,7 +929,9 @@ def build_engine(args: Args):
         free, total = torch.cuda.mem_get_info(args.engine_device)
         share = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
     kv_cache_gib = args.kv_cache_gib or (1.0 if args.engine_device == "cpu" else None)
-    return LLM(
+    # an engine in this process joins a torch process group of one, whose hook prefixes a traceback with "[rank0]: "
+    hook = sys.excepthook
+    llm = LLM(
         model=args.model_name_or_path,
         dtype=args.engine_dtype,
         seed=args.seed,
@@ -958,6 +960,8 @@ def weight_check(model, probe, args: Args, state_dict=None):
         token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
         {name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype},
     )
+    sys.excepthook = hook
+    return llm
 
 
 def bit_checksum(tensor, dtype):
@@ -985,15 +989,15 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int, in_fl
     unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
     if differ or not gap <= tolerance or unchanged:
         why = (
-            f"{len(differ)} tensors differ from the learner's, e.g. {differ[0]}"
+            f"{len(differ)} tensor{'s differ' if len(differ) > 1 else ' differs'} from the learner's, e.g. {differ[0]}"
             if differ
             else "it answers as it did for an earlier version"
             if unchanged
             else f"the tolerance of --engine-dtype is {tolerance:g}"
         )
+        measured = "in flight: checksums only" if in_flight else f"mean logprob gap to the learner {gap:.1e}"
         raise RuntimeError(
-            f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
-            f"to the learner {gap:.1e}; {why})"
+            f"weight sync failed: the engine does not serve policy version {version} ({measured}; {why})"
         )
     return previous if in_flight else (anchor, engine)
 

@@ -1139,7 +1139,9 @@ def build_engine(args: Args):
         free, total = torch.cuda.mem_get_info(args.engine_device) if ours else (1, 1)  # else: nothing of ours there
         share = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
     kv_cache_gib = args.kv_cache_gib or (1.0 if args.engine_device == "cpu" else None)
-    return LLM(
+    # an engine in this process joins a torch process group of one, whose hook prefixes a traceback with "[rank0]: "
+    hook = sys.excepthook
+    llm = LLM(
         model=args.model_name_or_path,
         dtype=args.engine_dtype,
         seed=args.seed,
@@ -1155,6 +1157,8 @@ def build_engine(args: Args):
         enforce_eager=args.engine_device == "cpu",
         tensor_parallel_size=args.engine_tensor_parallel_size,
     )
+    sys.excepthook = hook
+    return llm
 
 
 @torch.no_grad()
@@ -1190,7 +1194,7 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
     unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
     if differ or not gap <= tolerance or unchanged:
         why = (
-            f"{len(differ)} tensors differ from the learner's, e.g. {differ[0]}"
+            f"{len(differ)} tensor{'s differ' if len(differ) > 1 else ' differs'} from the learner's, e.g. {differ[0]}"
             if differ
             else "it answers as it did for an earlier version"
             if unchanged
