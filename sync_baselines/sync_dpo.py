@@ -609,8 +609,9 @@ def load_prompts(args: Args, tokenizer):
     )
     if not kept:
         sys.exit(
-            f"error: all {len(records)} prompts are empty or longer than --max-prompt-tokens "
-            f"{args.max_prompt_tokens}" + (' (or have no "#### <number>" answer)' if verifier else "")
+            f"error: {f'all {len(records)} prompts are' if len(records) > 1 else 'the one prompt is'} empty or "
+            f"longer than --max-prompt-tokens {args.max_prompt_tokens}"
+            + (' (or have no "#### <number>" answer)' if verifier else "")
         )
     return [ids for ids, _ in kept], [answer for _, answer in kept]
 
