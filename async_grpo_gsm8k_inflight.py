@@ -948,6 +948,8 @@ def build_engine(args: Args):
         # no step scheduled before the last weights were loaded: a token's version is exact
         async_scheduling=False,
     )
+    sys.excepthook = hook
+    return llm
 
 
 @torch.no_grad()
@@ -960,8 +962,6 @@ def weight_check(model, probe, args: Args, state_dict=None):
         token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
         {name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype},
     )
-    sys.excepthook = hook
-    return llm
 
 
 def bit_checksum(tensor, dtype):
