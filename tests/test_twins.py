@@ -60,6 +60,7 @@ INFLIGHT_CHANGES = {
     "generation_thread",
     "build_engine",
     "main",
+    "print_summary",  # the in-flight line: mode, chunk, versions taken mid-batch, token staleness
 }
 # the reading budgets of a core (../STYLE.md, habit 11): lines above the PLUMBING banner, and of the whole file, as
 # `ruff format` lays them out (issue 53: the old ceilings, 450-620 and 780-960, were met by packing lines); a feature
@@ -304,7 +305,10 @@ def test_the_in_flight_variant_is_the_grpo_core_plus_in_flight_updates():
     changed = sorted(name for name in core if core[name] != variant[name])
     assert set(changed) <= INFLIGHT_CHANGES, f"changed outside the list: {sorted(set(changed) - INFLIGHT_CHANGES)}"
     lines = {path: len((REPO / path).read_text().splitlines()) for path in (PAIRS["grpo_gsm8k"][0], INFLIGHT)}
-    assert lines[INFLIGHT] <= lines[PAIRS["grpo_gsm8k"][0]] + 80, lines  # a diff a reader reads in one sitting
+    # a diff a reader reads in one sitting: 80 lines, then 150 (issue 55, item 2: the i-K start checked, fixed refused
+    # where the KV cache cannot hold a batch, vLLM's version labels checked, in-flight flags refused where they do
+    # nothing, the summary's in-flight line; ~60 lines of one-line errors and unpacked calls)
+    assert lines[INFLIGHT] <= lines[PAIRS["grpo_gsm8k"][0]] + 150, lines
 
 
 @pytest.mark.parametrize("name,scripts", COMMON, ids=[f"{name}-{len(scripts)}" for name, scripts in COMMON])
