@@ -28,6 +28,7 @@ ALGOS = ("dpo", "rloo", "ppo", "grpo_gsm8k")
 PAIRS = {algo: (f"async_{algo}.py", f"sync_baselines/sync_{algo}.py") for algo in ALGOS}
 MULTIGPU = {algo: f"multigpu/async_{algo}_multigpu.py" for algo in ALGOS}
 INFLIGHT = "async_grpo_gsm8k_inflight.py"  # the GRPO core with in-flight weight updates (issue 45)
+LORA = "async_dpo_lora.py"  # the DPO core with LoRA adapters handed to the engine (issue 56)
 ASYNC_SCRIPTS = [pair[0] for pair in PAIRS.values()]
 REWARD_MODEL_SCRIPTS = ["async_dpo.py", "async_rloo.py", "async_ppo.py"]
 ASYNC_ONLY = {"generation_thread", "receive"}
@@ -61,6 +62,19 @@ INFLIGHT_CHANGES = {
     "build_engine",
     "main",
     "print_summary",  # the in-flight line: mode, chunk, versions taken mid-batch, token staleness
+}
+# what LoRA changes in the DPO core: the flags and their checks, the engine's adapters, sampling with one, the
+# adapter hand-off and its guard (which replaces the weight check), the thread that swaps adapters, the loop
+LORA_CHANGES = {
+    "Args",
+    "check_args",
+    "build_engine",
+    "generate",
+    "produce_batch",
+    "push_weights_to_engine",
+    "check_weight_sync",
+    "generation_thread",
+    "main",
 }
 # the reading budgets of a core (../STYLE.md, habit 11): lines above the PLUMBING banner, and of the whole file, as
 # `ruff format` lays them out (issue 53: the old ceilings, 450-620 and 780-960, were met by packing lines); a feature
@@ -311,6 +325,15 @@ def test_the_in_flight_variant_is_the_grpo_core_plus_in_flight_updates():
     assert lines[INFLIGHT] <= lines[PAIRS["grpo_gsm8k"][0]] + 150, lines
 
 
+def test_the_lora_variant_is_the_dpo_core_plus_adapters():
+    core, variant = functions(PAIRS["dpo"][0]), functions(LORA)
+    assert set(core) - set(variant) == {"weight_check"}  # the adapter's check is save_adapter's
+    changed = sorted(name for name in core if name in variant and core[name] != variant[name])
+    assert set(changed) <= LORA_CHANGES, f"changed outside the list: {sorted(set(changed) - LORA_CHANGES)}"
+    lines = {path: len((REPO / path).read_text().splitlines()) for path in (PAIRS["dpo"][0], LORA)}
+    assert lines[LORA] <= lines[PAIRS["dpo"][0]] + 130, lines  # a diff a reader reads in one sitting
+
+
 @pytest.mark.parametrize("name,scripts", COMMON, ids=[f"{name}-{len(scripts)}" for name, scripts in COMMON])
 def test_common_helpers_are_identical_across_algorithms(name, scripts):
     sources = {script: functions(script).get(name) for script in scripts}
@@ -333,7 +356,7 @@ def test_the_learner_side_of_the_hand_off_is_the_same_in_every_async_script():
 def test_every_file_reads_in_the_same_order_and_points_at_its_docs(algo):
     """Args, the algorithm, reward, generation, `main()`, then one PLUMBING banner and what a reader may skip; line 1
     names the docs page; the file ends by calling `main()`."""
-    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT] * (algo == "grpo_gsm8k")):
+    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT] * (algo == "grpo_gsm8k"), *[LORA] * (algo == "dpo")):
         source = (REPO / path).read_text()
         assert source.startswith("# docs: docs/"), path
         assert (REPO / source.split()[2].split("#")[0]).exists(), path
@@ -417,7 +440,7 @@ def test_process_wide_vllm_settings_are_pinned_before_vllm_reads_them(script):
 def test_every_script_has_light_lines(algo):
     """../STYLE.md habit 11: one idea per line, as `ruff format` leaves it; the mean non-blank line of each core, its
     sync twin, its multigpu variant (and the in-flight variant) stays within MEAN_LINE_CHARACTERS."""
-    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT] * (algo == "grpo_gsm8k")):
+    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT] * (algo == "grpo_gsm8k"), *[LORA] * (algo == "dpo")):
         lines = [line for line in (REPO / path).read_text().splitlines() if line.strip()]
         mean = sum(len(line) for line in lines) / len(lines)
         assert mean <= MEAN_LINE_CHARACTERS, (path, round(mean, 1))
