@@ -573,3 +573,40 @@ def test_pilot_rule_finds_a_cost_only_where_sync_1_has_a_gain_to_lose(tmp_path):
 
     (tmp_path / "staleness_pilot" / "dpo__sync-128__lr0.0001__seed3.json").unlink()
     assert "Decision: pending" in "\n".join(paper.pilot_report(tmp_path))
+
+
+def test_the_pre_registered_sweep_tests_the_paper_s_claim_as_fixed(tmp_path):
+    """benchmark/staleness_sweep.py's report on synthetic curves whose verdict is known: over N >= 16 DPO keeps its
+    gain (drops ~0), PPO loses 0.04 on every seed (DPO more robust: supported), RLOO's drops are as DPO's (not
+    supported); PPO's seed-2 run at N = 128 escapes in KL and is counted, not averaged."""
+    sweep = load_script("benchmark/staleness_sweep.py")
+    rise = [0.5 + 0.0125 * i for i in range(9)]  # sync-1, evaluated every 64 updates: final (384, 512) = 0.5875
+    folder = tmp_path / "staleness_sweep"
+    folder.mkdir()
+    for seed in sweep.SWEEP_SEEDS:
+        noise = 0.004 * ((seed % 3) - 1)
+        for algo, cost in (("dpo", 0.0), ("rloo", 0.0), ("ppo", 0.04)):
+            for n in sweep.SWEEP_SYNC_N:
+                step = 128 if n == 128 else 64
+                points = range(0, 513, step)
+                drop = (cost if n >= 16 else 0.0) + (noise if n > 1 else 0.0)
+                win = [rise[u // 64] - (drop if u >= 384 else 0.0) for u in points]
+                kl = [u / 256 for u in points]
+                if algo == "ppo" and seed == 2 and n == 128:
+                    kl[-1] = 9.0  # more than twice sync-1's largest (2.0)
+                curve = [dict(updates=u, kl=k, win_rate=w, gold=0.6, proxy=0.0) for u, k, w in zip(points, kl, win)]
+                run = dict(algorithm=algo, setting=f"sync-{n}", learning_rate=1e-4, seed=seed, curve=curve)
+                (folder / f"{algo}__sync-{n}__lr0.0001__seed{seed}.json").write_text(json.dumps(run))
+    lines = sweep.report(tmp_path)
+    text = "\n".join(lines)
+    assert text.count(sweep.SWEEP_RULE) == 1 and "Runs: 120 of 120." in text
+    found = sweep.verdicts(sweep.paper.load_results(tmp_path, "staleness_sweep", 1e-4)[0])
+    assert found["ppo"]["per_n"][128]["escaped"] == [2] and found["ppo"]["per_n"][64]["escaped"] == []
+    assert sorted(found["ppo"]["per_n"][16]["drops"].values())[0] == pytest.approx(0.036)
+    tests = {t["pair"][1]: t for t in sweep.claim_tests(found)}
+    assert tests["ppo"]["supported"] and tests["ppo"]["welch_holm"] < 0.05
+    assert not tests["rloo"]["supported"] and tests["rloo"]["welch_holm"] > 0.05
+    assert tests["ppo"]["escapes"] == ((0, 24), (1, 24))
+    assert "| dpo vs ppo |" in text and "**supported**" in text
+    assert (tmp_path / "staleness_sweep.png").exists()
+    assert 0.015 < sweep.detectable(0.010, 8) < 0.02  # what 8 seeds can see, as the rule says
