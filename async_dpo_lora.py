@@ -818,9 +818,22 @@ def save_adapter(policy, version: int, probe, args: Args):
 
 
 def bit_checksum(tensor, dtype):
-    """(shape, the bits of every 16th row (of a vector: all) in `dtype` summed as integers): any changed bit shows."""
-    rows = (tensor[::16] if tensor.dim() > 1 else tensor).to(dtype)
-    return tuple(tensor.shape), int(rows.view(torch.int16 if rows.element_size() == 2 else torch.int32).sum())
+    """(shape, elements, the sum of their bits in `dtype` as integers, and
+    that sum weighted by position, mod 2^64): a changed bit shows, in any
+    row, and so does a changed order of rows or columns; the checksums of
+    parts joined along the rows combine (`fused_checksum`)."""
+    width = tensor.shape[-1] if tensor.dim() > 1 else 1
+    bits = tensor.reshape(-1, width).to(dtype)
+    bits = bits.view(torch.int16 if bits.element_size() == 2 else torch.int32)
+    rows = bits.sum(1, dtype=torch.int64)
+    columns = bits.sum(0, dtype=torch.int64)
+    at = torch.arange(max(bits.shape), device=bits.device)
+    # element (i, j) is number k = i * width + j, of weight k + 1
+    weighted = width * (at[: len(rows)] * rows).sum()
+    weighted += ((at[:width] + 1) * columns).sum()
+    # int64 wraps alike on every device: the sums are exact mod 2^64
+    total = int(rows.sum()) % 2**64
+    return tuple(tensor.shape), tensor.numel(), total, int(weighted) % 2**64
 
 
 def check_weight_sync(llm: LLM, check, previous, args: Args, version: int, adapter: LoRARequest):

@@ -604,6 +604,10 @@ def check_args(args: Args):
         ),
         (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
         (
+            args.engine_dtype not in ("float32", "bfloat16", "float16"),  # "auto" too: the guard needs the dtype
+            f"--engine-dtype must be float32, bfloat16 or float16, got {args.engine_dtype!r}",
+        ),
+        (
             min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens) < 1,
             "--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1",
         ),
@@ -851,18 +855,70 @@ def build_engine(args: Args):
 def weight_check(model, probe, args: Args, state_dict=None):
     """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
-    dtype, weights = getattr(torch, args.engine_dtype, None), model.state_dict() if state_dict is None else state_dict
+    dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
     return (
         probe,
         token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
-        {name: bit_checksum(t.detach(), dtype) for name, t in weights.items() if dtype},
+        {name: bit_checksum(t.detach(), dtype) for name, t in weights.items()},
     )
 
 
 def bit_checksum(tensor, dtype):
-    """(shape, the bits of every 16th row (of a vector: all) in `dtype` summed as integers): any changed bit shows."""
-    rows = (tensor[::16] if tensor.dim() > 1 else tensor).to(dtype)
-    return tuple(tensor.shape), int(rows.view(torch.int16 if rows.element_size() == 2 else torch.int32).sum())
+    """(shape, elements, the sum of their bits in `dtype` as integers, and
+    that sum weighted by position, mod 2^64): a changed bit shows, in any
+    row, and so does a changed order of rows or columns; the checksums of
+    parts joined along the rows combine (`fused_checksum`)."""
+    width = tensor.shape[-1] if tensor.dim() > 1 else 1
+    bits = tensor.reshape(-1, width).to(dtype)
+    bits = bits.view(torch.int16 if bits.element_size() == 2 else torch.int32)
+    rows = bits.sum(1, dtype=torch.int64)
+    columns = bits.sum(0, dtype=torch.int64)
+    at = torch.arange(max(bits.shape), device=bits.device)
+    # element (i, j) is number k = i * width + j, of weight k + 1
+    weighted = width * (at[: len(rows)] * rows).sum()
+    weighted += ((at[:width] + 1) * columns).sum()
+    # int64 wraps alike on every device: the sums are exact mod 2^64
+    total = int(rows.sum()) % 2**64
+    return tuple(tensor.shape), tensor.numel(), total, int(weighted) % 2**64
+
+
+def fused_checksum(parts):
+    """The `bit_checksum` of tensors joined along their first dimension,
+    from theirs: a part's positions move by the elements before it (vLLM
+    fuses q_proj, k_proj and v_proj into one qkv_proj, as they are)."""
+    shape, count, total, weighted = parts[0]
+    for part_shape, part_count, part_total, part_weighted in parts[1:]:
+        shape = (shape[0] + part_shape[0], *shape[1:])
+        weighted += part_weighted + count * part_total
+        weighted %= 2**64
+        count += part_count
+        total = (total + part_total) % 2**64
+    return shape, count, total, weighted
+
+
+def engine_checksums(model, names):
+    """In an engine worker: the `bit_checksum` of each parameter its model
+    holds, and the learner's `names` that make up each, in order, as the
+    model class declares them (docs/async.md#weight-sync):
+    `hf_to_vllm_mapper.map_name` (a checkpoint's name to the model's:
+    q_proj to qkv_proj in vLLM's Llama, gpt_neox. to model. in its
+    Transformers backend) and `packed_modules_mapping` (a fused layer's
+    parts in their order)."""
+    held = {n: bit_checksum(p, p.dtype) for n, p in model.named_parameters()}
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    parts = {}
+    for name in names:
+        target = mapper.map_name(name) if mapper else name
+        parts.setdefault(target, []).append(name)
+
+    def leaf(name):  # "q_proj" of "model.layers.0.self_attn.q_proj.weight"
+        return (name or "").split(".")[-2:][0]
+
+    for target, names in parts.items():
+        order = packed.get(leaf(target), [])
+        names.sort(key=lambda n: order.index(leaf(n)) if leaf(n) in order else 0)
+    return held, parts
 
 
 def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
@@ -872,9 +928,29 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    # each worker's model (`collective_rpc` carries the function there); vLLM's CPU backend shows repacked linear layers
-    held = llm.collective_rpc(lambda w: {n: bit_checksum(p, p.dtype) for n, p in w.get_model().named_parameters()})[0]
-    differ = [n for n, c in held.items() if n in checksums and checksums[n][0] == c[0] and checksums[n] != c]
+    # the first worker's model (`collective_rpc` carries the function
+    # there); vLLM's CPU backend shows its linear layers repacked and empty,
+    # a tensor-parallel engine its shards: the probe covers what they hide
+    names = list(checksums)
+    rpc = lambda w: engine_checksums(w.get_model(), names)  # noqa: E731
+    held, parts = llm.collective_rpc(rpc)[0]
+    mine = {}
+    for target, part_names in parts.items():
+        if target in held:
+            mine[target] = fused_checksum([checksums[n] for n in part_names])
+    # the same shape: the engine shows this tensor
+    compared = [t for t, c in mine.items() if c[0] == held[t][0]]
+    differ = [t for t in compared if mine[t] != held[t]]
+    if previous is None:  # once, when the guard first runs
+        served = [n for t in mine for n in parts[t]]
+        covered = [n for t in compared for n in parts[t]]
+        size = lambda ns: sum(checksums[n][1] for n in ns)  # noqa: E731
+        rest = "" if covered == served else "; the probe covers the rest"
+        print(
+            f"guard: checksums cover {len(covered)} of {len(served)} "
+            f"tensors ({size(covered) / max(1, size(served)):.0%} of "
+            f"parameters){rest}"
+        )
     gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
     anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
     unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not

@@ -256,6 +256,136 @@ def test_the_guard_stops_skipped_stuck_and_partial_pushes_and_passes_healthy_one
             dpo.check_weight_sync(llm, check, last, args, version)
 
 
+def test_the_checksum_sees_every_row_their_order_and_joins_fused_parts(dpo):
+    """Issue 55: the old checksum summed every 16th row, blind to a row permutation and to 15/16 of the embedding's
+    rows. Now a changed bit in any row, two swapped rows or columns all show, in float32 and bfloat16 (values chosen so
+    that the change exists in both dtypes), and the checksum of [q; k; v] is that of its parts joined."""
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        weight = torch.randn(40, 8) * 1e4  # large values: the int64 sums wrap, and still agree
+        base = dpo.bit_checksum(weight, dtype)
+        changed = weight.clone()
+        changed[5, 3] *= 1.5  # row 5: not one of every 16th
+        swapped, columns = weight[[1, 0, *range(2, 40)]], weight[:, [1, 0, *range(2, 8)]]
+        for other in (changed, swapped, columns):
+            assert not torch.equal(other.to(dtype), weight.to(dtype))  # the fault exists in this dtype
+            assert dpo.bit_checksum(other, dtype) != base
+        parts = [torch.randn(n, 8) for n in (16, 4, 4)]
+        joined = dpo.fused_checksum([dpo.bit_checksum(part, dtype) for part in parts])
+        assert joined == dpo.bit_checksum(torch.cat(parts), dtype)
+        assert joined != dpo.bit_checksum(torch.cat(parts[::-1]), dtype)
+        vector = torch.randn(9)
+        assert dpo.bit_checksum(vector, dtype) != dpo.bit_checksum(vector.flip(0), dtype)
+        assert dpo.bit_checksum(torch.empty(0), dtype)[:2] == ((0,), 0)  # vLLM CPU's repacked linear layers
+
+
+def guard_on_a_stale_body(policy_dir: str):
+    """Issue 55: the body of version 2 (the linear layers' weights) under a fresh head, norms, embeddings and biases,
+    in bfloat16. (1) An engine that shows every tensor, as on a GPU (vLLM's CPU backend shows its linear layers
+    empty): a stand-in holds the engine's tensors, rebuilt by hand as vLLM fuses them (qkv_proj = [q; k; v],
+    gate_up_proj = [gate; up], `gpt_neox.` read as `model.`), under the names and with the model class's declarations
+    of the real CPU engine, which answers the probe: every tensor is compared, and the stale body and two swapped rows
+    stop the guard. (2) The real CPU engine: its checksums cover the embeddings, norms and biases, and the probe
+    catches the stale body where it moves the answer (lr 1e-3, as the test asserts first)."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    dpo = load_script(ASYNC)
+    args = dpo.Args(
+        model_name_or_path=policy_dir,
+        engine_device="cpu",
+        learner_device="cpu",
+        gpu_memory_utilization=0.1,
+        kv_cache_gib=0.25,
+        max_prompt_tokens=96,
+        response_length=16,
+        engine_dtype="bfloat16",
+    )
+    model, stale_model = [AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval() for _ in "ab"]
+    llm = dpo.build_engine(args)  # after the learner's models: a GPT-NeoX engine patches the class
+    dpo.keep_models_eager(model, stale_model)
+    served = llm.collective_rpc(lambda w: w.get_model())[0]  # the engine's model itself: the engine is in process
+    neox = any(name.startswith("gpt_neox.") for name in model.state_dict())
+
+    def full_view(weights):  # what a GPU engine would hold, built without the guard's mapping
+        tensors = {}
+        for name, _ in served.named_parameters():
+            hf = "gpt_neox." + name[len("model.") :] if neox and name.startswith("model.") else name
+            fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+            key = next((k for k in fused if f".{k}." in hf), None)
+            parts = [hf.replace(key, part) for part in fused[key]] if key else [hf]
+            tensors[name] = torch.cat([weights[part] for part in parts]).to(torch.bfloat16)
+        model_view = SimpleNamespace(
+            named_parameters=lambda: iter(tensors.items()),
+            hf_to_vllm_mapper=getattr(served, "hf_to_vllm_mapper", None),
+            packed_modules_mapping=getattr(served, "packed_modules_mapping", None),
+        )
+        return SimpleNamespace(
+            generate=llm.generate, collective_rpc=lambda f: [f(SimpleNamespace(get_model=lambda: model_view))]
+        )
+
+    probe, batch = list(range(5, 37)), torch.randint(5, 500, (8, 24), generator=torch.Generator().manual_seed(0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def learner_step():
+        optimizer.zero_grad()
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        return dpo.weight_check(model, probe, args), {n: t.clone() for n, t in model.state_dict().items()}
+
+    def is_body(name, t):
+        return name.endswith(".weight") and t.dim() == 2 and not any(k in name for k in ("embed", "lm_head"))
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        last = dpo.check_weight_sync(full_view(model.state_dict()), dpo.weight_check(model, probe, args), None, args, 0)
+    total = len(
+        [n for n in model.state_dict() if not (n == "lm_head.weight" and not neox)]
+    )  # a tied head is the embedding
+    assert f"guard: checksums cover {total} of {total} tensors (100% of parameters)\n" == printed.getvalue()
+    for version in (1, 2):  # healthy
+        check, weights = learner_step()
+        dpo.push_weights_to_engine(llm, weights)
+        last = dpo.check_weight_sync(full_view(weights), check, last, args, version)
+    body = {n: t for n, t in weights.items() if is_body(n, t)}
+    check, weights = learner_step()
+    stale = {**weights, **body}
+    assert any(not torch.equal(weights[n].bfloat16(), body[n].bfloat16()) for n in body)  # the fault exists in bfloat16
+    with pytest.raises(RuntimeError, match="does not serve policy version 3 .*tensors differ from the learner's"):
+        dpo.check_weight_sync(full_view(stale), check, last, args, 3)
+    first = next(n for n in body if n.endswith(("q_proj.weight", "query_key_value.weight")))
+    swapped = {**weights, first: weights[first][[1, 0, *range(2, len(weights[first]))]]}
+    assert not torch.equal(swapped[first].bfloat16(), weights[first].bfloat16())
+    with pytest.raises(RuntimeError, match="does not serve policy version 3 .*1 tensor differs from the learner's"):
+        dpo.check_weight_sync(full_view(swapped), check, last, args, 3)
+
+    # the real CPU engine: the checksums see the embeddings, norms and biases; the probe sees the stale body
+    for version in range(3, 7):
+        check, weights = learner_step()
+    stale = {**weights, **body}
+    stale_model.load_state_dict(stale)
+    moved = (dpo.weight_check(stale_model, probe, args)[1] - check[1]).abs().mean().item()
+    assert moved > 0.5, moved  # in float32 the stale body moves the probe's answer far past bfloat16's 0.2
+    dpo.push_weights_to_engine(llm, stale)
+    with pytest.raises(RuntimeError, match="does not serve policy version 6 .*the tolerance of --engine-dtype is 0.2"):
+        dpo.check_weight_sync(llm, check, last, args, 6)
+
+
+@pytest.mark.parametrize("policy", ["policy", "neox_policy"])
+def test_the_guard_compares_every_tensor_a_gpu_engine_shows_and_stops_a_stale_body_in_bfloat16(tiny, policy):
+    """`guard_on_a_stale_body`, on the tiny Llama and the tiny GPT-NeoX, each in a fresh interpreter (a GPT-NeoX
+    engine patches the class of the process that builds it)."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from test_dpo import guard_on_a_stale_body; "
+        f"guard_on_a_stale_body({str(tiny / policy)!r})"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 def test_weight_sync_on_gpt_neox_in_a_process_of_its_own(tiny):
     """GPT-NeoX as in Pythia. vLLM patches Hugging Face's GPTNeoXModel class in the process that builds a GPT-NeoX
     engine, after which that process cannot build GPT-NeoX models (the scripts load theirs first): the check runs in a
@@ -489,6 +619,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
     "flags,message",
     [
         (("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model': no such folder"),
+        (("--engine-dtype", "auto"), "--engine-dtype must be float32, bfloat16 or float16, got 'auto'"),  # issue 55
         (
             ("--prompts-per-step", "5", "--num-mini-batches", "2"),
             "--prompts-per-step 5 is not divisible by --num-mini-batches 2",
