@@ -125,6 +125,37 @@ def nothing(tmp, tiny, arithmetic):
 
 # (script, flag builder, extra flags, setup, message); "{tmp}" in flags and message is the run's working folder
 BAD_INPUTS = [
+    # async_dpo_lora.py (issue 56): what vLLM would not serve, refused before any model loads
+    (
+        "async_dpo_lora.py",
+        rm_flags,
+        ("--lora-target-modules", "q_proj", "lm_head"),
+        nothing,
+        "--lora-target-modules ['lm_head']: vLLM applies adapters of a llama model to",
+    ),
+    (
+        "async_dpo_lora.py",
+        rm_flags,
+        ("--lora-target-modules", "q_prj"),
+        nothing,
+        "--lora-target-modules ['q_prj']: vLLM applies adapters",
+    ),
+    ("async_dpo_lora.py", rm_flags, ("--lora-rank", "0"), nothing, "--lora-rank must be in 1-512 and --lora-alpha > 0"),
+    ("async_dpo_lora.py", rm_flags, ("--lora-rank", "600"), nothing, "--lora-rank must be in 1-512"),
+    (
+        "async_dpo_lora.py",
+        rm_flags,
+        ("--lora-alpha", "0"),
+        nothing,
+        "--lora-rank must be in 1-512 and --lora-alpha > 0, got 16, 0",
+    ),
+    (
+        "async_dpo_lora.py",
+        rm_flags,
+        ("--model-name-or-path", "{tiny}/neox_policy", "--reward-model-path", "{tiny}/neox_rm"),
+        nothing,
+        "--model-name-or-path is a 'gpt_neox' model; this script knows the modules vLLM applies adapters to",
+    ),
     (
         "async_dpo.py",
         rm_flags,

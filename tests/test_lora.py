@@ -164,30 +164,4 @@ def test_a_run_trains_the_adapter_the_engine_serves_and_saves_adapter_and_merged
         assert "the merged policy is in" in proc.stdout
 
 
-@pytest.mark.parametrize(
-    "flags,message",
-    [
-        (("--lora-target-modules", "q_proj", "lm_head"), "--lora-target-modules ['lm_head']: vLLM applies adapters"),
-        (("--lora-target-modules", "q_prj"), "--lora-target-modules ['q_prj']: vLLM applies adapters"),
-        (("--lora-rank", "0"), "--lora-rank must be in 1-512 and --lora-alpha > 0, got 0, 32"),
-        (("--lora-rank", "600"), "--lora-rank must be in 1-512"),
-        (("--lora-alpha", "0"), "--lora-alpha > 0, got 4, 0"),
-    ],
-)
-def test_lora_flags_vllm_would_not_serve_are_refused_in_one_line(tiny, tmp_path, flags, message):
-    proc, _ = run_script(LORA, tmp_path, *common_flags(tiny, *flags), timeout=300)
-    last = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 1 and last.startswith("error: ") and message in last, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert not (tmp_path / "runs").exists()  # before the run folder, so before any model
-
-
-def test_a_base_whose_lora_modules_are_not_known_is_refused(tiny, tmp_path):
-    """GPT-NeoX (Pythia): vLLM serves it through its Transformers backend; this script does not claim to know which of
-    its modules take adapters there, and says so before any load."""
-    flags = list(common_flags(tiny))
-    flags[flags.index("--model-name-or-path") + 1] = str(tiny / "neox_policy")
-    flags[flags.index("--reward-model-path") + 1] = str(tiny / "neox_rm")
-    proc, _ = run_script(LORA, tmp_path, *flags, timeout=300)
-    assert proc.returncode == 1 and "is a 'gpt_neox' model; this script knows the modules" in proc.stderr
-    assert not (tmp_path / "runs").exists()
+# the flags vLLM would not serve (target modules, ranks, an unknown base) are in test_bad_inputs.py's table
