@@ -941,32 +941,31 @@ def weight_check(model, probe, args: Args, state_dict=None):
 
 def bit_checksum(tensor, dtype):
     """(shape, elements, the sum of their bits in `dtype` as integers, and
-    that sum weighted by position, mod 2^64): a changed bit shows, in any
-    row, and so does a changed order of rows or columns; the checksums of
-    parts joined along the rows combine (`fused_checksum`)."""
+    that sum weighted by row, mod 2^64): a changed bit shows, in any row,
+    and so do rows in another order; the checksums of parts joined along
+    the rows combine (`fused_checksum`)."""
     width = tensor.shape[-1] if tensor.dim() > 1 else 1
     bits = tensor.reshape(-1, width).to(dtype)
     bits = bits.view(torch.int16 if bits.element_size() == 2 else torch.int32)
-    rows = bits.sum(1, dtype=torch.int64)
-    columns = bits.sum(0, dtype=torch.int64)
-    at = torch.arange(max(bits.shape), device=bits.device)
-    # element (i, j) is number k = i * width + j, of weight k + 1
-    weighted = width * (at[: len(rows)] * rows).sum()
-    weighted += ((at[:width] + 1) * columns).sum()
-    # int64 wraps alike on every device: the sums are exact mod 2^64
+    # int32 bits are summed as int32 (no copy: 20x faster on a CPU), which
+    # wraps alike everywhere; int16 bits as int64: the sums are exact
+    rows = bits.sum(1, dtype=bits.dtype if width > 1 else torch.int64)
+    rows = rows.to(torch.int64)
+    at = torch.arange(1, len(rows) + 1, device=bits.device)
+    weighted = int((at * rows).sum()) % 2**64  # row i weighs i + 1
     total = int(rows.sum()) % 2**64
-    return tuple(tensor.shape), tensor.numel(), total, int(weighted) % 2**64
+    return tuple(tensor.shape), tensor.numel(), total, weighted
 
 
 def fused_checksum(parts):
     """The `bit_checksum` of tensors joined along their first dimension,
-    from theirs: a part's positions move by the elements before it (vLLM
-    fuses q_proj, k_proj and v_proj into one qkv_proj, as they are)."""
+    from theirs: a part's rows move by the rows before it (vLLM fuses
+    q_proj, k_proj and v_proj into one qkv_proj, as they are)."""
     shape, count, total, weighted = parts[0]
     for part_shape, part_count, part_total, part_weighted in parts[1:]:
+        rows = count // shape[-1] if len(shape) > 1 else count
         shape = (shape[0] + part_shape[0], *shape[1:])
-        weighted += part_weighted + count * part_total
-        weighted %= 2**64
+        weighted = (weighted + part_weighted + rows * part_total) % 2**64
         count += part_count
         total = (total + part_total) % 2**64
     return shape, count, total, weighted

@@ -258,16 +258,16 @@ def test_the_guard_stops_skipped_stuck_and_partial_pushes_and_passes_healthy_one
 
 def test_the_checksum_sees_every_row_their_order_and_joins_fused_parts(dpo):
     """Issue 55: the old checksum summed every 16th row, blind to a row permutation and to 15/16 of the embedding's
-    rows. Now a changed bit in any row, two swapped rows or columns all show, in float32 and bfloat16 (values chosen so
-    that the change exists in both dtypes), and the checksum of [q; k; v] is that of its parts joined."""
+    rows. Now a changed bit in any row and two swapped rows show, in float32 and bfloat16 (values chosen so that the
+    change exists in both dtypes), and the checksum of [q; k; v] is that of its parts joined."""
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
         weight = torch.randn(40, 8) * 1e4  # large values: the int64 sums wrap, and still agree
         base = dpo.bit_checksum(weight, dtype)
         changed = weight.clone()
         changed[5, 3] *= 1.5  # row 5: not one of every 16th
-        swapped, columns = weight[[1, 0, *range(2, 40)]], weight[:, [1, 0, *range(2, 8)]]
-        for other in (changed, swapped, columns):
+        swapped = weight[[1, 0, *range(2, 40)]]
+        for other in (changed, swapped):
             assert not torch.equal(other.to(dtype), weight.to(dtype))  # the fault exists in this dtype
             assert dpo.bit_checksum(other, dtype) != base
         parts = [torch.randn(n, 8) for n in (16, 4, 4)]
