@@ -29,6 +29,7 @@ PAIRS = {algo: (f"async_{algo}.py", f"sync_baselines/sync_{algo}.py") for algo i
 MULTIGPU = {algo: f"multigpu/async_{algo}_multigpu.py" for algo in ALGOS}
 INFLIGHT = "async_grpo_gsm8k_inflight.py"  # the GRPO core with in-flight weight updates (issue 45)
 LORA = "async_dpo_lora.py"  # the DPO core with LoRA adapters handed to the engine (issue 56)
+TOOLS = "async_grpo_gsm8k_tools.py"  # the GRPO core whose policy calls a calculator (issue 57)
 ASYNC_SCRIPTS = [pair[0] for pair in PAIRS.values()]
 REWARD_MODEL_SCRIPTS = ["async_dpo.py", "async_rloo.py", "async_ppo.py"]
 ASYNC_ONLY = {"generation_thread", "receive"}
@@ -76,6 +77,9 @@ LORA_CHANGES = {
     "generation_thread",
     "main",
 }
+# what tool calls change in the GRPO core: the flags, sampling that continues each sequence after a call (and the
+# greedy evaluation with it), the batch's tool masks and counts, the loop's policy-token mask and tool metrics
+TOOLS_CHANGES = {"Args", "generate", "evaluate", "produce_batch", "main"}
 # the reading budgets of a core (../STYLE.md, habit 11): lines above the PLUMBING banner, and of the whole file, as
 # `ruff format` lays them out (issue 53: the old ceilings, 450-620 and 780-960, were met by packing lines); a feature
 # that needs more room goes below the banner, to the multigpu variant, a tool or the docs
@@ -339,6 +343,16 @@ def test_the_lora_variant_is_the_dpo_core_plus_adapters():
     assert lines[LORA] <= lines[PAIRS["dpo"][0]] + 130, lines  # a diff a reader reads in one sitting
 
 
+def test_the_tool_variant_is_the_grpo_core_plus_tool_calls():
+    core, variant = functions(PAIRS["grpo_gsm8k"][0]), functions(TOOLS)
+    assert set(core) <= set(variant)
+    changed = sorted(name for name in core if core[name] != variant[name])
+    assert set(changed) <= TOOLS_CHANGES, f"changed outside the list: {sorted(set(changed) - TOOLS_CHANGES)}"
+    lines = {path: len((REPO / path).read_text().splitlines()) for path in (PAIRS["grpo_gsm8k"][0], TOOLS)}
+    # the calculator (~60 lines), the turns (~70), the policy-token mask, the tag checks and the docstrings
+    assert lines[TOOLS] <= lines[PAIRS["grpo_gsm8k"][0]] + 200, lines
+
+
 @pytest.mark.parametrize("name,scripts", COMMON, ids=[f"{name}-{len(scripts)}" for name, scripts in COMMON])
 def test_common_helpers_are_identical_across_algorithms(name, scripts):
     sources = {script: functions(script).get(name) for script in scripts}
@@ -361,7 +375,7 @@ def test_the_learner_side_of_the_hand_off_is_the_same_in_every_async_script():
 def test_every_file_reads_in_the_same_order_and_points_at_its_docs(algo):
     """Args, the algorithm, reward, generation, `main()`, then one PLUMBING banner and what a reader may skip; line 1
     names the docs page; the file ends by calling `main()`."""
-    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT] * (algo == "grpo_gsm8k"), *[LORA] * (algo == "dpo")):
+    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT, TOOLS] * (algo == "grpo_gsm8k"), *[LORA] * (algo == "dpo")):
         source = (REPO / path).read_text()
         assert source.startswith("# docs: docs/"), path
         assert (REPO / source.split()[2].split("#")[0]).exists(), path
@@ -445,7 +459,7 @@ def test_process_wide_vllm_settings_are_pinned_before_vllm_reads_them(script):
 def test_every_script_has_light_lines(algo):
     """../STYLE.md habit 11: one idea per line, as `ruff format` leaves it; the mean non-blank line of each core, its
     sync twin, its multigpu variant (and the in-flight variant) stays within MEAN_LINE_CHARACTERS."""
-    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT] * (algo == "grpo_gsm8k"), *[LORA] * (algo == "dpo")):
+    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT, TOOLS] * (algo == "grpo_gsm8k"), *[LORA] * (algo == "dpo")):
         lines = [line for line in (REPO / path).read_text().splitlines() if line.strip()]
         mean = sum(len(line) for line in lines) / len(lines)
         assert mean <= MEAN_LINE_CHARACTERS, (path, round(mean, 1))
