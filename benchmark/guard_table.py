@@ -9,9 +9,12 @@ as the scripts drive them: version 0 checked, then per version one AdamW step (t
 `weight_check` on the learner, `push_weights_to_engine` (unless the row's fault withholds it) and `check_weight_sync`.
 Faults: `skip` (the push of one version never happens), `stuck` (no push from that version on), `partial-norms` (a
 push without the layer norms), `partial-linear` (a push without one attention projection: on vLLM's CPU backend the
-linear layers are repacked and show no bits, so only the probe can see it). Tiny models are built offline as the tests
-build them; SmolLM2 is models/SmolLM2-135M-Instruct (`bash install.sh cpu`). Each (model, dtype) runs in a
-subprocess of its own (one engine per process).
+linear layers are repacked and show no bits, so only the probe can see it), `stale-body` (from that version on, the
+linear layers' weights stay those of the version before while the norms, biases, embeddings and head are pushed: the
+body of an old version under a fresh head). The healthy rows at lr 1e-4 to 3e-3 calibrate the bfloat16 tolerance
+(issue 55) on three models. Tiny models (a Llama and a GPT-NeoX as in Pythia) are built offline as the tests build
+them; SmolLM2 is models/SmolLM2-135M-Instruct (`bash install.sh cpu`). Each (model, dtype) runs in a subprocess of
+its own (one engine per process); the guard's coverage line of each is in the report.
 """
 
 import argparse
@@ -40,6 +43,24 @@ ROWS = [
     ("tiny", "bfloat16", 1e-5, "healthy", 0, 10),
     ("smollm2", "float32", 3e-6, "healthy", 0, 10),
     ("smollm2", "bfloat16", 3e-6, "healthy", 0, 10),
+    # issue 55: a stale body under a fresh head, and the healthy bfloat16 gap at high learning rates, on three models
+    ("tiny", "bfloat16", 3e-6, "stale-body", 3, 8),
+    ("tiny", "bfloat16", 1e-3, "stale-body", 3, 8),
+    ("neox", "bfloat16", 3e-6, "stale-body", 3, 8),
+    ("neox", "bfloat16", 1e-3, "stale-body", 3, 8),
+    ("smollm2", "bfloat16", 3e-6, "stale-body", 3, 8),
+    ("smollm2", "bfloat16", 1e-4, "stale-body", 3, 8),
+    ("neox", "float32", 1e-5, "healthy", 0, 10),
+    ("neox", "bfloat16", 1e-5, "healthy", 0, 10),
+    ("tiny", "bfloat16", 1e-4, "healthy", 0, 10),
+    ("tiny", "bfloat16", 1e-3, "healthy", 0, 10),
+    ("tiny", "bfloat16", 3e-3, "healthy", 0, 10),
+    ("neox", "bfloat16", 1e-4, "healthy", 0, 10),
+    ("neox", "bfloat16", 1e-3, "healthy", 0, 10),
+    ("neox", "bfloat16", 3e-3, "healthy", 0, 10),
+    ("smollm2", "bfloat16", 1e-4, "healthy", 0, 10),
+    ("smollm2", "bfloat16", 1e-3, "healthy", 0, 10),
+    ("smollm2", "bfloat16", 3e-3, "healthy", 0, 10),
 ]
 
 
@@ -51,7 +72,7 @@ def model_path(name: str) -> Path:
         from conftest import build_tiny_models
 
         build_tiny_models(WORK / "tiny")
-    return WORK / "tiny" / "policy"
+    return WORK / "tiny" / ("neox_policy" if name == "neox" else "policy")
 
 
 def run_group(model: str, dtype: str, rows: list) -> list:
@@ -76,6 +97,9 @@ def run_group(model: str, dtype: str, rows: list) -> list:
         response_length=16,
     )
     tokenizer = AutoTokenizer.from_pretrained(path)
+    # loaded before the engine, as in the scripts: a GPT-NeoX engine patches the class; each row starts from a copy
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    initial = {n: t.clone() for n, t in policy.state_dict().items()}
     llm = dpo.build_engine(args)
     text = (
         "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
@@ -92,7 +116,7 @@ def run_group(model: str, dtype: str, rows: list) -> list:
     )
     results = []
     for index, (lr, fault, start, versions) in rows:
-        policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        policy.load_state_dict(initial)
         dpo.keep_models_eager(policy)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, eps=1e-5, weight_decay=0.0)
         dpo.push_weights_to_engine(llm, policy.state_dict())  # the engine starts from this learner's weights
@@ -125,6 +149,10 @@ def run_group(model: str, dtype: str, rows: list) -> list:
                 weights = {n: t for n, t in weights.items() if "norm" not in n}
             if fault == "partial-linear" and version == start:
                 weights = {n: t for n, t in weights.items() if "layers.0.self_attn.q_proj" not in n}
+            if fault == "stale-body" and version == start - 1:  # the body of this version stays in the engine
+                body = {n: t.clone() for n, t in weights.items() if is_body(n, t)}
+            if fault == "stale-body" and version >= start:
+                weights = {**weights, **body}
             withheld = (fault == "skip" and version == start) or (fault == "stuck" and version >= start)
             if not withheld:
                 dpo.push_weights_to_engine(llm, weights)
@@ -145,6 +173,11 @@ def run_group(model: str, dtype: str, rows: list) -> list:
     return results
 
 
+def is_body(name: str, tensor) -> bool:
+    """A linear layer's weight: the matrices of the body, not the embeddings or the output layer."""
+    return name.endswith(".weight") and tensor.dim() == 2 and not any(k in name for k in ("embed", "lm_head"))
+
+
 def verdict(row: dict) -> str:
     if row["fault"] == "healthy":
         return (
@@ -159,11 +192,12 @@ def verdict(row: dict) -> str:
     )
 
 
-def report(results: list):
+def report(results: list, coverage: dict):
     lines = [
         "Issue 42's guard table, re-run by `python benchmark/guard_table.py` (real CPU vLLM engine in process, one "
-        "torch thread; the tiny Llama of the tests, SmolLM2-135M-Instruct). A fault starts at the version in "
-        "its column; `healthy` rows push every version.",
+        "torch thread; the tiny Llama and the tiny GPT-NeoX of the tests, SmolLM2-135M-Instruct). A fault starts at "
+        "the version in its column; `healthy` rows push every version. The last column is the largest gap of the "
+        "versions that passed (for a fault that is never stopped: with the fault).",
         "",
         "| model | engine dtype | lr | fault (from version) | guard | why it stopped | largest healthy gap |",
         "|---|---|---|---|---|---|---|",
@@ -191,6 +225,8 @@ def report(results: list):
                 f"| {row['model']} | {row['engine_dtype']} | {median(row['learner_check_s']):.3f} | "
                 f"{median(row['engine_check_s']):.3f} | {median(row['push_s']):.3f} |"
             )
+    lines += ["", "The guard's start-up line, per (model, engine dtype), on this CPU engine:", ""]
+    lines += [f"- {model} {dtype}: `{line}`" for (model, dtype), line in coverage.items()]
     (RESULTS / "guard.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "guard.json").write_text(json.dumps(sorted(results, key=lambda r: r["index"]), indent=1))
     print("\n".join(lines))
@@ -206,7 +242,7 @@ def main():
         model, dtype = flags.group.split(":")
         run_group(model, dtype, [(i, row[2:]) for i, row in chosen if row[:2] == (model, dtype)])
         return
-    results = []
+    results, coverage = [], {}
     for group in dict.fromkeys(row[:2] for _, row in chosen):
         cmd = [sys.executable, __file__, "--group", ":".join(group), "--rows", *(str(i) for i, _ in chosen)]
         proc = subprocess.run(
@@ -218,7 +254,8 @@ def main():
         if proc.returncode != 0:
             sys.exit(f"guard_table: the group {group} failed:\n{proc.stderr[-3000:]}")
         results += [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"index"')]
-    report(results)
+        coverage[group] = next((line for line in proc.stdout.splitlines() if line.startswith("guard:")), "")
+    report(results, coverage)
 
 
 if __name__ == "__main__":
