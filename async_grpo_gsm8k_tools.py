@@ -101,7 +101,7 @@ class Args:
     num_samples_per_prompt: int = 4
     """G: solutions per problem, normalised together (the paper's GSM8K configs sample 8; 4 fits a CPU run)"""
     response_length: int = 512
-    """maximum new tokens per response"""
+    """maximum tokens per response, the tool's result tokens included"""
     engine_dtype: str = "float32"
     """engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster"""
     gpu_memory_utilization: Optional[float] = None
