@@ -178,13 +178,9 @@ def test_fixed_refuses_a_kv_cache_that_cannot_hold_a_batch(tiny, arithmetic_fold
         timeout=600,
     )
     assert proc.returncode != 0
-    assert (
-        proc.stderr.strip()
-        .splitlines()[-1]
-        .startswith(
-            "error: --in-flight fixed needs a KV cache that holds a whole batch (8192 tokens), this engine's holds "
-        )
-    ), proc.stderr[-2000:]
+    # one error line (the engine, already started, may still log while it shuts down: looked for, not taken as last)
+    refusal = "error: --in-flight fixed needs a KV cache that holds a whole batch (8192 tokens), this engine's holds "
+    assert any(line.startswith(refusal) for line in proc.stderr.splitlines()), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert not list((tmp_path / "runs").iterdir())  # no run folder left
 
