@@ -4,6 +4,7 @@ r"""GPU smoke test: the first run a person with one GPU makes, in about 14 minut
     PYTHIA=/models/pythia-160m QWEN=/models/Qwen2.5-0.5B-Instruct PYTHIA_BIG=/models/pythia-2.8b GSM8K=/data/gsm8k \
         bash benchmark/gpu_smoke.sh                  # offline (of PYTHIA_BIG only config.json is read)
     bash benchmark/gpu_smoke.sh --only torch         # only the part that needs torch and transformers (no vLLM)
+    bash benchmark/gpu_smoke.sh --only torch --random-weights   # that part with no hub and no model files
     bash benchmark/gpu_smoke.sh --cpu                # the same checks on CPU with tiny models built here (~4 min)
 
 Two parts. The torch part needs torch and transformers only, and loads each policy (Pythia-160m, Qwen2.5-0.5B) in
@@ -26,6 +27,12 @@ async GRPO on GSM8K with Qwen2.5-0.5B-Instruct.
 A run PASSes when it exits 0, its step-0 gap between the engine's and the learner's logprobs (both of policy version 0)
 is below 1e-4 (float32), and every metric it logged is finite. Whether the reward rose (mean of the second half of the
 steps above that of the first) is reported, not judged: a few steps with a random reward model prove nothing.
+
+With --random-weights (and --only torch) the torch part builds its models from configs the smoke writes itself, the
+hub's Pythia-160m, Qwen2.5-0.5B-Instruct and Pythia-2.8b shapes (RANDOM_CONFIGS; their parameter counts are
+tested), with random weights: nothing is read from the hub or from model files, so a GPU with torch and transformers
+alone runs it. Memory, the grad/no-grad identity and TF32's effect depend on the shapes, not on trained weights.
+Without vLLM the peak-vs-estimate row is SKIP (the estimate is the multigpu variant's, which imports vLLM).
 
 With --cpu everything runs on CPU: the models are tiny ones built here (a byte-level BPE tokenizer trained on the
 generated arithmetic questions of data/arithmetic, a GPT-NeoX policy and reward model in Pythia's layout, a
@@ -54,6 +61,80 @@ GIB = 2**30
 GUARD_TOLERANCE = 1e-4  # the weight-sync guard's float32 tolerance (check_weight_sync in every script)
 TORCH_ROWS = ("learner memory", "grad == no-grad", "TF32 sensitivity")
 FIT_SIZES = (2, 8)  # the micro-batches of the peak-vs-estimate check
+# --random-weights: the configs the torch part builds its models from, as the hub's config.json files give them
+# (EleutherAI/pythia-160m, Qwen/Qwen2.5-0.5B-Instruct, EleutherAI/pythia-2.8b), so a machine with no hub and no model
+# files measures the same shapes; with --cpu, tiny models of the same two families
+PYTHIA_LAYOUT = dict(
+    model_type="gpt_neox",
+    hidden_act="gelu",
+    rotary_pct=0.25,
+    rotary_emb_base=10000,
+    use_parallel_residual=True,
+    tie_word_embeddings=False,
+    layer_norm_eps=1e-5,
+    max_position_embeddings=2048,
+    bos_token_id=0,
+    eos_token_id=0,
+)
+QWEN_LAYOUT = dict(
+    model_type="qwen2",
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+    max_position_embeddings=32768,
+    bos_token_id=151643,
+    eos_token_id=151645,
+)
+RANDOM_CONFIGS = {
+    "pythia-160m": dict(
+        PYTHIA_LAYOUT,
+        vocab_size=50304,
+        hidden_size=768,
+        intermediate_size=3072,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+    ),
+    "qwen2.5-0.5b": dict(
+        QWEN_LAYOUT,
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+    ),
+    "pythia-2.8b": dict(
+        PYTHIA_LAYOUT,
+        vocab_size=50304,
+        hidden_size=2560,
+        intermediate_size=10240,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+    ),
+}
+TINY_RANDOM_CONFIGS = {
+    "pythia": dict(
+        PYTHIA_LAYOUT,
+        vocab_size=576,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+    ),
+    "qwen": dict(
+        QWEN_LAYOUT,
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        bos_token_id=0,
+        eos_token_id=0,
+    ),
+}
 
 
 # ------------------------------------------------------------------------------------------------ the torch part
@@ -113,13 +194,19 @@ def measure(
     token_logprobs, model_path: str, prompt_tokens: int, response_tokens: int, micro_batch_size: int, device: str
 ) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     result = dict(
         model=model_path, device=device, micro_batch_size=micro_batch_size, length=prompt_tokens + response_tokens
     )
     torch.manual_seed(0)
-    policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+    if has_weights(model_path):
+        policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+    else:  # --random-weights: a folder holding only the config this script wrote
+        with torch.device(device):
+            policy = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=torch.float32)
+        policy.eval()
+    result["weights"] = "trained weights" if has_weights(model_path) else "random weights from config.json alone"
     vocab = min(policy.config.vocab_size, policy.get_input_embeddings().weight.shape[0])
     length = prompt_tokens + response_tokens
     input_ids = torch.randint(0, vocab, (micro_batch_size, length), device=device)
@@ -370,7 +457,7 @@ def torch_rows(specs: list, ctx, fit: tuple) -> list:
             note=(
                 f"out of memory: {r['oom']}"
                 if r["oom"]
-                else f"policy ({r['parameters'] / 1e6:.1f}M parameters, fp32) + AdamW + one micro-batch of "
+                else f"policy ({r['parameters'] / 1e6:.1f}M parameters, fp32, {r['weights']}) + AdamW + one micro-batch of "
                 f"{r['micro_batch_size']} x {r['length']} tokens, forward + backward + step in "
                 f"{r['step_seconds']:.2f} s; {where}"
             ),
@@ -733,6 +820,24 @@ def build_tiny_models(questions, out: Path):
     return out / "pythia_policy", out / "pythia_rm", out / "qwen_policy"
 
 
+def has_weights(model_path: str) -> bool:
+    """Whether a model folder holds weights (a hub id is assumed to); --random-weights folders hold a config alone."""
+    folder = Path(model_path)
+    return not folder.is_dir() or any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
+
+
+def write_random_configs(out: Path, cpu: bool) -> dict:
+    """--random-weights: {name: folder holding only config.json} for RANDOM_CONFIGS (TINY_RANDOM_CONFIGS with --cpu)."""
+    from transformers import AutoConfig
+
+    folders = {}
+    for name, fields in (TINY_RANDOM_CONFIGS if cpu else RANDOM_CONFIGS).items():
+        fields = dict(fields)
+        folders[name] = out / name
+        AutoConfig.for_model(fields.pop("model_type"), **fields).save_pretrained(folders[name])
+    return folders
+
+
 # ------------------------------------------------------------------------------------------------ main
 def gpu_names() -> str:
     try:
@@ -770,6 +875,12 @@ def main():
         default="dpo,rloo,ppo,own-process,grpo",
         help="which runs, comma-separated (default: all of dpo,rloo,ppo,own-process,grpo)",
     )
+    parser.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="the torch part from configs this script writes (Pythia-160m, Qwen2.5-0.5B, Pythia-2.8b; tiny ones with "
+        "--cpu), random weights: no hub, no model files; needs --only torch (the runs need tokenizers)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="learner steps per run (default: 8 on GPU, 4 on CPU)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take before it is killed")
     parser.add_argument(
@@ -782,6 +893,8 @@ def main():
     runs = args.runs.split(",")
     if not set(runs) <= {"dpo", "rloo", "ppo", "own-process", "grpo"}:
         sys.exit(f"error: --runs {args.runs!r}: choose among dpo,rloo,ppo,own-process,grpo")
+    if args.random_weights and args.only != "torch":
+        sys.exit("error: --random-weights needs --only torch: the runs need the models' tokenizers and weights")
     ctx = Context()
     ctx.args = args
     ctx.steps = args.steps or (4 if args.cpu else 8)
@@ -806,7 +919,7 @@ def main():
         env["OMP_NUM_THREADS"] = "1"  # one thread per role, as the scripts' --torch-threads 1
         env["CUDA_VISIBLE_DEVICES"] = ""  # CPU mode means CPU, even on a machine with a GPU
         env.setdefault("HF_HUB_OFFLINE", "1")
-    elif all(os.path.isdir(p) for p in (pythia, qwen, pythia_big)):
+    elif args.random_weights or all(os.path.isdir(p) for p in (pythia, qwen, pythia_big)):
         env.setdefault("HF_HUB_OFFLINE", "1")  # all local: never ask the hub
     ctx.env = env
 
@@ -824,12 +937,20 @@ def main():
     started = time.time()
     print(
         f"gpu_smoke: {'CPU, tiny models' if args.cpu else f'{num_gpus} GPU(s): {gpu_names()}'}, "
-        f"{ctx.steps} learner steps per run, work dir {ctx.work}",
+        f"{ctx.steps} learner steps per run"
+        + (", random weights from configs written here" if args.random_weights else "")
+        + f", work dir {ctx.work}",
         flush=True,
     )
 
     # models and data
-    if args.cpu:
+    if args.random_weights:
+        print("== writing the models' configs (random weights, no model files)", flush=True)
+        configs = write_random_configs(ctx.work / "configs", args.cpu)
+        pythia, qwen = (str(configs[n]) for n in (("pythia", "qwen") if args.cpu else ("pythia-160m", "qwen2.5-0.5b")))
+        pythia_big = str(configs.get("pythia-2.8b", pythia))
+        questions, problems = [], None
+    elif args.cpu:
         arithmetic = REPO / "data" / "arithmetic"
         questions = read_questions(arithmetic, 2000)
         print("== building tiny models (tokenizer, GPT-NeoX policy and reward model, Llama policy)", flush=True)
