@@ -156,6 +156,22 @@ BAD_INPUTS = [
         nothing,
         "--model-name-or-path is a 'gpt_neox' model; this script knows the modules vLLM applies adapters to",
     ),
+    # async_grpo_gsm8k_lora.py: the same check_lora_args, reached through the GRPO variant's check_args
+    (
+        "async_grpo_gsm8k_lora.py",
+        grpo_flags,
+        ("--lora-target-modules", "q_proj", "lm_head"),
+        nothing,
+        "--lora-target-modules ['lm_head']: vLLM applies adapters of a llama model to",
+    ),
+    ("async_grpo_gsm8k_lora.py", grpo_flags, ("--lora-rank", "-1"), nothing, "--lora-rank must be in 1-512"),
+    (
+        "async_grpo_gsm8k_lora.py",
+        grpo_flags,
+        ("--model-name-or-path", "{tiny}/neox_policy"),
+        nothing,
+        "--model-name-or-path is a 'gpt_neox' model; this script knows the modules vLLM applies adapters to",
+    ),
     (
         "async_dpo.py",
         rm_flags,

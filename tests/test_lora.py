@@ -1,6 +1,8 @@
-"""async_dpo_lora.py: online DPO with LoRA adapters that reach a real vLLM engine version by version. The reference is
-the base with the adapter disabled; the guard stops a dropped adapter push, an engine that serves an old adapter and
-an adapter file that lacks a module, and passes a healthy run; flags vLLM would ignore are refused before any load."""
+"""async_dpo_lora.py and async_grpo_gsm8k_lora.py: online DPO and GRPO with LoRA adapters that reach a real vLLM engine
+version by version. The reference is the base with the adapter disabled; the guard stops a dropped adapter push, an
+engine that serves an old adapter and an adapter file that lacks a module, and passes a healthy run; flags vLLM would
+ignore are refused before any load. The LoRA helpers are the same in both variants (tests/test_twins.py, LORA_COMMON):
+the tests of those run on each variant's module, the runs on each variant's own loop."""
 
 import json
 import os
@@ -11,6 +13,7 @@ import torch
 from conftest import load_script, read_metrics, run_script
 
 LORA = "async_dpo_lora.py"
+GRPO_LORA = "async_grpo_gsm8k_lora.py"
 
 
 def common_flags(tiny, *extra):
@@ -39,9 +42,9 @@ def common_flags(tiny, *extra):
     )
 
 
-@pytest.fixture(scope="module")
-def lora():
-    return load_script(LORA)
+@pytest.fixture(scope="module", params=[LORA, GRPO_LORA])
+def lora(request):
+    return load_script(request.param)
 
 
 def learner_and_engine(lora, tiny, tmp_path):
@@ -162,6 +165,84 @@ def test_a_run_trains_the_adapter_the_engine_serves_and_saves_adapter_and_merged
         assert not torch.equal(merged.model.layers[0].mlp.down_proj.weight, base.model.layers[0].mlp.down_proj.weight)
         assert torch.equal(merged.model.embed_tokens.weight, base.model.embed_tokens.weight)  # not a target
         assert "the merged policy is in" in proc.stdout
+
+
+def grpo_flags(tiny, arithmetic_folder, *extra):
+    # temperature 1 and 16 problems x 4 samples: groups of mixed rewards, so that the tiny policy's adapter moves
+    return (
+        "--model-name-or-path",
+        str(tiny / "policy"),
+        "--dataset-path",
+        str(arithmetic_folder),
+        "--max-prompt-tokens",
+        "256",
+        "--response-length",
+        "16",
+        "--prompts-per-step",
+        "16",
+        "--num-samples-per-prompt",
+        "4",
+        "--temperature",
+        "1.0",
+        "--learning-rate",
+        "3e-3",
+        "--seed",
+        "3",
+        "--kv-cache-gib",
+        "0.25",
+        *extra,
+    )
+
+
+def test_a_grpo_run_hands_over_eleven_adapters_and_saves_a_model_the_core_trains_on(tiny, arithmetic_folder, tmp_path):
+    """--async-steps 0, 11 learner steps of 2 mini-batches, with a KL term: versions 0-10 reach the engine as adapters
+    through the thread and version 11 for the final evaluation, each passing the guard; every batch is sampled by the
+    learner's current adapter (logprob gap at float32 rounding) while the KL to the base, the adapter disabled, grows
+    from 0. The adapter folder and --save-merged's model folder are the same policy, and the GRPO core trains on the
+    merged folder as its --model-name-or-path (its own guard and gap check that its engine serves it)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    flags = (
+        "--num-learner-steps",
+        "11",
+        "--async-steps",
+        "0",
+        "--num-mini-batches",
+        "2",
+        "--kl-coef",
+        "0.05",
+        "--lora-rank",
+        "4",
+    )
+    flags += ("--num-eval-prompts", "8", "--eval-every", "5", "--save-merged", "--output-dir", str(tmp_path / "model"))
+    proc, _ = run_script(GRPO_LORA, tmp_path, *grpo_flags(tiny, arithmetic_folder, *flags))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = read_metrics(tmp_path)
+    assert [m["async/actor_version"] for m in metrics] == list(range(11))
+    assert all(m["async/behaviour_learner_logprob_gap"] < 1e-5 for m in metrics)
+    assert all(m["time/weight_sync"] > 0 for m in metrics[1:])  # the thread loaded and checked each new adapter
+    assert metrics[-1]["objective/kl"] > 1e-3 and max(abs(m["losses/policy_loss"]) for m in metrics) > 0
+    evals = [json.loads(line) for line in next((tmp_path / "runs").glob("*/eval.jsonl")).read_text().splitlines()]
+    assert [e["policy_version"] for e in evals] == [0, 5, 10, 11]
+    config = json.loads((tmp_path / "model" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and "down_proj" in config["target_modules"]
+    base = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "model" / "merged", dtype=torch.float32).eval()
+    ids = torch.randint(5, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = {"merged": merged(input_ids=ids).logits}
+        logits["base"] = base(input_ids=ids).logits
+        logits["adapter"] = PeftModel.from_pretrained(base, tmp_path / "model").eval()(input_ids=ids).logits
+    assert (logits["adapter"] - logits["base"]).abs().max() > 1e-3  # the adapter is not the base
+    assert torch.allclose(logits["merged"], logits["adapter"], atol=1e-5, rtol=0)
+    core = tmp_path / "core"
+    core.mkdir()
+    flags = ("--model-name-or-path", str(tmp_path / "model" / "merged"), "--num-learner-steps", "1", "--async-steps")
+    flags += ("0", "--prompts-per-step", "4", "--num-eval-prompts", "0", "--output-dir", str(core / "model"))
+    proc, _ = run_script("async_grpo_gsm8k.py", core, *grpo_flags(tiny, arithmetic_folder, *flags))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert read_metrics(core)[0]["async/behaviour_learner_logprob_gap"] < 1e-5
 
 
 # the flags vLLM would not serve (target modules, ranks, an unknown base) are in test_bad_inputs.py's table
