@@ -18,6 +18,7 @@ os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" t
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
 
+import atexit
 import glob
 import json
 import queue
@@ -396,7 +397,9 @@ def main():
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
     keep_models_eager(policy, reward_model)
-    args.adapter_dir = tempfile.mkdtemp(prefix="adapters_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # tmpfs: the engine reads each adapter from RAM
+    args.adapter_dir = tempfile.mkdtemp(prefix=f"adapters_{args.run_name}_", dir=shm)
+    atexit.register(shutil.rmtree, args.adapter_dir, True)  # a stop, a guard's exit, a crash: none leaves RAM held
     check = save_adapter(policy, 0, probe, args)  # version 0: B = 0, the base itself
     push_weights_to_engine(llm, adapter_request(args, 0), None)
     last_sync = check_weight_sync(llm, check, None, args, 0, adapter_request(args, 0))
@@ -518,7 +521,6 @@ def main():
     args.output_dir = save_final(args, policy, tokenizer)
     if args.save_merged:
         save_merged(args, policy, tokenizer)
-    shutil.rmtree(args.adapter_dir, ignore_errors=True)
     metrics_file.close()
     writer.close()
     print_summary(args, reward_key)

@@ -234,6 +234,33 @@ def kill_group(proc: subprocess.Popen):
     proc.wait()
 
 
+def run_until_sigterm(script, cwd, args, after_steps: int):
+    """Start the script, send it SIGTERM once `after_steps` learner steps are logged, and wait for it to exit."""
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / script), *args],
+        cwd=cwd,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 900
+        while time.time() < deadline and proc.poll() is None:
+            logged = list((cwd / "runs").glob("*/metrics.jsonl"))
+            if logged and len(logged[0].read_text().splitlines()) >= after_steps:
+                proc.send_signal(signal.SIGTERM)
+                break
+            # a short poll: a step of the tiny models takes well under 0.5 s, so a slower poll let a fast machine run
+            # the remaining steps before the signal arrived (seen: the run stopped after its last step)
+            time.sleep(0.02)
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        kill_group(proc)
+    return proc.returncode, stdout, stderr
+
+
 def read_metrics(cwd: Path):
     """The per-step metrics of the single run under cwd/runs/."""
     (path,) = list((cwd / "runs").glob("*/metrics.jsonl"))

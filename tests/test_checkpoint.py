@@ -5,14 +5,10 @@ held-out evaluations) on the tiny models, real engine. The cores' SIGTERM save i
 
 import json
 import re
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from conftest import ENV, REPO, kill_group, load_script, read_metrics, run_script
+from conftest import load_script, read_metrics, run_script, run_until_sigterm
 
 STEPS = 6
 PPO, GRPO = "multigpu/async_ppo_multigpu.py", "multigpu/async_grpo_gsm8k_multigpu.py"
@@ -98,33 +94,6 @@ def assert_a_model_folder(script, folder, tiny, arithmetic_folder):
     tokenizer, eos_token_ids = variant.load_tokenizer(args)
     assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(tiny / "policy").get_vocab()
     assert eos_token_ids == (0,) and (folder / "generation_config.json").exists()
-
-
-def run_until_sigterm(script, cwd, args, after_steps: int):
-    """Start the script, send it SIGTERM once `after_steps` learner steps are logged, and wait for it to exit."""
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / script), *args],
-        cwd=cwd,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.time() + 900
-        while time.time() < deadline and proc.poll() is None:
-            logged = list((cwd / "runs").glob("*/metrics.jsonl"))
-            if logged and len(logged[0].read_text().splitlines()) >= after_steps:
-                proc.send_signal(signal.SIGTERM)
-                break
-            # a short poll: a step of the tiny models takes well under 0.5 s, so a slower poll let a fast machine run
-            # the remaining steps before the signal arrived (seen: the run stopped after its last step)
-            time.sleep(0.02)
-        stdout, stderr = proc.communicate(timeout=600)
-    finally:
-        kill_group(proc)
-    return proc.returncode, stdout, stderr
 
 
 @pytest.mark.parametrize("script", list(LOSSES))

@@ -4,13 +4,14 @@ engine that serves an old adapter and an adapter file that lacks a module, and p
 ignore are refused before any load. The LoRA helpers are the same in both variants (tests/test_twins.py, LORA_COMMON):
 the tests of those run on each variant's module, the runs on each variant's own loop."""
 
+import glob
 import json
 import os
 
 import pytest
 import torch
 
-from conftest import load_script, read_metrics, run_script
+from conftest import load_script, read_metrics, run_script, run_until_sigterm
 
 LORA = "async_dpo_lora.py"
 GRPO_LORA = "async_grpo_gsm8k_lora.py"
@@ -165,6 +166,21 @@ def test_a_run_trains_the_adapter_the_engine_serves_and_saves_adapter_and_merged
         assert not torch.equal(merged.model.layers[0].mlp.down_proj.weight, base.model.layers[0].mlp.down_proj.weight)
         assert torch.equal(merged.model.embed_tokens.weight, base.model.embed_tokens.weight)  # not a target
         assert "the merged policy is in" in proc.stdout
+        assert adapters_left(cwd) == []
+
+
+def adapters_left(cwd):
+    """The hand-off folders in /dev/shm (RAM) that the run in `cwd` left: they are named after its run."""
+    (run,) = (cwd / "runs").iterdir()
+    return glob.glob(f"/dev/shm/adapters_{run.name}_*")
+
+
+def test_a_stopped_run_leaves_no_adapters_in_shared_memory(tiny, tmp_path):
+    """A SIGTERM stop ends the run through sys.exit, as a guard stop does: the adapters in /dev/shm go with it."""
+    flags = common_flags(tiny, "--num-learner-steps", "40", "--output-dir", str(tmp_path / "model"))
+    returncode, _, stderr = run_until_sigterm(LORA, tmp_path, flags, after_steps=2)
+    assert returncode != 0 and "SIGTERM: stopped after learner step" in stderr, stderr[-3000:]
+    assert os.path.isdir("/dev/shm") and adapters_left(tmp_path) == []
 
 
 def grpo_flags(tiny, arithmetic_folder, *extra):
