@@ -19,12 +19,12 @@ import contextlib
 import dataclasses
 import io
 import re
-import sys
 from pathlib import Path
 from unittest import mock
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+import common
+
+REPO = common.REPO
 
 GIB = 2**30
 FREE, TOTAL = 79.5 * GIB, 80.0 * GIB
@@ -128,8 +128,6 @@ def main():
     parser.add_argument("--results-dir", default=str(REPO / "benchmark" / "results"))
     parser.add_argument("--work-dir", default=str(REPO / "benchmark" / "work" / "gpu_fit"))
     options = parser.parse_args()
-    from conftest import load_script
-
     work = Path(options.work_dir)
     paths = {name: write_config(work, name) for name in MODELS}
     lines = [
@@ -142,7 +140,7 @@ def main():
         "|---|---|---|" + "---|" * len(LAYOUTS),
     ]
     for label, algo, models in ROWS:
-        variant = load_script(f"multigpu/async_{algo}_multigpu.py")
+        variant = common.load_script(f"multigpu/async_{algo}_multigpu.py")
         for name in models:
             cells, per_sequence = [], None
             for layout in LAYOUTS.values():

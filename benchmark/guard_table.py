@@ -24,7 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import common
+
+REPO = common.REPO
 WORK = REPO / "benchmark" / "work" / "guard"
 RESULTS = REPO / "benchmark" / "results"
 # (model, engine dtype, learning rate, fault, version the fault starts at, versions): issue 42's rows first
@@ -68,19 +70,13 @@ def model_path(name: str) -> Path:
     if name == "smollm2":
         return REPO / "models" / "SmolLM2-135M-Instruct"
     if not (WORK / "tiny" / "policy").exists():
-        sys.path.insert(0, str(REPO / "tests"))
-        from conftest import build_tiny_models
-
-        build_tiny_models(WORK / "tiny")
+        common.load_script("tools/make_tiny_models.py").build_tiny_models(WORK / "tiny")  # the tests' tiny models
     return WORK / "tiny" / ("neox_policy" if name == "neox" else "policy")
 
 
 def run_group(model: str, dtype: str, rows: list) -> list:
     """The rows of one (model, dtype) in this process: one engine, a fresh learner per row."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import load_script
-
-    dpo = load_script("async_dpo.py")  # sets the engine-in-process variable before vLLM is imported
+    dpo = common.load_script("async_dpo.py")  # sets the engine-in-process variable before vLLM is imported
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

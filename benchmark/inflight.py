@@ -17,7 +17,6 @@ import os
 import platform
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -27,7 +26,9 @@ from typing import Optional, Tuple
 import numpy as np
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
+import common
+
+REPO = common.REPO
 CORE, INFLIGHT = "async_grpo_gsm8k.py", "async_grpo_gsm8k_inflight.py"
 # setting: (script, flags); all at K = 1, the paper's async setting
 SETTINGS = {
@@ -130,11 +131,8 @@ def run(args: Args, setting: str, seed: int, path: Path):
     cwd.mkdir(parents=True)
     cmd = command(args, setting, seed, cwd / "model")
     print(f"== {path.stem}: {' '.join(cmd)}", flush=True)
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     start = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {path.stem} failed:\n{proc.stderr[-5000:]}")
+    common.run_script(cmd, cwd, path.stem)
     (run_folder,) = list((cwd / "runs").iterdir())
     read = lambda name: [json.loads(line) for line in (run_folder / name).read_text().splitlines()]  # noqa: E731
     path.write_text(
@@ -254,8 +252,7 @@ def kv_gap(args: Args):
     import torch
     from transformers import AutoModelForCausalLM
 
-    sys.path.insert(0, str(REPO))
-    script = __import__(INFLIGHT[:-3])
+    script = common.load_script(INFLIGHT)
     flags = script.Args(
         model_name_or_path=args.policy,
         dataset_path=args.dataset_path,

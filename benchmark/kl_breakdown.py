@@ -12,10 +12,8 @@ little off it; only the spread says which, and the problem types say where.
 """
 
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -24,11 +22,11 @@ from pathlib import Path
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmark"))
-sys.path.insert(0, str(REPO / "tools"))
-import make_arithmetic as task  # noqa: E402  the gold grader
-import staleness  # noqa: E402  the benchmark's own sampling, encoding and evaluation seeds
+import common
+import staleness  # the benchmark's own sampling, encoding and evaluation seeds
+
+REPO = common.REPO
+task = staleness.task  # tools/make_arithmetic.py, the gold grader
 
 OPERATIONS = {"giving away": "sub", "getting": "add", "it": "mul"}  # make_arithmetic's worked-solution steps
 
@@ -69,11 +67,8 @@ def rerun(result, stem: str, work: Path, force: bool):
     )
     flags = result["command"][1:]
     flags[flags.index("--output-dir") + 1] = str(folder / "model")
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {stem}: rerunning {script.name} into {folder}", flush=True)
-    proc = subprocess.run([sys.executable, str(script), *flags], cwd=folder, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: the rerun of {stem} failed:\n{proc.stderr[-5000:]}")
+    common.run_script([sys.executable, str(script), *flags], folder, f"the rerun of {stem}")
     return folder
 
 

@@ -40,10 +40,10 @@ from typing import List, Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmark"))
-import speed  # noqa: E402  the speed table's settings and inputs
-from overheads import load_script  # noqa: E402
+import common
+import speed  # the speed table's settings and inputs
+
+REPO = common.REPO
 
 PHASES = ("time/weight_sync", "time/generation", "time/reward_labeling", "time/training")  # logged; the rest: logging
 NEEDS_REFERENCE = {"dpo": True, "rloo": True, "ppo": True}  # GRPO: only with --kl-coef > 0
@@ -142,11 +142,8 @@ def run_script(args: Args, algo: str, revision: str, repeat: int):
         "--output-dir",
         str(cwd / "model"),
     ]
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     print(f"== {algo} {revision} run {repeat}: {' '.join(cmd)}", flush=True)
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {algo} ({revision}) failed:\n{proc.stderr[-5000:]}")
+    proc = common.run_script(cmd, cwd, f"{algo} ({revision})", env=common.QUIET)
     (path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
     metrics = [json.loads(line) for line in path.read_text().splitlines()]
     shutil.rmtree(cwd, ignore_errors=True)  # the saved model is large and not needed
@@ -169,7 +166,7 @@ def measure_rows(args: Args):
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    modules = {algo: load_script(f"async_{algo}.py") for algo in args.algorithms}
+    modules = {algo: common.load_script(f"async_{algo}.py") for algo in args.algorithms}
     runs = {}
     for algo, m in modules.items():
         run = tyro.cli(m.Args, args=script_flags(args, algo))

@@ -36,7 +36,9 @@ from typing import Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
+import common
+
+REPO = common.REPO
 
 
 @dataclass
@@ -70,23 +72,6 @@ class Args:
     """internal: measure this one mode ("full" or "lora-R") in this process and write its JSON into --work-dir"""
 
 
-def load_script(relative_path: str, commit: str = "", work_dir: Optional[Path] = None):
-    """Import a script as a module (its `if __name__ == "__main__":` body does not run); `commit`: its text at that
-    commit, written under `work_dir` first."""
-    import importlib.util
-
-    path = REPO / relative_path
-    if commit:
-        text = subprocess.run(["git", "show", f"{commit}:{relative_path}"], cwd=REPO, capture_output=True, check=True)
-        path = work_dir / f"scripts-{commit[:12]}" / relative_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(text.stdout)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def policy_path(args: Args):
     return args.policy or str(REPO / "models" / "SmolLM2-135M-Instruct")
 
@@ -95,7 +80,7 @@ def measure_mode(args: Args):
     """One mode, in this process: version 0 pushed untimed, then per version a learner step (untimed) and the timed
     hand-off, its learner side and its engine side, with the bytes it hands over."""
     lora = args.mode.startswith("lora-")
-    script = load_script("async_dpo_lora.py" if lora else "async_dpo.py", args.scripts_ref, Path(args.work_dir))
+    script = common.load_script("async_dpo_lora.py" if lora else "async_dpo.py", args.scripts_ref, Path(args.work_dir))
     import torch
 
     script.SET_TORCH_THREADS(1)

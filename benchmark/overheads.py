@@ -46,8 +46,9 @@ from typing import Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmark"))
+import common
+
+REPO = common.REPO
 
 
 @dataclass
@@ -75,17 +76,6 @@ class Args:
     tokenizer, built once under --work-dir"""
     quick: bool = False
     """smoke mode for the test suite: 2 repeats"""
-
-
-def load_script(relative_path: str):
-    """Import a script as a module (its `if __name__ == "__main__":` body does not run)."""
-    import importlib.util
-
-    path = REPO / relative_path
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def hand_off_seconds(batch):
@@ -287,7 +277,7 @@ def measure(args: Args):
 
     inputs = speed.Args(policy=args.policy, prompts=args.prompts, work_dir=args.work_dir)
     speed.prepare_inputs(inputs)
-    dpo = load_script("multigpu/async_dpo_multigpu.py")  # the variant with the spare-copy hand-off
+    dpo = common.load_script("multigpu/async_dpo_multigpu.py")  # the variant with the spare-copy hand-off
     import torch
     from transformers import AutoModelForCausalLM
     from vllm import SamplingParams

@@ -22,7 +22,6 @@ import math
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,9 +30,10 @@ from typing import List
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmark"))
-import staleness  # noqa: E402  the staleness benchmark's prep, run flags and evaluation, reused as they are
+import common
+import staleness  # the staleness benchmark's prep, run flags and evaluation, reused as they are
+
+REPO = common.REPO
 
 SCRIPT = "multigpu/async_rloo_multigpu.py"
 CORRECTIONS = ("paper", "behaviour", "decoupled")
@@ -98,12 +98,9 @@ def run(cwd: Path, flags):
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
     cmd = [sys.executable, str(REPO / SCRIPT), *flags]
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {cwd.name}: {' '.join(cmd)}", flush=True)
     start = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {cwd.name} failed:\n{proc.stderr[-5000:]}")
+    common.run_script(cmd, cwd, cwd.name)
     (folder,) = (cwd / "runs").iterdir()
     return folder, time.time() - start
 

@@ -25,7 +25,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,7 +33,9 @@ from typing import List, Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
+import common
+
+REPO = common.REPO
 GSM8K_TRAIN = REPO / "data" / "gsm8k" / "train.jsonl"  # prepared by install.sh, like the arithmetic problems
 ARITHMETIC = REPO / "data" / "arithmetic"
 
@@ -181,12 +182,9 @@ def run_variant(args: Args, setting: str, variant: str, path: Path):
         "--output-dir",
         str(cwd / "model"),
     ]
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     print(f"== {setting} {variant}: {' '.join(cmd)}", flush=True)
     start = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {setting} {variant} failed:\n{proc.stderr[-5000:]}")
+    common.run_script(cmd, cwd, f"{setting} {variant}", env=common.QUIET)
     (metrics_path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
     result = dict(
         setting=setting,

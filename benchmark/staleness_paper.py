@@ -46,10 +46,11 @@ from typing import List, Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tools"), str(REPO / "benchmark")]
-import make_arithmetic as task  # noqa: E402  problems, the binary grader (SFT stopping rule) and the continuous gold
-import staleness as base  # noqa: E402  the shared prep (data, tokenizer, SFT), sampler, KL, claims and budgets
+import common
+import staleness as base  # the prep it extends (data, tokenizer, SFT), the sampler, the KL and the budgets
+
+REPO = common.REPO
+task = common.arithmetic_task()  # problems, the binary grader (SFT stopping rule) and the continuous gold
 
 # One rate for every algorithm, as in the paper: chosen by the gate runs on sync-1 (docs/benchmarks.md)
 LEARNING_RATE = 1e-4
@@ -525,12 +526,9 @@ def run_one(
         "--output-dir",
         str(cwd / "model"),
     ]
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {path.stem}: {' '.join(cmd)}", flush=True)
     start = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {path.stem} failed:\n{proc.stderr[-5000:]}")
+    common.run_script(cmd, cwd, path.stem)
     run_seconds = time.time() - start
     (metrics_path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
     metrics = [json.loads(line) for line in metrics_path.read_text().splitlines()]
@@ -710,7 +708,7 @@ def gate_search(args: Args, prep):
                     continue
                 if not may_start(args, path, invocation_start, durations, new_runs):
                     return
-                claimed = base.claim(Path(args.work_dir), f"gate__{path.stem}")
+                claimed = common.claim(Path(args.work_dir), f"gate__{path.stem}")
                 if claimed is None:
                     continue
                 try:
@@ -1925,11 +1923,11 @@ if __name__ == "__main__":
         for seed, algo, lr, setting in todo:
             path = result_path(args, algo, setting, lr, seed)
             if path.exists() and not args.force:
-                base.check_same_budget(path, args, setting)
+                common.check_same_budget(path, base.budget(args, setting))
                 continue
             if not may_start(args, path, invocation_start, durations, new_runs):
                 break
-            claimed = base.claim(Path(args.work_dir), f"{sweep_name}/{path.stem}")
+            claimed = common.claim(Path(args.work_dir), f"{sweep_name}/{path.stem}")
             if claimed is None:
                 print(f"== {path.stem}: being run by another invocation, skipped", flush=True)
                 continue

@@ -202,16 +202,16 @@ def test_cost_tables_pair_seeds_rank_by_the_most_stale_settings_and_compare_corr
 def test_a_claimed_run_is_left_to_its_claimant_until_that_process_is_gone(tmp_path):
     """Two invocations sharing a sweep never run the same run: the second sees the first's claim and skips the run;
     a claim left by a killed invocation is taken over."""
-    staleness = load_script("benchmark/staleness.py")
+    common = load_script("benchmark/common.py")  # the staleness sweeps' claims
     stem = "dpo__sync-1__lr0.0001__seed1"
-    mine = staleness.claim(tmp_path, stem)
+    mine = common.claim(tmp_path, stem)
     assert mine == tmp_path / "runs" / f"{stem}.claim" and mine.read_text() == str(os.getpid())
-    assert staleness.claim(tmp_path, stem) is None  # held by a live process (this one)
-    assert staleness.claim(tmp_path, "dpo__sync-4__lr0.0001__seed1") is not None  # other runs are free
+    assert common.claim(tmp_path, stem) is None  # held by a live process (this one)
+    assert common.claim(tmp_path, "dpo__sync-4__lr0.0001__seed1") is not None  # other runs are free
     mine.unlink()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     mine.write_text(gone.stdout.strip())  # the claim of an invocation that was killed
-    assert staleness.claim(tmp_path, stem) == mine and mine.read_text() == str(os.getpid())
+    assert common.claim(tmp_path, stem) == mine and mine.read_text() == str(os.getpid())
 
 
 def test_sampler_and_kl_match_the_scripts_logprobs(tmp_path):
