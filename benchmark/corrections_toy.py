@@ -1,7 +1,7 @@
 """Which off-policy correction keeps RLOO's gradient when the samples are K policy versions old? A toy whose true
 gradient is exact, so every correction's error can be measured rather than argued.
 
-    python benchmark/corrections_toy.py              # 3 seeds, 4 drift levels: results/corrections_toy.md (~2-3 min)
+    python benchmark/corrections_toy.py              # 3 seeds, 4 drift levels: results/corrections_toy/ (~2-3 min)
     python benchmark/corrections_toy.py --seeds 1 --learning-rates 0.1 --output /tmp/toy.md
 
 The toy. An autoregressive softmax policy over V = 8 tokens writes T = 24 tokens after a one-token prompt (uniform);
@@ -89,7 +89,7 @@ class Args:
     """truncation cap c"""
     expectation_samples: int = 2**20
     """samples of mu (and of pi_old, for the on-policy row) that estimate each estimator's expectation"""
-    output: str = str(REPO / "benchmark" / "results" / "corrections_toy.md")
+    output: str = str(REPO / "benchmark" / "results" / "corrections_toy" / "corrections_toy.md")
     """where the markdown report goes"""
 
 

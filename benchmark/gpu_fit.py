@@ -1,6 +1,6 @@
 """Which micro-batch the multigpu variants choose on an 80 GiB card, per paper configuration and layout (issue 44).
 
-    python benchmark/gpu_fit.py                     # writes benchmark/results/gpu_fit.md
+    python benchmark/gpu_fit.py                     # writes benchmark/results/gpu_fit/gpu_fit.md
     python benchmark/gpu_fit.py --results-dir D     # elsewhere (the test suite's run)
 
 Computed, not measured: no GPU is needed, and none ran it. For each configuration the variant's own
@@ -125,7 +125,7 @@ def choice(variant, path: Path, algo: str, layout: dict):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--results-dir", default=str(REPO / "benchmark" / "results"))
+    parser.add_argument("--results-dir", default=str(REPO / "benchmark" / "results" / "gpu_fit"))
     parser.add_argument("--work-dir", default=str(REPO / "benchmark" / "work" / "gpu_fit"))
     options = parser.parse_args()
     work = Path(options.work_dir)

@@ -1,7 +1,7 @@
 """Issue 42's guard table, re-run: does the weight-sync guard stop every skipped, stuck or partial push, and pass every
 healthy one, in float32 and bfloat16, at large and tiny learning rates? And what does it cost per version?
 
-    python benchmark/guard_table.py                 # every row; writes benchmark/results/guard.{md,json}
+    python benchmark/guard_table.py                 # every row; writes benchmark/results/guard_table/guard.{md,json}
     python benchmark/guard_table.py --rows 0 3      # some rows (their indices in ROWS)
 
 Each row is one learner and the real vLLM engine of `async_dpo.py` (in this process, CPU, one torch thread), driven
@@ -28,7 +28,7 @@ import common
 
 REPO = common.REPO
 WORK = REPO / "benchmark" / "work" / "guard"
-RESULTS = REPO / "benchmark" / "results"
+RESULTS = REPO / "benchmark" / "results" / "guard_table"
 # (model, engine dtype, learning rate, fault, version the fault starts at, versions): issue 42's rows first
 ROWS = [
     ("tiny", "float32", 3e-3, "skip", 3, 6),
@@ -223,6 +223,7 @@ def report(results: list, coverage: dict):
             )
     lines += ["", "The guard's start-up line, per (model, engine dtype), on this CPU engine:", ""]
     lines += [f"- {model} {dtype}: `{line}`" for (model, dtype), line in coverage.items()]
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "guard.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "guard.json").write_text(json.dumps(sorted(results, key=lambda r: r["index"]), indent=1))
     print("\n".join(lines))

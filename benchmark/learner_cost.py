@@ -21,7 +21,8 @@ step) with one torch thread:
 The in-process rows use the core's own functions on the batches of the run's measured steps, made again by the
 core's produce_batch from policy version 0 (the run trained at learning rate 1e-6 in between, so the report compares
 the mean response lengths), so the run and the rows time the same tensors. Every row is timed --repeats times,
-interleaved, after a warm-up round; the tables give median, min and max. Writes results/learner_cost.{json,md}.
+interleaved, after a warm-up round; the tables give median, min and max.
+Writes results/learner_cost/learner_cost.{json,md}.
 """
 
 import gc
@@ -73,7 +74,7 @@ class Args:
     """prompt JSONL with a `query` field; None: the speed table's (made once under --work-dir)"""
     dataset_path: Optional[str] = None
     """GRPO's problem folder (train.jsonl, test.jsonl); None: data/arithmetic, as the speed table"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "learner_cost")
     """where learner_cost.json and learner_cost.md go"""
     work_dir: str = str(REPO / "benchmark" / "work")
     """scratch space (git-ignored): run folders, old revisions' scripts, the speed table's inputs"""

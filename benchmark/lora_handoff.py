@@ -3,7 +3,7 @@
     python benchmark/lora_handoff.py                      # models/SmolLM2-135M-Instruct (made by install.sh); ~5 min
     python benchmark/lora_handoff.py --ranks 1 16 64 --versions 6 --note "what else ran on the machine"
     python benchmark/lora_handoff.py --quick --policy P --results-dir D --work-dir W  # a smoke run
-    python benchmark/lora_handoff.py --report-only        # the table again from results/lora_handoff.json
+    python benchmark/lora_handoff.py --report-only        # the table again from results/lora_handoff/lora_handoff.json
 
 Every piece is the scripts' own function, on a real CPU engine in float32 and a float32 learner, one torch thread:
   full      async_dpo.py: the learner's host copy of its state dict and weight_check (the guard's probe logprobs and
@@ -17,7 +17,7 @@ version 0 is pushed untimed, versions 1..--versions are timed and the first of t
 handed over: the state dict's tensors (what the copy and reload_weights carry) against the adapter file's size.
 Then, by calculation only, the adapter (all attention and MLP projections, rank --calc-rank) and the full weights of
 Pythia-2.8B and Llama-3.1-8B from their published config.json values. One JSON and one table:
-results/lora_handoff.json, results/lora_handoff.md.
+results/lora_handoff/lora_handoff.json, results/lora_handoff/lora_handoff.md.
 """
 
 import json
@@ -55,7 +55,7 @@ class Args:
     """tokens per sequence of that batch"""
     calc_rank: int = 16
     """LoRA rank of the calculated sizes of the large models"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "lora_handoff")
     """where lora_handoff.json and lora_handoff.md go"""
     work_dir: str = str(REPO / "benchmark" / "work" / "lora_handoff")
     """scratch space (git-ignored): each mode's JSON"""

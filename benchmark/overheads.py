@@ -25,7 +25,7 @@ Then the push paths (issue 43): one policy version W' = W + 1e-3 N(0, 1) into th
   (d) floor            the state dict's tensors copied into preallocated tensors of the same shapes, in this process
 A path is correct if, after it, the engine's prompt logprobs of a 32-token probe equal the learner's (float32) with
 W' within 1e-4 and have moved as far as the learner's. One reload runs under cProfile, to split out vLLM's processing
-step. One JSON and one table: results/overheads.json, results/overheads.md.
+step. One JSON and one table: results/overheads/overheads.json, results/overheads/overheads.md.
 """
 
 import cProfile
@@ -67,7 +67,7 @@ class Args:
     """prompts longer than this are dropped, as in the scripts"""
     repeats: int = 7
     """timings per piece (after one untimed warm-up of each)"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "overheads")
     """where overheads.json and overheads.md go"""
     work_dir: str = str(REPO / "benchmark" / "work")
     """scratch space (git-ignored) for the speed table's prompt file"""
