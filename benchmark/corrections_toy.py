@@ -15,7 +15,7 @@ The staleness. The policy is trained by on-policy RLOO (16 prompts x k = 4 sampl
 an async run where the batch of learner step i comes from policy version i-K. The learning rate sets how far the K
 steps move the policy; each level reports the mean per-token |log pi_old - log mu| of mu's samples, which the scripts
 log as `async/behaviour_learner_logprob_gap` (the staleness benchmark's K = 8 RLOO runs under the paper's loss: mean
-9.2e-3 over a run, largest 6.8e-2; benchmark/results/staleness.md).
+9.2e-3 over a run, largest 6.8e-2; benchmark/results/staleness/staleness.md).
 
 The estimators. Samples y ~ mu, RLOO advantages A (no KL penalty: only the correction differs), N = 1 (one update per
 batch, the staleness benchmark's async-K), clip range eps = 0.2, cap c = 2 (the scripts' defaults). With

@@ -1,12 +1,12 @@
 """Where a staleness run's KL comes from: rerun one run of benchmark/staleness.py, keeping its checkpoints this time,
 and split the KL of each evaluation by sample, by token and by problem type.
 
-    python benchmark/kl_breakdown.py benchmark/results/staleness/dpo__sync-1__lr0.0001__seed1.json
+    python benchmark/kl_breakdown.py benchmark/results/staleness/runs/dpo__sync-1__lr0.0001__seed1.json
     python benchmark/kl_breakdown.py RESULT.json --work-dir W      # W: the --work-dir the staleness run used
 
 The staleness benchmark deletes a run's checkpoints once it has evaluated them. This reruns the command its result file
 records (runs are seeded, so the rerun retraces the run: the report compares its KL and gold with the recorded curve)
-and evaluates every checkpoint on the same draws as the benchmark. It writes <results>/staleness_kl/<run>.md beside
+and evaluates every checkpoint on the same draws as the benchmark. It writes <results>/kl_breakdown/<run>.md beside
 the result file's folder. A mean KL of several nats can be a few samples far from the SFT policy or all samples a
 little off it; only the spread says which, and the problem types say where.
 """
@@ -34,7 +34,7 @@ OPERATIONS = {"giving away": "sub", "getting": "add", "it": "mul"}  # make_arith
 @dataclass
 class Args:
     result_file: tyro.conf.Positional[str]
-    """a result file of benchmark/staleness.py (results/staleness/<algorithm>__<setting>__lr<rate>__seed<s>.json)"""
+    """a result file of benchmark/staleness.py (results/staleness/runs/<algorithm>__<setting>__lr<rate>__seed<s>.json)"""
     work_dir: str = str(REPO / "benchmark" / "work" / "staleness")
     """the --work-dir of the staleness sweep that made the result (its prep: data, tokenizer, SFT policy)"""
     rare_probability: float = 1e-3
@@ -233,7 +233,7 @@ if __name__ == "__main__":
             f"- log-ratio {w['log_ratio']:.1f}, token {w['token']!r} (policy {w['p_policy']:.3g}, SFT "
             f"{w['p_sft']:.2g}): {w['text']!r}"
         )
-    out = path.parent.parent / "staleness_kl" / f"{path.stem}.md"
+    out = path.parent.parent / "kl_breakdown" / f"{path.stem}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -159,7 +159,7 @@ class Args:
     """samples per held-out problem (temperature 0.7) for the gold reward and the KL"""
     prep_threads: int = 2
     """torch threads for the prep and the evaluations (the RL runs use --torch-threads 1 per role)"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "staleness")
     """where result files, staleness.md and staleness*.png go"""
     work_dir: str = str(REPO / "benchmark" / "work" / "staleness")
     """scratch space (git-ignored): data, tokenizer, SFT policy, run folders"""
@@ -477,7 +477,7 @@ def budget(args: Args, setting: str):
 
 
 def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed: int):
-    return Path(args.results_dir) / "staleness" / f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
+    return Path(args.results_dir) / "runs" / f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
 
 
 def run_one(args: Args, task, algo: str, setting: str, learning_rate: float, seed: int, path: Path):
@@ -593,7 +593,7 @@ def mean_curve(runs):
 def load_results(results_dir: Path):
     """{(algorithm, setting): [runs at the algorithm's own learning rate]}, and every sync-1 run (the rate sweep)."""
     runs, rate_sweep = defaultdict(list), defaultdict(list)
-    for path in sorted((results_dir / "staleness").glob("*__*__lr*__seed*.json")):
+    for path in sorted((results_dir / "runs").glob("*__*__lr*__seed*.json")):
         r = json.loads(path.read_text())
         if r["algorithm"] not in ALGORITHMS:
             continue
@@ -603,14 +603,14 @@ def load_results(results_dir: Path):
             runs[(r["algorithm"], r["setting"])].append(r)
     for (algo, setting), rs in runs.items():
         if len({(r["episodes"], len(r["curve"])) for r in rs}) > 1:
-            sys.exit(f"error: {algo} {setting} has result files of different budgets in {results_dir / 'staleness'}")
+            sys.exit(f"error: {algo} {setting} has result files of different budgets in {results_dir / 'runs'}")
     return runs, rate_sweep
 
 
 def report(results_dir: Path):
     """Rebuild staleness.md, staleness.png (gold vs KL) and staleness_updates.png (gold vs updates)."""
     runs, rate_sweep = load_results(results_dir)
-    prep_path = results_dir / "staleness" / "prep.json"
+    prep_path = results_dir / "runs" / "prep.json"
     prep = json.loads(prep_path.read_text()) if prep_path.exists() else None
     fmt = lambda ms: f"{ms[0]:.3f} ± {ms[1]:.3f}" if not math.isnan(ms[1]) else f"{ms[0]:.3f}"
     lines = [
@@ -914,11 +914,11 @@ if __name__ == "__main__":
         quick_settings(args)
     check(args)
     results_dir = Path(args.results_dir)
-    (results_dir / "staleness").mkdir(parents=True, exist_ok=True)
+    (results_dir / "runs").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         invocation_start, durations, new_runs = time.time(), [], 0
         prep = prepare(args, task)
-        (results_dir / "staleness" / "prep.json").write_text(json.dumps(prep, indent=1))
+        (results_dir / "runs" / "prep.json").write_text(json.dumps(prep, indent=1))
         if not args.prep_only:
             # seed-major order: a partial sweep has one complete seed of every setting before it starts the next seed
             for seed in args.seeds:

@@ -19,7 +19,7 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     # the prep: data files, an SFT policy, and its measured numbers
-    prep = json.loads((results / "staleness" / "prep.json").read_text())
+    prep = json.loads((results / "runs" / "prep.json").read_text())
     for key in ("sft_greedy_accuracy",):
         assert 0 <= prep[key] <= 1, key
     for key in ("policy_parameters", "total_seconds"):
@@ -33,13 +33,13 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
 
     # one result file per run, each a curve evaluated at the same update counts, with finite numbers and the same
     # episode budget for every setting
-    names = sorted(p.name for p in (results / "staleness").glob("*__*__seed*.json"))
+    names = sorted(p.name for p in (results / "runs").glob("*__*__seed*.json"))
     assert names == [
         "dpo__async-1__lr0.0001__seed1.json",
         "dpo__sync-1__lr0.0001__seed1.json",
         "dpo__sync-2__lr0.0001__seed1.json",
     ]
-    runs = [json.loads((results / "staleness" / n).read_text()) for n in names]
+    runs = [json.loads((results / "runs" / n).read_text()) for n in names]
     for r in runs:
         assert [p["updates"] for p in r["curve"]] == [0, 2, 4]
         for p in r["curve"]:
@@ -97,13 +97,13 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
 
     # the KL breakdown reruns a finished run, keeping its checkpoints; the seeded rerun retraces the recorded curve,
     # and the breakdown's own KL and gold (on the benchmark's draws) equal the recorded ones at every point
-    result = results / "staleness" / "dpo__sync-1__lr0.0001__seed1.json"
+    result = results / "runs" / "dpo__sync-1__lr0.0001__seed1.json"
     breakdown, _ = run_script("benchmark/kl_breakdown.py", tmp_path, str(result), "--work-dir", str(work), timeout=900)
     assert breakdown.returncode == 0, breakdown.stderr[-4000:]
     kept = work / "breakdown" / result.stem
     assert [p.name for p in kept.glob("runs/*/checkpoint_*")] == ["checkpoint_2"]  # the final policy is the model
     assert (kept / "model" / "config.json").exists()
-    md = (results / "staleness_kl" / f"{result.stem}.md").read_text()
+    md = (results / "kl_breakdown" / f"{result.stem}.md").read_text()
     assert "**The rerun retraces the recorded run**" in md
     header = next(line for line in md.splitlines() if line.startswith("| updates |"))
     columns = [c.strip() for c in header.strip("|").split("|")]
