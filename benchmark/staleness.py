@@ -616,7 +616,7 @@ def report(results_dir: Path):
     lines = [
         "Staleness with a verifiable reward: every algorithm trains on the verifier that also scores it (reward = "
         "gold), so nothing can be over-optimised and this does not test the paper's Sec. 3 question (a proxy "
-        "reward model, gold win-rate against KL): that is benchmark/staleness_paper.py (staleness_paper.md). "
+        "reward model, gold win-rate against KL): that is benchmark/staleness_paper.py (staleness_paper/first.md). "
         "Gold = verifier accuracy of temperature-0.7 samples on held-out problems; KL = mean over the policy's "
         "own samples of sum_t log pi - log pi_sft (T=0.7).",
         "sync-N: N mini-batches per generation round; async-K[-correction]: batches generated K policy versions "
