@@ -1,7 +1,7 @@
 """What several benchmarks share: the repository's paths, loading a script of the repository as a module, running
 one in a subprocess, the arithmetic task, and the claims and budget checks that let a sweep span invocations.
 
-Every benchmark imports it the same way, `import common`: `python benchmark/<name>.py` puts benchmark/ first on
+Every benchmark imports it the same way, `import common`: Python puts a script's own folder, benchmark/, first on
 sys.path, and pyproject.toml's pytest `pythonpath` does the same for the tests. It is the only module of benchmark/
 that others import besides the benchmarks they extend (a follow-up imports the benchmark whose runs it reuses:
 `import staleness`, `import speed`), and it imports nothing of the repository at its top.
