@@ -1,7 +1,7 @@
 """Which off-policy correction keeps RLOO's gradient when the samples are K policy versions old? A toy whose true
 gradient is exact, so every correction's error can be measured rather than argued.
 
-    python benchmark/corrections_toy.py              # 3 seeds, 4 drift levels: results/corrections_toy.md (~2-3 min)
+    python benchmark/corrections_toy.py              # 3 seeds, 4 drift levels: results/corrections_toy/ (~2-3 min)
     python benchmark/corrections_toy.py --seeds 1 --learning-rates 0.1 --output /tmp/toy.md
 
 The toy. An autoregressive softmax policy over V = 8 tokens writes T = 24 tokens after a one-token prompt (uniform);
@@ -15,7 +15,7 @@ The staleness. The policy is trained by on-policy RLOO (16 prompts x k = 4 sampl
 an async run where the batch of learner step i comes from policy version i-K. The learning rate sets how far the K
 steps move the policy; each level reports the mean per-token |log pi_old - log mu| of mu's samples, which the scripts
 log as `async/behaviour_learner_logprob_gap` (the staleness benchmark's K = 8 RLOO runs under the paper's loss: mean
-9.2e-3 over a run, largest 6.8e-2; benchmark/results/staleness.md).
+9.2e-3 over a run, largest 6.8e-2; benchmark/results/staleness/staleness.md).
 
 The estimators. Samples y ~ mu, RLOO advantages A (no KL penalty: only the correction differs), N = 1 (one update per
 batch, the staleness benchmark's async-K), clip range eps = 0.2, cap c = 2 (the scripts' defaults). With
@@ -89,7 +89,7 @@ class Args:
     """truncation cap c"""
     expectation_samples: int = 2**20
     """samples of mu (and of pi_old, for the on-policy row) that estimate each estimator's expectation"""
-    output: str = str(REPO / "benchmark" / "results" / "corrections_toy.md")
+    output: str = str(REPO / "benchmark" / "results" / "corrections_toy" / "corrections_toy.md")
     """where the markdown report goes"""
 
 

@@ -1,6 +1,6 @@
 """Which micro-batch the multigpu variants choose on an 80 GiB card, per paper configuration and layout (issue 44).
 
-    python benchmark/gpu_fit.py                     # writes benchmark/results/gpu_fit.md
+    python benchmark/gpu_fit.py                     # writes benchmark/results/gpu_fit/gpu_fit.md
     python benchmark/gpu_fit.py --results-dir D     # elsewhere (the test suite's run)
 
 Computed, not measured: no GPU is needed, and none ran it. For each configuration the variant's own
@@ -19,12 +19,12 @@ import contextlib
 import dataclasses
 import io
 import re
-import sys
 from pathlib import Path
 from unittest import mock
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+import common
+
+REPO = common.REPO
 
 GIB = 2**30
 FREE, TOTAL = 79.5 * GIB, 80.0 * GIB
@@ -125,11 +125,9 @@ def choice(variant, path: Path, algo: str, layout: dict):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--results-dir", default=str(REPO / "benchmark" / "results"))
+    parser.add_argument("--results-dir", default=str(REPO / "benchmark" / "results" / "gpu_fit"))
     parser.add_argument("--work-dir", default=str(REPO / "benchmark" / "work" / "gpu_fit"))
     options = parser.parse_args()
-    from conftest import load_script
-
     work = Path(options.work_dir)
     paths = {name: write_config(work, name) for name in MODELS}
     lines = [
@@ -142,7 +140,7 @@ def main():
         "|---|---|---|" + "---|" * len(LAYOUTS),
     ]
     for label, algo, models in ROWS:
-        variant = load_script(f"multigpu/async_{algo}_multigpu.py")
+        variant = common.load_script(f"multigpu/async_{algo}_multigpu.py")
         for name in models:
             cells, per_sequence = [], None
             for layout in LAYOUTS.values():

@@ -1,7 +1,7 @@
 """Issue 42's guard table, re-run: does the weight-sync guard stop every skipped, stuck or partial push, and pass every
 healthy one, in float32 and bfloat16, at large and tiny learning rates? And what does it cost per version?
 
-    python benchmark/guard_table.py                 # every row; writes benchmark/results/guard.{md,json}
+    python benchmark/guard_table.py                 # every row; writes benchmark/results/guard_table/guard.{md,json}
     python benchmark/guard_table.py --rows 0 3      # some rows (their indices in ROWS)
 
 Each row is one learner and the real vLLM engine of `async_dpo.py` (in this process, CPU, one torch thread), driven
@@ -24,9 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import common
+
+REPO = common.REPO
 WORK = REPO / "benchmark" / "work" / "guard"
-RESULTS = REPO / "benchmark" / "results"
+RESULTS = REPO / "benchmark" / "results" / "guard_table"
 # (model, engine dtype, learning rate, fault, version the fault starts at, versions): issue 42's rows first
 ROWS = [
     ("tiny", "float32", 3e-3, "skip", 3, 6),
@@ -68,19 +70,13 @@ def model_path(name: str) -> Path:
     if name == "smollm2":
         return REPO / "models" / "SmolLM2-135M-Instruct"
     if not (WORK / "tiny" / "policy").exists():
-        sys.path.insert(0, str(REPO / "tests"))
-        from conftest import build_tiny_models
-
-        build_tiny_models(WORK / "tiny")
+        common.load_script("tools/make_tiny_models.py").build_tiny_models(WORK / "tiny")  # the tests' tiny models
     return WORK / "tiny" / ("neox_policy" if name == "neox" else "policy")
 
 
 def run_group(model: str, dtype: str, rows: list) -> list:
     """The rows of one (model, dtype) in this process: one engine, a fresh learner per row."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import load_script
-
-    dpo = load_script("async_dpo.py")  # sets the engine-in-process variable before vLLM is imported
+    dpo = common.load_script("async_dpo.py")  # sets the engine-in-process variable before vLLM is imported
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -227,6 +223,7 @@ def report(results: list, coverage: dict):
             )
     lines += ["", "The guard's start-up line, per (model, engine dtype), on this CPU engine:", ""]
     lines += [f"- {model} {dtype}: `{line}`" for (model, dtype), line in coverage.items()]
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "guard.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "guard.json").write_text(json.dumps(sorted(results, key=lambda r: r["index"]), indent=1))
     print("\n".join(lines))

@@ -8,7 +8,7 @@ One learner step trains one problem's G = 4 samples, which balances generation a
 that the settings differ in when weights reach the engine and nothing else.
 
     python benchmark/inflight.py                  # 3 settings x 3 seeds; resumable: finished runs are kept
-    python benchmark/inflight.py --report-only    # rebuild benchmark/results/inflight.md and inflight.png
+    python benchmark/inflight.py --report-only    # rebuild benchmark/results/inflight/inflight.md and inflight.png
     python benchmark/inflight.py --kv-gap         # what `--in-flight-kv keep` costs in logprob: inflight_kv.md
 """
 
@@ -17,7 +17,6 @@ import os
 import platform
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -27,7 +26,9 @@ from typing import Optional, Tuple
 import numpy as np
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
+import common
+
+REPO = common.REPO
 CORE, INFLIGHT = "async_grpo_gsm8k.py", "async_grpo_gsm8k_inflight.py"
 # setting: (script, flags); all at K = 1, the paper's async setting
 SETTINGS = {
@@ -67,7 +68,7 @@ class Args:
     """problems per learner step, each with 4 samples"""
     max_prompt_tokens: Optional[int] = None
     """None: the script's default (512); a small policy may have fewer positions"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "inflight")
     work_dir: str = str(REPO / "benchmark" / "work" / "inflight")
     report_only: bool = False
     """only rebuild inflight.md and inflight.png from the result files"""
@@ -130,11 +131,8 @@ def run(args: Args, setting: str, seed: int, path: Path):
     cwd.mkdir(parents=True)
     cmd = command(args, setting, seed, cwd / "model")
     print(f"== {path.stem}: {' '.join(cmd)}", flush=True)
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     start = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {path.stem} failed:\n{proc.stderr[-5000:]}")
+    common.run_script(cmd, cwd, path.stem)
     (run_folder,) = list((cwd / "runs").iterdir())
     read = lambda name: [json.loads(line) for line in (run_folder / name).read_text().splitlines()]  # noqa: E731
     path.write_text(
@@ -182,7 +180,7 @@ def summarize(result):
 
 def report(args: Args):
     folder = Path(args.results_dir)
-    results = [json.loads(p.read_text()) for p in sorted((folder / "inflight").glob("*.json"))]
+    results = [json.loads(p.read_text()) for p in sorted((folder / "runs").glob("*.json"))]
     if not results:
         sys.exit(f"error: no result files in {folder / 'inflight'}; run without --report-only first")
     runs = {(r["setting"], r["seed"]): summarize(r) for r in results}
@@ -254,8 +252,7 @@ def kv_gap(args: Args):
     import torch
     from transformers import AutoModelForCausalLM
 
-    sys.path.insert(0, str(REPO))
-    script = __import__(INFLIGHT[:-3])
+    script = common.load_script(INFLIGHT)
     flags = script.Args(
         model_name_or_path=args.policy,
         dataset_path=args.dataset_path,
@@ -364,10 +361,10 @@ def main():
         for path in (args.policy, args.dataset_path):
             if not Path(path).exists():
                 sys.exit(f"error: {path} does not exist; run `bash install.sh` first")
-        (Path(args.results_dir) / "inflight").mkdir(parents=True, exist_ok=True)
+        (Path(args.results_dir) / "runs").mkdir(parents=True, exist_ok=True)
         for seed in args.seeds:  # seed by seed: an interrupted sweep leaves whole pairs to compare
             for setting in args.settings:
-                path = Path(args.results_dir) / "inflight" / f"{setting}__seed{seed}.json"
+                path = Path(args.results_dir) / "runs" / f"{setting}__seed{seed}.json"
                 if not path.exists():
                     run(args, setting, seed, path)
                 elif without_output_dir(json.loads(path.read_text())["command"]) != without_output_dir(

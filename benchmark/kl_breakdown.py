@@ -1,21 +1,19 @@
 """Where a staleness run's KL comes from: rerun one run of benchmark/staleness.py, keeping its checkpoints this time,
 and split the KL of each evaluation by sample, by token and by problem type.
 
-    python benchmark/kl_breakdown.py benchmark/results/staleness/dpo__sync-1__lr0.0001__seed1.json
+    python benchmark/kl_breakdown.py benchmark/results/staleness/runs/dpo__sync-1__lr0.0001__seed1.json
     python benchmark/kl_breakdown.py RESULT.json --work-dir W      # W: the --work-dir the staleness run used
 
 The staleness benchmark deletes a run's checkpoints once it has evaluated them. This reruns the command its result file
 records (runs are seeded, so the rerun retraces the run: the report compares its KL and gold with the recorded curve)
-and evaluates every checkpoint on the same draws as the benchmark. It writes <results>/staleness_kl/<run>.md beside
+and evaluates every checkpoint on the same draws as the benchmark. It writes <results>/kl_breakdown/<run>.md beside
 the result file's folder. A mean KL of several nats can be a few samples far from the SFT policy or all samples a
 little off it; only the spread says which, and the problem types say where.
 """
 
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -24,11 +22,11 @@ from pathlib import Path
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmark"))
-sys.path.insert(0, str(REPO / "tools"))
-import make_arithmetic as task  # noqa: E402  the gold grader
-import staleness  # noqa: E402  the benchmark's own sampling, encoding and evaluation seeds
+import common
+import staleness  # the benchmark's own sampling, encoding and evaluation seeds
+
+REPO = common.REPO
+task = staleness.task  # tools/make_arithmetic.py, the gold grader
 
 OPERATIONS = {"giving away": "sub", "getting": "add", "it": "mul"}  # make_arithmetic's worked-solution steps
 
@@ -36,7 +34,7 @@ OPERATIONS = {"giving away": "sub", "getting": "add", "it": "mul"}  # make_arith
 @dataclass
 class Args:
     result_file: tyro.conf.Positional[str]
-    """a result file of benchmark/staleness.py (results/staleness/<algorithm>__<setting>__lr<rate>__seed<s>.json)"""
+    """a result file of benchmark/staleness.py (results/staleness/runs/<algorithm>__<setting>__lr<rate>__seed<s>.json)"""
     work_dir: str = str(REPO / "benchmark" / "work" / "staleness")
     """the --work-dir of the staleness sweep that made the result (its prep: data, tokenizer, SFT policy)"""
     rare_probability: float = 1e-3
@@ -69,11 +67,8 @@ def rerun(result, stem: str, work: Path, force: bool):
     )
     flags = result["command"][1:]
     flags[flags.index("--output-dir") + 1] = str(folder / "model")
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {stem}: rerunning {script.name} into {folder}", flush=True)
-    proc = subprocess.run([sys.executable, str(script), *flags], cwd=folder, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: the rerun of {stem} failed:\n{proc.stderr[-5000:]}")
+    common.run_script([sys.executable, str(script), *flags], folder, f"the rerun of {stem}")
     return folder
 
 
@@ -238,7 +233,7 @@ if __name__ == "__main__":
             f"- log-ratio {w['log_ratio']:.1f}, token {w['token']!r} (policy {w['p_policy']:.3g}, SFT "
             f"{w['p_sft']:.2g}): {w['text']!r}"
         )
-    out = path.parent.parent / "staleness_kl" / f"{path.stem}.md"
+    out = path.parent.parent / "kl_breakdown" / f"{path.stem}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -21,7 +21,8 @@ step) with one torch thread:
 The in-process rows use the core's own functions on the batches of the run's measured steps, made again by the
 core's produce_batch from policy version 0 (the run trained at learning rate 1e-6 in between, so the report compares
 the mean response lengths), so the run and the rows time the same tensors. Every row is timed --repeats times,
-interleaved, after a warm-up round; the tables give median, min and max. Writes results/learner_cost.{json,md}.
+interleaved, after a warm-up round; the tables give median, min and max.
+Writes results/learner_cost/learner_cost.{json,md}.
 """
 
 import gc
@@ -40,10 +41,10 @@ from typing import List, Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmark"))
-import speed  # noqa: E402  the speed table's settings and inputs
-from overheads import load_script  # noqa: E402
+import common
+import speed  # the speed table's settings and inputs
+
+REPO = common.REPO
 
 PHASES = ("time/weight_sync", "time/generation", "time/reward_labeling", "time/training")  # logged; the rest: logging
 NEEDS_REFERENCE = {"dpo": True, "rloo": True, "ppo": True}  # GRPO: only with --kl-coef > 0
@@ -73,7 +74,7 @@ class Args:
     """prompt JSONL with a `query` field; None: the speed table's (made once under --work-dir)"""
     dataset_path: Optional[str] = None
     """GRPO's problem folder (train.jsonl, test.jsonl); None: data/arithmetic, as the speed table"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "learner_cost")
     """where learner_cost.json and learner_cost.md go"""
     work_dir: str = str(REPO / "benchmark" / "work")
     """scratch space (git-ignored): run folders, old revisions' scripts, the speed table's inputs"""
@@ -142,11 +143,8 @@ def run_script(args: Args, algo: str, revision: str, repeat: int):
         "--output-dir",
         str(cwd / "model"),
     ]
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     print(f"== {algo} {revision} run {repeat}: {' '.join(cmd)}", flush=True)
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {algo} ({revision}) failed:\n{proc.stderr[-5000:]}")
+    proc = common.run_script(cmd, cwd, f"{algo} ({revision})", env=common.QUIET)
     (path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
     metrics = [json.loads(line) for line in path.read_text().splitlines()]
     shutil.rmtree(cwd, ignore_errors=True)  # the saved model is large and not needed
@@ -169,7 +167,7 @@ def measure_rows(args: Args):
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    modules = {algo: load_script(f"async_{algo}.py") for algo in args.algorithms}
+    modules = {algo: common.load_script(f"async_{algo}.py") for algo in args.algorithms}
     runs = {}
     for algo, m in modules.items():
         run = tyro.cli(m.Args, args=script_flags(args, algo))

@@ -3,7 +3,7 @@
     python benchmark/lora_handoff.py                      # models/SmolLM2-135M-Instruct (made by install.sh); ~5 min
     python benchmark/lora_handoff.py --ranks 1 16 64 --versions 6 --note "what else ran on the machine"
     python benchmark/lora_handoff.py --quick --policy P --results-dir D --work-dir W  # a smoke run
-    python benchmark/lora_handoff.py --report-only        # the table again from results/lora_handoff.json
+    python benchmark/lora_handoff.py --report-only        # the table again from results/lora_handoff/lora_handoff.json
 
 Every piece is the scripts' own function, on a real CPU engine in float32 and a float32 learner, one torch thread:
   full      async_dpo.py: the learner's host copy of its state dict and weight_check (the guard's probe logprobs and
@@ -17,7 +17,7 @@ version 0 is pushed untimed, versions 1..--versions are timed and the first of t
 handed over: the state dict's tensors (what the copy and reload_weights carry) against the adapter file's size.
 Then, by calculation only, the adapter (all attention and MLP projections, rank --calc-rank) and the full weights of
 Pythia-2.8B and Llama-3.1-8B from their published config.json values. One JSON and one table:
-results/lora_handoff.json, results/lora_handoff.md.
+results/lora_handoff/lora_handoff.json, results/lora_handoff/lora_handoff.md.
 """
 
 import json
@@ -36,7 +36,9 @@ from typing import Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
+import common
+
+REPO = common.REPO
 
 
 @dataclass
@@ -53,7 +55,7 @@ class Args:
     """tokens per sequence of that batch"""
     calc_rank: int = 16
     """LoRA rank of the calculated sizes of the large models"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "lora_handoff")
     """where lora_handoff.json and lora_handoff.md go"""
     work_dir: str = str(REPO / "benchmark" / "work" / "lora_handoff")
     """scratch space (git-ignored): each mode's JSON"""
@@ -70,23 +72,6 @@ class Args:
     """internal: measure this one mode ("full" or "lora-R") in this process and write its JSON into --work-dir"""
 
 
-def load_script(relative_path: str, commit: str = "", work_dir: Optional[Path] = None):
-    """Import a script as a module (its `if __name__ == "__main__":` body does not run); `commit`: its text at that
-    commit, written under `work_dir` first."""
-    import importlib.util
-
-    path = REPO / relative_path
-    if commit:
-        text = subprocess.run(["git", "show", f"{commit}:{relative_path}"], cwd=REPO, capture_output=True, check=True)
-        path = work_dir / f"scripts-{commit[:12]}" / relative_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(text.stdout)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def policy_path(args: Args):
     return args.policy or str(REPO / "models" / "SmolLM2-135M-Instruct")
 
@@ -95,7 +80,7 @@ def measure_mode(args: Args):
     """One mode, in this process: version 0 pushed untimed, then per version a learner step (untimed) and the timed
     hand-off, its learner side and its engine side, with the bytes it hands over."""
     lora = args.mode.startswith("lora-")
-    script = load_script("async_dpo_lora.py" if lora else "async_dpo.py", args.scripts_ref, Path(args.work_dir))
+    script = common.load_script("async_dpo_lora.py" if lora else "async_dpo.py", args.scripts_ref, Path(args.work_dir))
     import torch
 
     script.SET_TORCH_THREADS(1)

@@ -67,7 +67,7 @@ class Args:
     """learner steps per run (the peak is reached in the first steps: nothing accumulates)"""
     kv_cache_gib: float = 1.0
     """the engine's KV cache (the scripts' CPU default)"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "memory")
     """where result files, memory.md and memory.png go"""
     work_dir: str = str(REPO / "benchmark" / "work" / "memory")
     """scratch space (git-ignored): run folders"""
@@ -218,7 +218,7 @@ def cells(values):
 def report(results_dir: Path):
     results = {}
     for name in SETTINGS:
-        path = results_dir / "memory" / f"{name}.json"
+        path = results_dir / "runs" / f"{name}.json"
         if path.exists():
             results[name] = json.loads(path.read_text())
     lines = [
@@ -348,7 +348,7 @@ if __name__ == "__main__":
     if unknown:
         sys.exit(f"error: unknown --settings {unknown}; known: {list(SETTINGS)}")
     results_dir = Path(args.results_dir)
-    (results_dir / "memory").mkdir(parents=True, exist_ok=True)
+    (results_dir / "runs").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         args.policy = args.policy or str(REPO / "models" / "SmolLM2-135M-Instruct")
         for flag, path in (
@@ -358,7 +358,7 @@ if __name__ == "__main__":
             if not path.exists():
                 sys.exit(f"error: {flag}: no {path}; run `bash install.sh` first")
         for name in args.settings:
-            path = results_dir / "memory" / f"{name}.json"
+            path = results_dir / "runs" / f"{name}.json"
             if path.exists() and not args.force:
                 print(f"== {name}: done already ({path})")
                 continue

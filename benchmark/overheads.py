@@ -25,7 +25,7 @@ Then the push paths (issue 43): one policy version W' = W + 1e-3 N(0, 1) into th
   (d) floor            the state dict's tensors copied into preallocated tensors of the same shapes, in this process
 A path is correct if, after it, the engine's prompt logprobs of a 32-token probe equal the learner's (float32) with
 W' within 1e-4 and have moved as far as the learner's. One reload runs under cProfile, to split out vLLM's processing
-step. One JSON and one table: results/overheads.json, results/overheads.md.
+step. One JSON and one table: results/overheads/overheads.json, results/overheads/overheads.md.
 """
 
 import cProfile
@@ -46,8 +46,9 @@ from typing import Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmark"))
+import common
+
+REPO = common.REPO
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Args:
     """prompts longer than this are dropped, as in the scripts"""
     repeats: int = 7
     """timings per piece (after one untimed warm-up of each)"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "overheads")
     """where overheads.json and overheads.md go"""
     work_dir: str = str(REPO / "benchmark" / "work")
     """scratch space (git-ignored) for the speed table's prompt file"""
@@ -75,17 +76,6 @@ class Args:
     tokenizer, built once under --work-dir"""
     quick: bool = False
     """smoke mode for the test suite: 2 repeats"""
-
-
-def load_script(relative_path: str):
-    """Import a script as a module (its `if __name__ == "__main__":` body does not run)."""
-    import importlib.util
-
-    path = REPO / relative_path
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def hand_off_seconds(batch):
@@ -287,7 +277,7 @@ def measure(args: Args):
 
     inputs = speed.Args(policy=args.policy, prompts=args.prompts, work_dir=args.work_dir)
     speed.prepare_inputs(inputs)
-    dpo = load_script("multigpu/async_dpo_multigpu.py")  # the variant with the spare-copy hand-off
+    dpo = common.load_script("multigpu/async_dpo_multigpu.py")  # the variant with the spare-copy hand-off
     import torch
     from transformers import AutoModelForCausalLM
     from vllm import SamplingParams

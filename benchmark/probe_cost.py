@@ -9,12 +9,11 @@ Prints one line per piece (seconds). Issue 43: below ~8 tokens the forward costs
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+import common
+
+REPO = common.REPO
 
 
 def main():
@@ -23,9 +22,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 16, 8, 4, 2])
     options = parser.parse_args()
-    from conftest import load_script
-
-    dpo = load_script("async_dpo.py")  # the scripts' own token_logprobs and bit_checksum
+    dpo = common.load_script("async_dpo.py")  # the scripts' own token_logprobs and bit_checksum
     import torch
 
     dpo.SET_TORCH_THREADS(1)

@@ -1,7 +1,7 @@
 """Three off-policy corrections on the very same samples: how much of their difference is the correction, and how much
 was sampling noise? Record and replay (docs/multigpu.md#record-and-replay) at the staleness benchmark's K=8 RLOO.
 
-    python benchmark/replay_corrections.py                 # the measurement: results/replay_corrections.md (~1 h)
+    python benchmark/replay_corrections.py                 # the measurement: results/replay_corrections/ (~1 h)
     python benchmark/replay_corrections.py --report-only   # rebuild the table from the result files
     python benchmark/replay_corrections.py --quick --work-dir /tmp/rc --results-dir /tmp/rc   # smoke run (~8 min)
 
@@ -22,7 +22,6 @@ import math
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,9 +30,10 @@ from typing import List
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmark"))
-import staleness  # noqa: E402  the staleness benchmark's prep, run flags and evaluation, reused as they are
+import common
+import staleness  # the staleness benchmark's prep, run flags and evaluation, reused as they are
+
+REPO = common.REPO
 
 SCRIPT = "multigpu/async_rloo_multigpu.py"
 CORRECTIONS = ("paper", "behaviour", "decoupled")
@@ -53,7 +53,7 @@ class Args:
     """benchmark/staleness.py's prep (SFT policy, data); built there if missing (~6 min), as its --prep-only does"""
     work_dir: str = str(REPO / "benchmark" / "work" / "replay_corrections")
     """scratch space (git-ignored): the recorded runs (kept: their samples are replayed) and the replays"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "replay_corrections")
     """where replay_corrections/*.json and replay_corrections.md go"""
     quick: bool = False
     """smoke mode: a tiny prep in --work-dir, 4 steps of 2 prompts, K=2, seeds 1 and 2"""
@@ -98,12 +98,9 @@ def run(cwd: Path, flags):
     shutil.rmtree(cwd, ignore_errors=True)
     cwd.mkdir(parents=True)
     cmd = [sys.executable, str(REPO / SCRIPT), *flags]
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {cwd.name}: {' '.join(cmd)}", flush=True)
     start = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {cwd.name} failed:\n{proc.stderr[-5000:]}")
+    common.run_script(cmd, cwd, cwd.name)
     (folder,) = (cwd / "runs").iterdir()
     return folder, time.time() - start
 
@@ -183,7 +180,7 @@ def report(results_dir: Path, quick: bool):
     """replay_corrections.md from the result files alone."""
     results = {
         (r["seed"], r["correction"]): r
-        for r in (json.loads(p.read_text()) for p in sorted((results_dir / "replay_corrections").glob("*.json")))
+        for r in (json.loads(p.read_text()) for p in sorted((results_dir / "runs").glob("*.json")))
     }
     seeds = sorted({s for s, _ in results})
     corrections = [c for c in CORRECTIONS if any(c == k for _, k in results)]
@@ -260,16 +257,12 @@ if __name__ == "__main__":
             f"least two"
         )
     results_dir = Path(args.results_dir)
-    (results_dir / "replay_corrections").mkdir(parents=True, exist_ok=True)
+    (results_dir / "runs").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         sargs = staleness_args(args)
         staleness.prepare(sargs, staleness.task)  # loads the prep, or builds it (in --prep-dir only)
         for seed in args.seeds:
-            pending = [
-                c
-                for c in args.corrections
-                if not (results_dir / "replay_corrections" / f"seed{seed}__{c}.json").exists()
-            ]
+            pending = [c for c in args.corrections if not (results_dir / "runs" / f"seed{seed}__{c}.json").exists()]
             if not pending:
                 print(f"== seed {seed}: done already")
                 continue
@@ -282,6 +275,6 @@ if __name__ == "__main__":
                     correction,
                     recorded,
                     staleness.task,
-                    results_dir / "replay_corrections" / f"seed{seed}__{correction}.json",
+                    results_dir / "runs" / f"seed{seed}__{correction}.json",
                 )
     print("\n".join(report(results_dir, args.quick)))

@@ -25,7 +25,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,7 +33,9 @@ from typing import List, Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
+import common
+
+REPO = common.REPO
 GSM8K_TRAIN = REPO / "data" / "gsm8k" / "train.jsonl"  # prepared by install.sh, like the arithmetic problems
 ARITHMETIC = REPO / "data" / "arithmetic"
 
@@ -118,7 +119,7 @@ class Args:
     """reward model folder; None: a random-head classifier on SmolLM2, made once under benchmark/work (speed only)"""
     prompts: Optional[str] = None
     """prompt JSONL with a `query` field; None: made once from GSM8K train questions under benchmark/work"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "speed")
     """where result files, speed.md, speed.png and speed_balance.png go"""
     work_dir: str = str(REPO / "benchmark" / "work")
     """scratch space (git-ignored): run folders, prepared models"""
@@ -156,7 +157,7 @@ def prepare_inputs(args: Args):
 
 
 def result_path(results_dir: Path, setting: str, variant: str, repeat: int):
-    return results_dir / "speed" / f"{setting}__{variant}{f'__r{repeat}' if repeat > 1 else ''}.json"
+    return results_dir / "runs" / f"{setting}__{variant}{f'__r{repeat}' if repeat > 1 else ''}.json"
 
 
 def run_variant(args: Args, setting: str, variant: str, path: Path):
@@ -181,12 +182,9 @@ def run_variant(args: Args, setting: str, variant: str, path: Path):
         "--output-dir",
         str(cwd / "model"),
     ]
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     print(f"== {setting} {variant}: {' '.join(cmd)}", flush=True)
     start = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {setting} {variant} failed:\n{proc.stderr[-5000:]}")
+    common.run_script(cmd, cwd, f"{setting} {variant}", env=common.QUIET)
     (metrics_path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
     result = dict(
         setting=setting,
@@ -461,7 +459,7 @@ if __name__ == "__main__":
     if args.repeats < 1:
         sys.exit(f"error: --repeats must be >= 1, got {args.repeats}")
     results_dir = Path(args.results_dir)
-    (results_dir / "speed").mkdir(parents=True, exist_ok=True)
+    (results_dir / "runs").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         prepare_inputs(args)
         for repeat in range(1, args.repeats + 1):  # repeats interleaved: slow drifts of the machine hit all variants

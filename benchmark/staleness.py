@@ -25,7 +25,7 @@ under each of the scripts' three `--off-policy-correction` modes (DPO has no rat
            evaluated here afterwards, so a run is a gold-vs-updates and a gold-vs-KL curve
 Every run is one subprocess of the real sync or async script. Each run writes one result file; a rerun skips finished
 runs, so the sweep can be done in chunks across sessions, and by several invocations at once (each run is claimed
-first; see `claim`).
+first; see `common.claim`).
 """
 
 import json
@@ -34,7 +34,6 @@ import os
 import platform
 import random
 import shutil
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -44,9 +43,10 @@ from typing import List, Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-import make_arithmetic as task  # noqa: E402  the problem generator and its gold grader
+import common
+
+REPO = common.REPO
+task = common.arithmetic_task()  # the problem generator and its gold grader
 
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 
@@ -159,7 +159,7 @@ class Args:
     """samples per held-out problem (temperature 0.7) for the gold reward and the KL"""
     prep_threads: int = 2
     """torch threads for the prep and the evaluations (the RL runs use --torch-threads 1 per role)"""
-    results_dir: str = str(REPO / "benchmark" / "results")
+    results_dir: str = str(REPO / "benchmark" / "results" / "staleness")
     """where result files, staleness.md and staleness*.png go"""
     work_dir: str = str(REPO / "benchmark" / "work" / "staleness")
     """scratch space (git-ignored): data, tokenizer, SFT policy, run folders"""
@@ -198,7 +198,7 @@ def make_data(args: Args, task, data_dir: Path):
 
 
 def train_tokenizer(problems):
-    """Byte-level BPE trained on the generated corpus (as tests/conftest.py); pad == EOS like Pythia and SmolLM2."""
+    """Byte-level BPE trained on the generated corpus (as tools/make_tiny_models.py); pad == EOS like Pythia and SmolLM2."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -477,7 +477,7 @@ def budget(args: Args, setting: str):
 
 
 def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed: int):
-    return Path(args.results_dir) / "staleness" / f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
+    return Path(args.results_dir) / "runs" / f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
 
 
 def run_one(args: Args, task, algo: str, setting: str, learning_rate: float, seed: int, path: Path):
@@ -505,12 +505,9 @@ def run_one(args: Args, task, algo: str, setting: str, learning_rate: float, see
         "--output-dir",
         str(cwd / "model"),
     ]
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {path.stem}: {' '.join(cmd)}", flush=True)
     start = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {path.stem} failed:\n{proc.stderr[-5000:]}")
+    common.run_script(cmd, cwd, path.stem)
     run_seconds = time.time() - start
     (metrics_path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
     metrics = [json.loads(line) for line in metrics_path.read_text().splitlines()]
@@ -566,45 +563,6 @@ def run_one(args: Args, task, algo: str, setting: str, learning_rate: float, see
     return time.time() - start
 
 
-def claim(work: Path, stem: str):
-    """Several invocations may share one sweep on a machine (e.g. one per pair of cores): each run is claimed first by
-    creating runs/<stem>.claim holding the claimant's pid. A claim whose process is gone is taken over. Returns the
-    claim file, or None when another live invocation holds the run."""
-    path = work / "runs" / f"{stem}.claim"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            text = path.read_text() if path.exists() else ""
-            if not text.isdigit():
-                return None  # being written by its claimant right now, or not ours to judge
-            try:
-                os.kill(int(text), 0)
-                return None  # its claimant is alive
-            except ProcessLookupError:
-                path.unlink(missing_ok=True)  # left by a killed invocation
-                continue
-            except PermissionError:
-                return None  # a live process of another user
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        return path
-    return None
-
-
-def check_same_budget(path: Path, args: Args, setting: str):
-    """A finished run is only reused if it had this invocation's budget; a silent mix would corrupt the table."""
-    command = json.loads(path.read_text())["command"]
-    wanted = budget(args, setting)
-    found = {flag: int(command[command.index(flag) + 1]) if flag in command else None for flag in wanted}
-    if found != wanted:
-        sys.exit(
-            f"error: {path} was made with {found}, this invocation asks for {wanted}; "
-            "pass --force to rerun it or --results-dir to keep both sweeps"
-        )
-
-
 # REPORT: rebuilt from the result files alone
 def mean_std(values):
     m = sum(values) / len(values)
@@ -635,7 +593,7 @@ def mean_curve(runs):
 def load_results(results_dir: Path):
     """{(algorithm, setting): [runs at the algorithm's own learning rate]}, and every sync-1 run (the rate sweep)."""
     runs, rate_sweep = defaultdict(list), defaultdict(list)
-    for path in sorted((results_dir / "staleness").glob("*__*__lr*__seed*.json")):
+    for path in sorted((results_dir / "runs").glob("*__*__lr*__seed*.json")):
         r = json.loads(path.read_text())
         if r["algorithm"] not in ALGORITHMS:
             continue
@@ -645,20 +603,20 @@ def load_results(results_dir: Path):
             runs[(r["algorithm"], r["setting"])].append(r)
     for (algo, setting), rs in runs.items():
         if len({(r["episodes"], len(r["curve"])) for r in rs}) > 1:
-            sys.exit(f"error: {algo} {setting} has result files of different budgets in {results_dir / 'staleness'}")
+            sys.exit(f"error: {algo} {setting} has result files of different budgets in {results_dir / 'runs'}")
     return runs, rate_sweep
 
 
 def report(results_dir: Path):
     """Rebuild staleness.md, staleness.png (gold vs KL) and staleness_updates.png (gold vs updates)."""
     runs, rate_sweep = load_results(results_dir)
-    prep_path = results_dir / "staleness" / "prep.json"
+    prep_path = results_dir / "runs" / "prep.json"
     prep = json.loads(prep_path.read_text()) if prep_path.exists() else None
     fmt = lambda ms: f"{ms[0]:.3f} ± {ms[1]:.3f}" if not math.isnan(ms[1]) else f"{ms[0]:.3f}"
     lines = [
         "Staleness with a verifiable reward: every algorithm trains on the verifier that also scores it (reward = "
         "gold), so nothing can be over-optimised and this does not test the paper's Sec. 3 question (a proxy "
-        "reward model, gold win-rate against KL): that is benchmark/staleness_paper.py (staleness_paper.md). "
+        "reward model, gold win-rate against KL): that is benchmark/staleness_paper.py (staleness_paper/first.md). "
         "Gold = verifier accuracy of temperature-0.7 samples on held-out problems; KL = mean over the policy's "
         "own samples of sum_t log pi - log pi_sft (T=0.7).",
         "sync-N: N mini-batches per generation round; async-K[-correction]: batches generated K policy versions "
@@ -956,11 +914,11 @@ if __name__ == "__main__":
         quick_settings(args)
     check(args)
     results_dir = Path(args.results_dir)
-    (results_dir / "staleness").mkdir(parents=True, exist_ok=True)
+    (results_dir / "runs").mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         invocation_start, durations, new_runs = time.time(), [], 0
         prep = prepare(args, task)
-        (results_dir / "staleness" / "prep.json").write_text(json.dumps(prep, indent=1))
+        (results_dir / "runs" / "prep.json").write_text(json.dumps(prep, indent=1))
         if not args.prep_only:
             # seed-major order: a partial sweep has one complete seed of every setting before it starts the next seed
             for seed in args.seeds:
@@ -971,7 +929,7 @@ if __name__ == "__main__":
                                 continue  # DPO has no --off-policy-correction
                             path = result_path(args, algo, setting, learning_rate, seed)
                             if path.exists() and not args.force:
-                                check_same_budget(path, args, setting)
+                                common.check_same_budget(path, budget(args, setting))
                                 print(f"== {path.stem}: done already ({path})")
                                 continue
                             if args.max_runs is not None and new_runs >= args.max_runs:
@@ -983,7 +941,7 @@ if __name__ == "__main__":
                             ):
                                 print(f"== time budget reached: not starting {path.stem}")
                                 continue
-                            claimed = claim(Path(args.work_dir), path.stem)
+                            claimed = common.claim(Path(args.work_dir), path.stem)
                             if claimed is None:
                                 print(f"== {path.stem}: being run by another invocation, skipped", flush=True)
                                 continue

@@ -4,7 +4,7 @@ Noukhovitch et al. (2025), Sec. 3, in miniature on this machine.
     python benchmark/staleness_paper.py --prep-only                 # data, SFT policy, gold-labelled pairs, proxy RM
     python benchmark/staleness_paper.py --settings sync-1 --seeds 1 --learning-rates 1e-4 3e-4   # the gate runs
     python benchmark/staleness_paper.py --time-budget-hours 2       # the sweep, until 2 h are used; rerun to go on
-    python benchmark/staleness_paper.py --report-only               # rebuild staleness_paper.md / .png
+    python benchmark/staleness_paper.py --report-only               # rebuild staleness_paper/first.md / .png
     python benchmark/staleness_paper.py --gate-search --scripts-dir S   # issue 41: find a gate that over-optimises
     python benchmark/staleness_paper.py --gate rm-e1__u512__kl0.01 --time-budget-hours 2  # issue 41's sweep on a gate
     python benchmark/staleness_paper.py --gate rm-e1__u512__kl0.01 --policy-width 256   # its scale axis: a wider policy
@@ -46,10 +46,11 @@ from typing import List, Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tools"), str(REPO / "benchmark")]
-import make_arithmetic as task  # noqa: E402  problems, the binary grader (SFT stopping rule) and the continuous gold
-import staleness as base  # noqa: E402  the shared prep (data, tokenizer, SFT), sampler, KL, claims and budgets
+import common
+import staleness as base  # the prep it extends (data, tokenizer, SFT), the sampler, the KL and the budgets
+
+REPO = common.REPO
+task = common.arithmetic_task()  # problems, the binary grader (SFT stopping rule) and the continuous gold
 
 # One rate for every algorithm, as in the paper: chosen by the gate runs on sync-1 (docs/benchmarks.md)
 LEARNING_RATE = 1e-4
@@ -118,12 +119,13 @@ def settings_of(algo: str, sync_n=SYNC_N):
 
 def sweep_of(gate: Optional[str], width: int = 128):
     """The first sweep, or the sweep on gate candidate `gate`'s miniature (--gate), at a policy width (the scale
-    axis): the name of its result folder, report and plots, its N, and the one learning rate its report reads."""
+    axis): the name of its result folder, report and plots (a path under --results-dir: <name>/ holds the runs,
+    <name>.md the report), its N, and the one learning rate its report reads."""
     if gate is None:
-        return "staleness_paper", SYNC_N, LEARNING_RATE
+        return "staleness_paper/first", SYNC_N, LEARNING_RATE
     if width != 128:
-        return f"staleness_paper__{gate}__w{width}", SCALE_SYNC_N, GATE_CANDIDATES[gate]["lr"]
-    return f"staleness_paper__{gate}", GATE_SYNC_N, GATE_CANDIDATES[gate]["lr"]
+        return f"staleness_paper/{gate}/w{width}", SCALE_SYNC_N, GATE_CANDIDATES[gate]["lr"]
+    return f"staleness_paper/{gate}", GATE_SYNC_N, GATE_CANDIDATES[gate]["lr"]
 
 
 @dataclass
@@ -165,7 +167,8 @@ class Args:
     prep_threads: int = 2
     """torch threads for the prep and the evaluations (the RL runs use --torch-threads 1 per role)"""
     results_dir: str = str(REPO / "benchmark" / "results")
-    """where result files (staleness_paper/), staleness_paper.md and its plots go"""
+    """where result files go: the sweep's under staleness_paper/ (first/ and first.md with its plots, or the gate's; the
+    gate search's in gate_search/), the pilot's in staleness_pilot/ and staleness_pilot.md"""
     work_dir: str = str(REPO / "benchmark" / "work" / "staleness_paper")
     """scratch space (git-ignored): data, tokenizer, SFT policy, reward model, run folders"""
     max_runs: Optional[int] = None
@@ -177,20 +180,21 @@ class Args:
     prep_only: bool = False
     """build (or load) the prep and stop"""
     report_only: bool = False
-    """only rebuild staleness_paper.md and the plots from existing result files"""
+    """only rebuild the report (staleness_paper/first.md, or the --gate / --pilot one) and its plots from existing
+    result files"""
     force: bool = False
     """rerun runs whose result file exists"""
     scripts_dir: str = str(REPO)
     """folder holding the scripts the runs execute (a frozen copy keeps a long sweep off a work tree being edited)"""
     gate_search: bool = False
     """issue 41's gate search: sync-1 runs of GATE_CANDIDATES (weaker proxies, more updates, KL/beta) until one
-    over-optimises; one result file per run in staleness_gate/, resumable, reported in staleness_gate.md"""
+    over-optimises; one result file per run in staleness_paper/gate_search/, resumable, reported in gate_search.md beside it"""
     gate_candidates: Optional[List[str]] = None
     """gate candidates to run (None: all of GATE_CANDIDATES, in their order)"""
     gate: Optional[str] = None
     """issue 41's sweep on this GATE_CANDIDATES key's miniature (its proxy, updates, evaluation period, learning rate
-    and --kl-coef / --beta), sync-N over GATE_SYNC_N; results in staleness_paper__<gate>/, report
-    staleness_paper__<gate>.md"""
+    and --kl-coef / --beta), sync-N over GATE_SYNC_N; results in staleness_paper/<gate>/, report
+    staleness_paper/<gate>.md"""
     pilot: bool = False
     """issue 54's pilot: can this miniature show a cost of staleness at all? Gate candidate PILOT_GATE (the two-epoch
     proxy at the paper's anchors, 512 updates), sync-1 against sync-128, PILOT_SEEDS; results in staleness_pilot/,
@@ -199,8 +203,8 @@ class Args:
     """issue 41's scale axis: the SFT policy's hidden size (2 layers, MLP 2x, heads of 64, tied embeddings; 128 is the
     prep's own, 256 ~3.6x its parameters, 512 ~14x). Another width needs --gate: a sweep of its own (default DPO and
     PPO, SCALE_SYNC_N, seeds 1-3) on the gate's proxy, each width against its own SFT policy (same data, tokenizer
-    and target accuracy); results in staleness_paper__<gate>__w<width>/, the drops by width in
-    staleness_paper__<gate>__scale.md"""
+    and target accuracy); results in staleness_paper/<gate>/w<width>/, the drops by width in
+    staleness_paper/<gate>/scale.md"""
 
 
 # GOLD, WIN-RATE AND THE PROXY REWARD MODEL
@@ -525,12 +529,9 @@ def run_one(
         "--output-dir",
         str(cwd / "model"),
     ]
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     print(f"== {path.stem}: {' '.join(cmd)}", flush=True)
     start = time.time()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {path.stem} failed:\n{proc.stderr[-5000:]}")
+    common.run_script(cmd, cwd, path.stem)
     run_seconds = time.time() - start
     (metrics_path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
     metrics = [json.loads(line) for line in metrics_path.read_text().splitlines()]
@@ -624,6 +625,7 @@ GATE_CANDIDATES = {
 # a proxy must track the gold at the start to be over-optimised: one whose score correlates less than this with the gold
 # on held-out SFT samples is uninformative (gold can only wander), and its candidate is skipped (1,024 problems and one
 # epoch gave -0.07, against the sweep's proxy's 0.49)
+GATE_NAME = "staleness_paper/gate_search"  # the gate search's result folder; gate_search.md and .png beside it
 GATE_MIN_CORRELATION = 0.2
 GATE_SEEDS = (1, 2, 3)
 
@@ -693,10 +695,10 @@ def may_start(args: Args, path: Path, invocation_start: float, durations: list, 
 
 def gate_search(args: Args, prep):
     """Seed-major over the candidates (every candidate gets seed 1 of each algorithm before any gets seed 2), one
-    result file per run in results_dir/staleness_gate/, finished runs skipped: rerun the same command to go on."""
+    result file per run in results_dir/staleness_paper/gate_search/, finished runs skipped: rerun the same command to go on."""
     import dataclasses
 
-    out = Path(args.results_dir) / "staleness_gate"
+    out = Path(args.results_dir) / GATE_NAME
     out.mkdir(parents=True, exist_ok=True)
     names = args.gate_candidates or list(GATE_CANDIDATES)
     invocation_start, durations, new_runs = time.time(), [], 0
@@ -710,7 +712,7 @@ def gate_search(args: Args, prep):
                     continue
                 if not may_start(args, path, invocation_start, durations, new_runs):
                     return
-                claimed = base.claim(Path(args.work_dir), f"gate__{path.stem}")
+                claimed = common.claim(Path(args.work_dir), f"gate__{path.stem}")
                 if claimed is None:
                     continue
                 try:
@@ -741,13 +743,13 @@ def gate_search(args: Args, prep):
 
 
 def gate_report(results_dir: Path):
-    """staleness_gate.md and staleness_gate.png from the gate search's result files: per candidate and algorithm, the
+    """gate_search.md and gate_search.png (beside its folder) from the gate search's result files: per candidate and algorithm, the
     seeds' mean proxy and gold along the run and the over-optimisation verdict (over_optimisation)."""
     found = defaultdict(list)
-    for path in sorted((results_dir / "staleness_gate").glob("*__seed*.json")):
+    for path in sorted((results_dir / GATE_NAME).glob("*__seed*.json")):
         r = json.loads(path.read_text())
         found[(r["gate_candidate"], r["algorithm"])].append(r)
-    if not found and not list((results_dir / "staleness_gate").glob("*__skipped.json")):
+    if not found and not list((results_dir / GATE_NAME).glob("*__skipped.json")):
         return []
     ci = lambda mc: f"{mc[0]:+.3f} ± {mc[1]:.3f}" if not math.isnan(mc[1]) else f"{mc[0]:+.3f}"
     lines = [
@@ -800,20 +802,20 @@ def gate_report(results_dir: Path):
                 f"{c[peak]['gold']:.3f} ({c[peak]['updates']}) | {c[peak]['gold'] - c[-1]['gold']:+.3f} | "
                 f"{c[-1]['proxy'] - c[peak]['proxy']:+.2f} |"
             )
-    for path in sorted((results_dir / "staleness_gate").glob("*__skipped.json")):
+    for path in sorted((results_dir / GATE_NAME).glob("*__skipped.json")):
         r = json.loads(path.read_text())
         lines.append(
             f"\nSkipped {r['gate_candidate']}: {r['reason']} (its proxy's gold correlation on held-out SFT "
             f"samples {r['rm_stats']['rm_gold_correlation']:.2f}, held-out pair accuracy "
             f"{r['rm_stats']['rm_test_pair_accuracy']:.2f}; at least {GATE_MIN_CORRELATION} is needed)."
         )
-    (results_dir / "staleness_gate.md").write_text("\n".join(lines) + "\n")
+    (results_dir / f"{GATE_NAME}.md").write_text("\n".join(lines) + "\n")
     gate_plot(found, results_dir)
     return lines
 
 
 def gate_plot(found, results_dir: Path):
-    """staleness_gate.png: per candidate (rows) and algorithm, the seeds' mean proxy (blue) and gold (red) against
+    """gate_search.png: per candidate (rows) and algorithm, the seeds' mean proxy (blue) and gold (red) against
     optimizer updates and against KL(pi || pi_sft)."""
     import matplotlib
 
@@ -845,7 +847,7 @@ def gate_plot(found, results_dir: Path):
                 ax.set_title(f"{name}: {algo} ({len(rs)} seeds)", fontsize=8)
                 ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(results_dir / "staleness_gate.png", dpi=90)
+    fig.savefig(results_dir / f"{GATE_NAME}.png", dpi=90)
     plt.close(fig)
 
 
@@ -1377,7 +1379,7 @@ def pilot_report(results_dir: Path):
                 "Decision: **no sweep**; no algorithm that can answer shows a cost under the rule, so the "
                 "question is undetermined in this miniature (issue 54, item 4).",
             ]
-    lines += pilot_reproduction(runs, results_dir / "staleness_gate")
+    lines += pilot_reproduction(runs, results_dir / GATE_NAME)
     (results_dir / f"{PILOT_NAME}.md").write_text("\n".join(lines) + "\n")
     if found:
         pilot_plot(runs, results_dir)
@@ -1399,7 +1401,7 @@ def pilot_reproduction(runs, gate_dir: Path):
         return []
     return [
         "",
-        "sync-1 against the gate search's runs of the same miniature and seed (`staleness_gate/`, another "
+        "sync-1 against the gate search's runs of the same miniature and seed (`staleness_paper/gate_search/`, another "
         "machine, its own prep): largest win-rate difference along the curve "
         + ", ".join(f"{a} seed {s} {d:.4f}" for a, s, d in pairs)
         + ".",
@@ -1442,20 +1444,21 @@ def scale_widths(results_dir: Path, gate: str):
     """{width: (its runs as load_results gives them, its prep or None)} for every width of `gate` with results: the
     gate's own sweep is the prep's width, 128."""
     found = {}
-    for folder in sorted(results_dir.glob(f"staleness_paper__{gate}*")):
-        suffix = folder.name[len(f"staleness_paper__{gate}") :]
-        if folder.is_dir() and (suffix == "" or suffix.startswith("__w") and suffix[3:].isdigit()):
-            width = int(suffix[3:]) if suffix else 128
-            prep = folder / "prep.json"
-            found[width] = (
-                load_results(results_dir, folder.name, GATE_CANDIDATES[gate]["lr"])[0],
-                json.loads(prep.read_text()) if prep.exists() else None,
-            )
+    gate_dir = results_dir / sweep_of(gate)[0]
+    widths = [128] if gate_dir.is_dir() else []  # the gate's own sweep, at the prep's width
+    widths += [int(f.name[1:]) for f in gate_dir.glob("w*") if f.is_dir() and f.name[1:].isdigit()]
+    for width in widths:
+        name = sweep_of(gate, width)[0]
+        prep = results_dir / name / "prep.json"
+        found[width] = (
+            load_results(results_dir, name, GATE_CANDIDATES[gate]["lr"])[0],
+            json.loads(prep.read_text()) if prep.exists() else None,
+        )
     return dict(sorted(found.items()))
 
 
 def scale_report(results_dir: Path, gate: str):
-    """staleness_paper__<gate>__scale.md: per algorithm of SCALE_ALGORITHMS and width, the final win-rate drop of each
+    """staleness_paper/<gate>/scale.md: per algorithm of SCALE_ALGORITHMS and width, the final win-rate drop of each
     sync-N below sync-1 (paired by seed; Holm over every drop of the table), then per algorithm the question itself:
     is the drop at the largest N smaller at the largest width than at the smallest (Welch; Holm over the
     algorithms)? Returns the lines written."""
@@ -1534,7 +1537,7 @@ def scale_report(results_dir: Path, gate: str):
         "another stays flat, another collapses) do not test the size claim: it stays **not tested** until they share "
         "one, whatever the tests above say.",
     ]
-    (results_dir / f"staleness_paper__{gate}__scale.md").write_text("\n".join(lines) + "\n")
+    (results_dir / sweep_of(gate)[0] / "scale.md").write_text("\n".join(lines) + "\n")
     return lines
 
 
@@ -1925,11 +1928,11 @@ if __name__ == "__main__":
         for seed, algo, lr, setting in todo:
             path = result_path(args, algo, setting, lr, seed)
             if path.exists() and not args.force:
-                base.check_same_budget(path, args, setting)
+                common.check_same_budget(path, base.budget(args, setting))
                 continue
             if not may_start(args, path, invocation_start, durations, new_runs):
                 break
-            claimed = base.claim(Path(args.work_dir), f"{sweep_name}/{path.stem}")
+            claimed = common.claim(Path(args.work_dir), f"{sweep_name}/{path.stem}")
             if claimed is None:
                 print(f"== {path.stem}: being run by another invocation, skipped", flush=True)
                 continue

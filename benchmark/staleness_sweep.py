@@ -22,10 +22,11 @@ from typing import List, Optional
 
 import tyro
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tools"), str(REPO / "benchmark")]
-import staleness as base  # noqa: E402  claims and budgets
-import staleness_paper as paper  # noqa: E402  the prep, the runs, the evaluation and the statistics
+import common
+import staleness as base  # the budgets
+import staleness_paper as paper  # the prep, the runs, the evaluation and the statistics
+
+REPO = common.REPO
 
 SWEEP_NAME = "staleness_sweep"
 GATE = paper.PILOT_GATE  # the two-epoch proxy, the algorithms' default anchors, 512 updates
@@ -106,11 +107,11 @@ def sweep(args: Args):
                 setting = f"sync-{n}"
                 path = out / f"{algo}__{setting}__lr{run_args.learning_rates[0]:g}__seed{seed}.json"
                 if path.exists():
-                    base.check_same_budget(path, run_args, setting)
+                    common.check_same_budget(path, base.budget(run_args, setting))
                     continue
                 if not paper.may_start(run_args, path, start, durations, new_runs):
                     return
-                claimed = base.claim(Path(args.work_dir), f"{SWEEP_NAME}/{path.stem}")
+                claimed = common.claim(Path(args.work_dir), f"{SWEEP_NAME}/{path.stem}")
                 if claimed is None:
                     print(f"== {path.stem}: being run by another invocation, skipped", flush=True)
                     continue

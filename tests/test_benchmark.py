@@ -38,7 +38,7 @@ def test_speed_benchmark_quick_mode_writes_table_and_plot(tiny, tmp_path):
     balance = next(line for line in table.splitlines() if line.startswith("| dpo | dpo | 4 x 2 |"))
     g, t, ratio = (float(c) for c in balance.strip("|").split("|")[3:6])
     assert g > 0 and t > 0 and abs(ratio - g / t) < 0.01 + 0.06 * ratio, balance
-    assert sorted(p.name for p in (results / "speed").iterdir()) == [
+    assert sorted(p.name for p in (results / "runs").iterdir()) == [
         "dpo__async.json",
         "dpo__sync.json",
         "dpo__sync_split.json",
@@ -288,7 +288,7 @@ def test_inflight_benchmark_runs_pairs_resumes_and_refuses_a_mixed_table(tiny, a
     table = (tmp_path / "inflight.md").read_text().split("Per run:")[0]
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
     assert {"core", "fixed"} <= set(rows) and (tmp_path / "inflight.png").stat().st_size > 0
-    fixed = json.loads((tmp_path / "inflight" / "fixed__seed1.json").read_text())
+    fixed = json.loads((tmp_path / "runs" / "fixed__seed1.json").read_text())
     assert any(m["async/mixed_version_share"] > 0 for m in fixed["metrics"])  # versions did enter in flight
     assert rows["core"].split(" | ")[-1].startswith("1.000 [1.000-1.000]")  # the core against itself
     again, _ = run_script("benchmark/inflight.py", tmp_path, *flags, timeout=300)
@@ -343,8 +343,8 @@ def test_inflight_benchmark_refuses_bad_flags_in_one_line_before_any_run(tmp_pat
 
 
 def test_gpu_fit_table_is_what_the_variants_compute_and_every_paper_config_fits_under_fsdp2(tmp_path):
-    """Issue 44: benchmark/results/gpu_fit.md is the variants' own choice of micro-batch on an 80 GiB card (the tool
-    re-run gives the committed table, to the character), and each paper configuration fits some 1 + 3 layout: every
+    """Issue 44: benchmark/results/gpu_fit/gpu_fit.md is the variants' own choice of micro-batch on an 80 GiB card (the
+    tool re-run gives the committed table, to the character), and each paper configuration fits some 1 + 3 layout: every
     row's FSDP2 cell holds a micro-batch of at least 1, and a config the estimate cannot fit is refused, not run."""
     proc, _ = run_script(
         "benchmark/gpu_fit.py",
@@ -356,7 +356,7 @@ def test_gpu_fit_table_is_what_the_variants_compute_and_every_paper_config_fits_
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "results" / "gpu_fit.md").read_text()
-    assert table == (REPO / "benchmark" / "results" / "gpu_fit.md").read_text()
+    assert table == (REPO / "benchmark" / "results" / "gpu_fit" / "gpu_fit.md").read_text()
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith(("| DPO", "| RLOO", "| PPO", "| GRPO"))]
     assert len(rows) == 12
     assert all(re.match(r"\d+ of \d+ \(", row[-1]) and int(row[-1].split()[0]) >= 1 for row in rows)

@@ -19,7 +19,7 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     # the prep: data files, an SFT policy, and its measured numbers
-    prep = json.loads((results / "staleness" / "prep.json").read_text())
+    prep = json.loads((results / "runs" / "prep.json").read_text())
     for key in ("sft_greedy_accuracy",):
         assert 0 <= prep[key] <= 1, key
     for key in ("policy_parameters", "total_seconds"):
@@ -33,13 +33,13 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
 
     # one result file per run, each a curve evaluated at the same update counts, with finite numbers and the same
     # episode budget for every setting
-    names = sorted(p.name for p in (results / "staleness").glob("*__*__seed*.json"))
+    names = sorted(p.name for p in (results / "runs").glob("*__*__seed*.json"))
     assert names == [
         "dpo__async-1__lr0.0001__seed1.json",
         "dpo__sync-1__lr0.0001__seed1.json",
         "dpo__sync-2__lr0.0001__seed1.json",
     ]
-    runs = [json.loads((results / "staleness" / n).read_text()) for n in names]
+    runs = [json.loads((results / "runs" / n).read_text()) for n in names]
     for r in runs:
         assert [p["updates"] for p in r["curve"]] == [0, 2, 4]
         for p in r["curve"]:
@@ -97,13 +97,13 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
 
     # the KL breakdown reruns a finished run, keeping its checkpoints; the seeded rerun retraces the recorded curve,
     # and the breakdown's own KL and gold (on the benchmark's draws) equal the recorded ones at every point
-    result = results / "staleness" / "dpo__sync-1__lr0.0001__seed1.json"
+    result = results / "runs" / "dpo__sync-1__lr0.0001__seed1.json"
     breakdown, _ = run_script("benchmark/kl_breakdown.py", tmp_path, str(result), "--work-dir", str(work), timeout=900)
     assert breakdown.returncode == 0, breakdown.stderr[-4000:]
     kept = work / "breakdown" / result.stem
     assert [p.name for p in kept.glob("runs/*/checkpoint_*")] == ["checkpoint_2"]  # the final policy is the model
     assert (kept / "model" / "config.json").exists()
-    md = (results / "staleness_kl" / f"{result.stem}.md").read_text()
+    md = (results / "kl_breakdown" / f"{result.stem}.md").read_text()
     assert "**The rerun retraces the recorded run**" in md
     header = next(line for line in md.splitlines() if line.startswith("| updates |"))
     columns = [c.strip() for c in header.strip("|").split("|")]
@@ -202,16 +202,16 @@ def test_cost_tables_pair_seeds_rank_by_the_most_stale_settings_and_compare_corr
 def test_a_claimed_run_is_left_to_its_claimant_until_that_process_is_gone(tmp_path):
     """Two invocations sharing a sweep never run the same run: the second sees the first's claim and skips the run;
     a claim left by a killed invocation is taken over."""
-    staleness = load_script("benchmark/staleness.py")
+    common = load_script("benchmark/common.py")  # the staleness sweeps' claims
     stem = "dpo__sync-1__lr0.0001__seed1"
-    mine = staleness.claim(tmp_path, stem)
+    mine = common.claim(tmp_path, stem)
     assert mine == tmp_path / "runs" / f"{stem}.claim" and mine.read_text() == str(os.getpid())
-    assert staleness.claim(tmp_path, stem) is None  # held by a live process (this one)
-    assert staleness.claim(tmp_path, "dpo__sync-4__lr0.0001__seed1") is not None  # other runs are free
+    assert common.claim(tmp_path, stem) is None  # held by a live process (this one)
+    assert common.claim(tmp_path, "dpo__sync-4__lr0.0001__seed1") is not None  # other runs are free
     mine.unlink()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     mine.write_text(gone.stdout.strip())  # the claim of an invocation that was killed
-    assert staleness.claim(tmp_path, stem) == mine and mine.read_text() == str(os.getpid())
+    assert common.claim(tmp_path, stem) == mine and mine.read_text() == str(os.getpid())
 
 
 def test_sampler_and_kl_match_the_scripts_logprobs(tmp_path):

@@ -27,7 +27,7 @@ def test_paper_protocol_quick_mode_trains_on_the_proxy_and_reports_win_rate_agai
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     # the prep: the SFT policy, a reward model with the policy's tokenizer, trained on untied gold-labelled pairs
-    prep = json.loads((results / "staleness_paper" / "prep.json").read_text())
+    prep = json.loads((results / "staleness_paper" / "first" / "prep.json").read_text())
     assert prep["rm_pairs"] + prep["rm_tied_pairs"] == 128  # 128 problems x 2 samples, one disjoint pair each
     assert prep["rm_pairs"] > 0 and 0 <= prep["rm_test_pair_accuracy"] <= 1
     assert prep["missing_eos_penalty"] == pytest.approx(prep["rm_score_mean"] - 2.0, abs=0.01)
@@ -36,13 +36,13 @@ def test_paper_protocol_quick_mode_trains_on_the_proxy_and_reports_win_rate_agai
     assert len(queries) == 128 and queries[0]["query"].startswith("Question: ")
 
     # one result file per run (RLOO's async setting names its correction), each a curve from the SFT policy on
-    names = sorted(p.name for p in (results / "staleness_paper").glob("*__seed*.json"))
+    names = sorted(p.name for p in (results / "staleness_paper" / "first").glob("*__seed*.json"))
     assert names == [
         "rloo__async-1-paper__lr0.0001__seed1.json",
         "rloo__sync-1__lr0.0001__seed1.json",
         "rloo__sync-2__lr0.0001__seed1.json",
     ]
-    runs = [json.loads((results / "staleness_paper" / n).read_text()) for n in names]
+    runs = [json.loads((results / "staleness_paper" / "first" / n).read_text()) for n in names]
     flag = lambda r, name: r["command"][r["command"].index(name) + 1]
     for r in runs:
         assert [p["updates"] for p in r["curve"]] == [0, 2, 4]
@@ -58,20 +58,20 @@ def test_paper_protocol_quick_mode_trains_on_the_proxy_and_reports_win_rate_agai
     assert len({json.dumps(r["curve"][0]) for r in runs}) == 1
 
     # the report: the gate table, a shortfall row per off-policy setting, and both plots
-    table = (results / "staleness_paper.md").read_text()
+    table = (results / "staleness_paper" / "first.md").read_text()
     assert "| rloo | 0.0001 * | 1 |" in table
     for setting in ("sync-2", "async-1-paper"):
         row = next(line for line in table.splitlines() if line.startswith(f"| rloo | {setting} |"))
         assert math.isfinite(float(row.split("|")[3].split()[0])), row
     assert "The paper's measure: where each setting's final point lands" in table
-    for name in ("staleness_paper.png", "staleness_paper_final.png", "staleness_paper_gate.png"):
-        assert (results / name).stat().st_size > 1000
+    for name in ("first.png", "first_final.png", "first_gate.png"):
+        assert (results / "staleness_paper" / name).stat().st_size > 1000
 
     # a rerun skips every finished run and the prep
     again, _ = run_script("benchmark/staleness_paper.py", tmp_path, *flags, timeout=900)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "== rloo" not in again.stdout and "[prep" not in again.stdout
-    assert (results / "staleness_paper.md").read_text() == table
+    assert (results / "staleness_paper" / "first.md").read_text() == table
 
 
 def test_gate_sweep_quick_mode_runs_on_the_candidates_miniature(tmp_path, quick_work):
@@ -97,10 +97,10 @@ def test_gate_sweep_quick_mode_runs_on_the_candidates_miniature(tmp_path, quick_
     proc, _ = run_script("benchmark/staleness_paper.py", tmp_path, *flags, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
-    folder = results / f"staleness_paper__{name}"
+    folder = results / "staleness_paper" / name
     names = sorted(p.name for p in folder.glob("*__seed*.json"))
     assert names == ["rloo__sync-1__lr0.0001__seed1.json", "rloo__sync-2__lr0.0001__seed1.json"]
-    assert not (results / "staleness_paper").exists()  # the first sweep's folder is not touched
+    assert not (results / "staleness_paper" / "first").exists()  # the first sweep's folder is not touched
     prep = json.loads((folder / "prep.json").read_text())  # the candidate's proxy: its own pairs and penalty
     for n in names:
         r = json.loads((folder / n).read_text())
@@ -110,11 +110,11 @@ def test_gate_sweep_quick_mode_runs_on_the_candidates_miniature(tmp_path, quick_
         assert "--beta" not in r["command"] and float(flag("--missing-eos-penalty")) == prep["missing_eos_penalty"]
         assert [p["updates"] for p in r["curve"]] == [0, 2, 4]
 
-    report = results / f"staleness_paper__{name}.md"
+    report = results / "staleness_paper" / f"{name}.md"
     table = report.read_text()
     assert f"--report-only --gate {name}" in table and "| rloo | sync-2 | 0." in table
     for suffix in ("", "_final", "_gate"):
-        assert (results / f"staleness_paper__{name}{suffix}.png").stat().st_size > 1000
+        assert (results / "staleness_paper" / f"{name}{suffix}.png").stat().st_size > 1000
     report.unlink()  # --report-only --gate rebuilds it from the result files alone
     again, _ = run_script(
         "benchmark/staleness_paper.py",
@@ -150,7 +150,7 @@ def test_gate_sweep_quick_mode_runs_on_the_candidates_miniature(tmp_path, quick_
         timeout=1800,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    (run,) = [json.loads(p.read_text()) for p in (results / f"staleness_paper__{name}__w256").glob("*__seed*.json")]
+    (run,) = [json.loads(p.read_text()) for p in (results / "staleness_paper" / name / "w256").glob("*__seed*.json")]
     flag = lambda f: run["command"][run["command"].index(f) + 1]
     assert flag("--model-name-or-path") == str(work / "sft_w256")
     assert flag("--reward-model-path") == str(work / "gate_rm" / "epochs1")
@@ -159,7 +159,7 @@ def test_gate_sweep_quick_mode_runs_on_the_candidates_miniature(tmp_path, quick_
     assert stats["policy_width"] == 256 and stats["policy_parameters"] > 2 * prep["policy_parameters"]
     assert (work / "sft_w256_reference.json").exists() and run["curve"][0]["kl"] == 0.0
     assert sorted(p.name for p in folder.glob("*__seed*.json")) == names  # the prep's width is not touched
-    assert (results / f"staleness_paper__{name}__scale.md").exists()
+    assert (results / "staleness_paper" / name / "scale.md").exists()
 
 
 @pytest.mark.parametrize(
@@ -230,11 +230,11 @@ def test_report_pairs_the_two_corrections_by_seed(tmp_path):
     import json
 
     paper = load_script("benchmark/staleness_paper.py")
-    (tmp_path / "staleness_paper").mkdir()
+    (tmp_path / "staleness_paper" / "first").mkdir(parents=True)
 
     def write(setting, seed, below):  # a straight win-rate curve over KL 0..4, `below` under sync-1's
         curve = [dict(updates=u, kl=u / 2, win_rate=0.5 + 0.05 * u / 2 - below, gold=0.6, proxy=0.0) for u in range(9)]
-        (tmp_path / "staleness_paper" / f"rloo__{setting}__lr0.0001__seed{seed}.json").write_text(
+        (tmp_path / "staleness_paper" / "first" / f"rloo__{setting}__lr0.0001__seed{seed}.json").write_text(
             json.dumps(
                 dict(algorithm="rloo", setting=setting, learning_rate=paper.LEARNING_RATE, seed=seed, curve=curve)
             )
@@ -245,7 +245,7 @@ def test_report_pairs_the_two_corrections_by_seed(tmp_path):
         write("async-8-paper", seed, paper_below)
         write("async-8-behaviour", seed, behaviour_below)
     paper.report(tmp_path)
-    table = (tmp_path / "staleness_paper.md").read_text()
+    table = (tmp_path / "staleness_paper" / "first.md").read_text()
     row = next(line for line in table.splitlines() if line.startswith("| rloo | 8 |"))
     m, half = paper.mean_ci([-0.01, -0.03, 0.0])
     p = paper.one_sample_t([-0.01, -0.03, 0.0])[1]  # a family of one row: Holm leaves p as it is
@@ -285,9 +285,9 @@ def write_run(folder, algo, setting, seed, win, kl=None, gold=None, proxy=None, 
     kl = kl or [u / 4 for u in range(len(win))]
     gold, proxy = gold or [0.6] * len(win), proxy or [0.0] * len(win)
     curve = [dict(updates=32 * i, kl=kl[i], win_rate=win[i], gold=gold[i], proxy=proxy[i]) for i in range(len(win))]
-    (folder / "staleness_paper").mkdir(exist_ok=True)
+    (folder / "staleness_paper" / "first").mkdir(parents=True, exist_ok=True)
     lr = lr or load_script("benchmark/staleness_paper.py").LEARNING_RATE
-    (folder / "staleness_paper" / f"{algo}__{setting}__lr{lr:g}__seed{seed}.json").write_text(
+    (folder / "staleness_paper" / "first" / f"{algo}__{setting}__lr{lr:g}__seed{seed}.json").write_text(
         json.dumps(dict(algorithm=algo, setting=setting, learning_rate=lr, seed=seed, curve=curve))
     )
 
@@ -311,7 +311,7 @@ def test_final_points_drop_paired_by_seed_and_holm_over_the_family(tmp_path):
         for setting, values in drops.items():
             write_run(tmp_path, "dpo", setting, seed, rise[:-1] + [rise[-1] - values[seed - 1]])
     paper.report(tmp_path)
-    table = (tmp_path / "staleness_paper.md").read_text()
+    table = (tmp_path / "staleness_paper" / "first.md").read_text()
     assert "Holm over the 6 drops of the table" in table
     row = lambda setting: next(line for line in table.splitlines() if line.startswith(f"| dpo | {setting} | 0."))
     cells = row("async-8").split(" | ")
@@ -362,7 +362,7 @@ def test_gate_verdict_over_optimisation_against_rise_and_collapse(tmp_path):
             lr=3e-4,
         )
     paper.report(tmp_path)
-    table = (tmp_path / "staleness_paper.md").read_text()
+    table = (tmp_path / "staleness_paper" / "first.md").read_text()
     lines = table.splitlines()
     row = lambda algo, lr="0.0001 *": next(line for line in lines if line.startswith(f"| {algo} | {lr} | 3 |"))
     assert row("dpo").endswith("| 0.640 (64) | +0.040 ± 0.005 | +0.200 ± 0.000 | yes |")
@@ -396,7 +396,7 @@ def test_excursions_leave_sync_1_kl_range_and_fisher_compares_the_corrections(tm
             kl=[0.0, 0.25, 5.0 if spike else 0.5, 0.75, 0.9],
         )
     paper.report(tmp_path)
-    table = (tmp_path / "staleness_paper.md").read_text()
+    table = (tmp_path / "staleness_paper" / "first.md").read_text()
     assert "(ppo 1.00)" in table and "a dip = a win-rate below 0.495" in table
     assert "| ppo | async-8-paper | 3 of 5 | 5.00 5.00 5.00 0.90 0.90 | 1 of 5 |" in table
     assert "| ppo | async-8-behaviour | 0 of 5 |" in table
@@ -437,12 +437,12 @@ def test_gate_search_report_scores_each_candidate_by_its_over_optimisation(tmp_p
     """The gate search's report: per candidate and algorithm, the same verdict as the gate table (gold peaked and
     fallen by more than its CI while the proxy rises), from the result files alone."""
     paper = load_script("benchmark/staleness_paper.py")
-    (tmp_path / "staleness_gate").mkdir()
+    (tmp_path / "staleness_paper" / "gate_search").mkdir(parents=True)
     name = next(iter(paper.GATE_CANDIDATES))
     for seed, noise in zip((1, 2, 3), (0.0, 0.003, -0.003)):
         for algo, gold in (("dpo", [0.60, 0.63, 0.66, 0.63, 0.60 + noise]), ("ppo", [0.60, 0.61, 0.62, 0.63, 0.64])):
             curve = [dict(updates=64 * i, kl=i / 2, win_rate=0.5, gold=g, proxy=0.1 * i) for i, g in enumerate(gold)]
-            (tmp_path / "staleness_gate" / f"{name}__{algo}__seed{seed}.json").write_text(
+            (tmp_path / "staleness_paper" / "gate_search" / f"{name}__{algo}__seed{seed}.json").write_text(
                 json.dumps(
                     dict(
                         algorithm=algo,
@@ -456,13 +456,13 @@ def test_gate_search_report_scores_each_candidate_by_its_over_optimisation(tmp_p
                 )
             )
     paper.gate_report(tmp_path)
-    table = (tmp_path / "staleness_gate.md").read_text()
+    table = (tmp_path / "staleness_paper" / "gate_search.md").read_text()
     assert f"| {name} | dpo | 3 | 1,234 (0.80, 0.40) |" in table
     dpo = next(line for line in table.splitlines() if line.startswith(f"| {name} | dpo |"))
     ppo = next(line for line in table.splitlines() if line.startswith(f"| {name} | ppo |"))
     assert dpo.endswith("| 0.660 (128) | +0.060 ± 0.007 | +0.200 ± 0.000 | yes |")
     assert ppo.endswith("| no |")
-    assert (tmp_path / "staleness_gate.png").stat().st_size > 1000
+    assert (tmp_path / "staleness_paper" / "gate_search.png").stat().st_size > 1000
 
 
 def test_scale_report_drops_by_width_and_whether_the_largest_n_shrinks_with_size(tmp_path):
@@ -480,8 +480,8 @@ def test_scale_report_drops_by_width_and_whether_the_largest_n_shrinks_with_size
         ("ppo", 512): [0.01, 0.03, -0.02],
     }
     for (algo, width), values in drops.items():
-        folder = tmp_path / (f"staleness_paper__{gate}" + (f"__w{width}" if width != 128 else ""))
-        folder.mkdir(exist_ok=True)
+        folder = tmp_path / "staleness_paper" / gate / (f"w{width}" if width != 128 else "")
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / "prep.json").write_text(json.dumps(dict(policy_parameters=4e5 if width == 128 else 5.5e6)))
         for seed, drop in enumerate(values, 1):
             for setting, d in (("sync-1", 0.0), ("sync-4", drop / 2), ("sync-16", drop)):
@@ -494,7 +494,7 @@ def test_scale_report_drops_by_width_and_whether_the_largest_n_shrinks_with_size
                 )
     assert list(paper.scale_widths(tmp_path, gate)) == [128, 512]
     lines = paper.scale_report(tmp_path, gate)
-    assert (tmp_path / f"staleness_paper__{gate}__scale.md").read_text() == "\n".join(lines) + "\n"
+    assert (tmp_path / "staleness_paper" / gate / "scale.md").read_text() == "\n".join(lines) + "\n"
     row = lambda algo, width: next(line for line in lines if line.startswith(f"| {algo} | {width} |"))
     assert row("dpo", 128).startswith("| dpo | 128 | 0.40M | 3 | 0.600 ± 0.000 |")
     assert row("dpo", 128).endswith("| **+0.055 ± 0.012** |")  # sync-16's drop: separated from 0 after Holm over 8
@@ -506,14 +506,14 @@ def test_scale_report_drops_by_width_and_whether_the_largest_n_shrinks_with_size
     assert "difference +0.055" in dpo and dpo.endswith("shrinks (separated)") and 2 * min(p_dpo, p_ppo) < 0.05
     assert ppo.endswith("not separated") and p_ppo > 0.05
     # no verdict on fewer seeds than planned: with DPO's third seed of sync-16 at width 512 gone, only PPO is compared
-    (tmp_path / f"staleness_paper__{gate}__w512" / f"dpo__sync-16__lr{lr:g}__seed3.json").unlink()
+    (tmp_path / "staleness_paper" / gate / "w512" / f"dpo__sync-16__lr{lr:g}__seed3.json").unlink()
     lines = paper.scale_report(tmp_path, gate)
     assert not any(line.startswith("- dpo:") for line in lines) and any(line.startswith("- ppo:") for line in lines)
     # the family is the planned one: DPO compared alone is still corrected for PPO's comparison to come
     for setting in ("sync-1", "sync-4", "sync-16"):
         for seed in (1, 2, 3):
-            (tmp_path / f"staleness_paper__{gate}__w512" / f"ppo__{setting}__lr{lr:g}__seed{seed}.json").unlink()
-    write_seed3 = tmp_path / f"staleness_paper__{gate}__w512" / f"dpo__sync-16__lr{lr:g}__seed3.json"
+            (tmp_path / "staleness_paper" / gate / "w512" / f"ppo__{setting}__lr{lr:g}__seed{seed}.json").unlink()
+    write_seed3 = tmp_path / "staleness_paper" / gate / "w512" / f"dpo__sync-16__lr{lr:g}__seed3.json"
     curve = [
         dict(updates=64 * i, kl=i / 4, win_rate=w, gold=0.6, proxy=0.0)
         for i, w in enumerate(rise[:-1] + [rise[-1] + 0.005])
