@@ -403,8 +403,10 @@ def test_the_sync_twin_and_the_multigpu_variant_stay_within_their_budgets(algo):
     core, sync = PAIRS[algo]
     assert lines[sync] <= lines[core]
     # scale-out, exact resume, record and replay (what a replay must share with its recording, issue 42), and the
-    # micro-batch sized from a learner GPU's free memory (issue 44): 460 lines packed, ~600 as the formatter lays out
-    assert lines[MULTIGPU[algo]] <= lines[core] + 620
+    # micro-batch sized from a learner GPU's free memory (issue 44): 460 lines packed, ~600 as the formatter lays out;
+    # stops that survive a scheduler signalling every process (issue 55): the engine's processes pass on only their
+    # parent's signals, a repeat of the stop's signal is that one, the thread ends before a stop's exit (+31)
+    assert lines[MULTIGPU[algo]] <= lines[core] + 650
 
 
 @pytest.mark.parametrize("algo", ALGOS)
