@@ -360,6 +360,21 @@ def test_common_helpers_are_identical_across_algorithms(name, scripts):
     assert len(set(sources.values())) == 1, f"{name} differs between {scripts}"
 
 
+def test_the_engine_processes_start_alike_in_every_multigpu_variant():
+    """The top of each variant, which vLLM's engine processes run first (as __mp_main__): their own session, the death
+    signal, and SIGINT/SIGTERM blocked but for their parent's (issue 55), the same in all four."""
+    blocks = set()
+    for path in MULTIGPU.values():
+        source = (REPO / path).read_text()
+        (block,) = [
+            ast.get_source_segment(source, node)
+            for node in ast.parse(source).body
+            if isinstance(node, ast.If) and "__mp_main__" in ast.unparse(node.test)
+        ]
+        blocks.add(block)
+    assert len(blocks) == 1 and "sigwaitinfo" in blocks.pop()
+
+
 def test_the_learner_side_of_the_hand_off_is_the_same_in_every_async_script():
     def hand_off(path):  # the learner's queue, thread and weight hand-off lines (thread arguments differ by script)
         code = [line.split("  # ")[0] for line in main_lines(path) if not line.startswith(("llm, ", "#"))]
