@@ -10,12 +10,35 @@ with --async-steps 0 this file is sync at scale.
     python multigpu/async_grpo_gsm8k_multigpu.py --save-every 50        # then --resume-from runs/<run>
 """
 
+import contextlib
 import ctypes
 import os
+import signal
+import threading
 
 if __name__ == "__mp_main__":  # a process of vLLM's engine: multiprocessing's spawn ran this file first, as __mp_main__
-    os.setsid()  # a session of its own: a Ctrl-C or SIGTERM to the run's process group reaches the learner only, which
-    ctypes.CDLL(None).prctl(1, 15)  # saves, then ends the engine; PR_SET_PDEATHSIG: SIGTERM if the learner is killed
+
+    def pass_on_the_parents_signals(parent: int):
+        """SIGINT and SIGTERM, blocked below, arrive here. One from the process that started this one (vLLM's own
+        shutdown, or the death signal) goes to the handler vLLM set; one from anyone else (a scheduler signals every
+        process of a job) is dropped: the learner takes it, saves what it needs from this engine, and its exit ends
+        the engine."""
+        while True:
+            info = signal.sigwaitinfo({signal.SIGINT, signal.SIGTERM})
+            handler = signal.getsignal(info.si_signo)
+            if info.si_pid == parent and callable(handler):
+                # the engine core's handler sets its shutdown flag (safe in any thread); a worker's raises SystemExit,
+                # kept in this thread: vLLM ends a worker by closing its death pipe, the SIGTERM is its fallback
+                with contextlib.suppress(SystemExit, KeyboardInterrupt):
+                    handler(info.si_signo, None)
+            elif info.si_pid == parent:  # no handler of vLLM's (not yet, or no more): the default, ending the process
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {info.si_signo})
+                signal.raise_signal(info.si_signo)
+
+    os.setsid()  # a session of its own: a Ctrl-C or a SIGTERM to the run's process group does not reach it
+    ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG: a SIGTERM if the learner is killed (SIGKILL, the OOM killer)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # before any thread: they inherit it
+    threading.Thread(target=pass_on_the_parents_signals, args=(os.getppid(),), daemon=True).start()
 # The engine runs in this process (weights handed over as tensors), but under torchrun (one rank too) in a process of
 # its own, as vLLM would take torchrun's torch.distributed world (weights via shared memory); forced: 0 breaks torchrun
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if "TORCHELASTIC_RUN_ID" in os.environ else "0"
@@ -28,7 +51,6 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the guard's c
 
 import atexit
 import collections
-import contextlib
 import datetime
 import glob
 import json
@@ -36,10 +58,8 @@ import queue
 import random
 import re
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -471,7 +491,10 @@ def generation_thread(
             waiting_time = weight_sync_time = 0.0
             while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
-                version, weights, check = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
+                item = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
+                if item is None:  # the learner stops (a signal) and waits for this thread: no engine call in flight
+                    return
+                version, weights, check = item
                 waiting_time += time.time() - start
                 start = time.time()
                 push_weights_to_engine(llm, weights, args.weights_dir)
@@ -777,6 +800,9 @@ def main():
                 metrics["time/elapsed"],
             )
             if stop:  # rank 0 names the checkpoint, which exists once save_checkpoint returns; the others end silently
+                if thread.is_alive():  # an engine call in flight at exit crashed the teardown (rc 139) or left vLLM's
+                    weights_queue.put(None)  # shared memory: the thread ends at its next wait for weights (issue 55)
+                    thread.join(timeout=args.queue_timeout)
                 sys.exit(
                     f"{requests[0] if requests else 'a signal to another rank'}: stopped after learner step "
                     f"{step}; continue with --resume-from {path}"
@@ -1499,16 +1525,21 @@ def log_samples(writer, step: int, columns, rows):
 
 
 def stop_requests(args: Args):
-    """SIGINT or SIGTERM: with --save-every, a checkpoint after this step, then exit (a second one stops at once); else
-    exit at once, through `finally` and atexit, so that the engine's process and the weights folder end with it."""
-    requests = []
+    """SIGINT or SIGTERM: with --save-every, a checkpoint after this step, then exit; else exit at once, through
+    `finally` and atexit, so that the engine's process and the weights folder end with it. The signals of the 5 s
+    after the first are that one again (a scheduler's SIGTERM reaches a torchrun rank twice: itself and through
+    torchrun; vLLM's processes drop it, see the top of the file); one after them stops at once."""
+    requests, times = [], []  # the stop's signal; when the signals came
 
     def request(signum, frame):
         name = signal.Signals(signum).name
-        if requests or not args.save_every:
+        if times and time.monotonic() - times[0] < 5:  # an exit in progress too: its cleanup must run to its end
+            return
+        times.append(time.monotonic())
+        if len(times) > 1 or not args.save_every:
             sys.exit(f"{name}: stopped at once" + ("" if args.save_every else "; no checkpoint (--save-every 0)"))
         requests.append(name)
-        tqdm.write(f"{requests[0]}: saving a checkpoint after this learner step, then exiting (again to stop now)")
+        tqdm.write(f"{name}: saving a checkpoint after this learner step, then exiting (again, 5 s on: stop now)")
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request)

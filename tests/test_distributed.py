@@ -2,7 +2,7 @@
 the same losses; the engine (rank 0's, in a process of its own) serves exactly the learners' weights; a crash on a
 non-zero rank ends the whole job within seconds, with its traceback. Real engine, tiny models, gloo on CPU."""
 
-import glob
+import contextlib
 import os
 import re
 import signal
@@ -230,10 +230,23 @@ def test_a_tensor_parallel_engine_serves_the_learners_weights(tiny, tmp_path, mo
     assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4
 
 
-def stop_by_signal(signum, cmd, cwd, after_steps: int):
-    """Start `cmd` (torchrun, or one process) in a session of its own, send `signum` to its process group once
-    `after_steps` learner steps are logged, as a Ctrl-C in a terminal or a cluster's SIGTERM does, and wait until every
-    process of the job has ended. Returns the job's output (stdout and stderr) and the pids the job had."""
+def shm_in_use():
+    """The names in /dev/shm that a live process maps or holds open (on a shared machine, other jobs' too)."""
+    names = set()
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            paths = [m.path for m in process.memory_maps()] + [f.path for f in process.open_files()]
+            names |= {os.path.basename(path) for path in paths if path.startswith("/dev/shm/")}
+    return names
+
+
+def stop_by_signal(signum, cmd, cwd, after_steps: int, every_process: bool = False):
+    """Start `cmd` (torchrun, or one process) in a session of its own and, once `after_steps` learner steps are
+    logged, send `signum` to its process group, as a Ctrl-C in a terminal does, or to every process of the job at
+    once, as a cluster's scheduler does (SLURM's time limit, scancel); then wait until every process of the job has
+    ended. Returns the job's output (stdout and stderr), its exit code, the pids it had, and what it left in /dev/shm
+    (new names there that no live process uses)."""
+    before = set(os.listdir("/dev/shm"))
     with open(cwd / "output", "w") as output:
         proc = subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -243,13 +256,21 @@ def stop_by_signal(signum, cmd, cwd, after_steps: int):
             time.sleep(0.2)
         job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         assert len(job) >= 3  # torchrun or the learner, and the engine's processes (and vLLM's helpers)
-        os.killpg(proc.pid, signum)  # torchrun hands it to every rank's process group
-        assert proc.wait(timeout=120) != 0
+        if every_process:
+            for process in job:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signum)
+        else:
+            os.killpg(proc.pid, signum)  # torchrun hands it to every rank's process group
+        returncode = proc.wait(timeout=120)
         _, alive = psutil.wait_procs(job, timeout=5)  # the engine's processes end with the job, not later
         assert not alive, [p.cmdline()[:3] for p in alive]
     finally:
         kill_group(proc)
-    return (cwd / "output").read_text(), [p.pid for p in job]
+    left = set(os.listdir("/dev/shm")) - before - shm_in_use()
+    pids = [p.pid for p in job]
+    mine = [name for name in left if not name.startswith("clean-async-rlhf-") or int(name.split("-")[3]) in pids]
+    return (cwd / "output").read_text(), returncode, pids, mine
 
 
 def test_a_sigterm_without_save_every_ends_the_engine_process_and_the_weights_folder_with_the_job(tiny, tmp_path):
@@ -270,17 +291,22 @@ def test_a_sigterm_without_save_every_ends_the_engine_process_and_the_weights_fo
         "--weights-dir",
         str(tmp_path / "shm"),
     ]
-    output, _ = stop_by_signal(signal.SIGTERM, cmd, tmp_path, after_steps=1)
+    output, *_ = stop_by_signal(signal.SIGTERM, cmd, tmp_path, after_steps=1)
     assert not list((tmp_path / "shm").iterdir())
     assert "SIGTERM: stopped at once; no checkpoint (--save-every 0)" in output
 
 
 @pytest.mark.parametrize("launch", ["torchrun", "tensor-parallel"])
-def test_a_signal_to_the_process_group_saves_the_checkpoint_it_announces(tiny, tmp_path, monkeypatch, launch):
-    """Issue 42: a Ctrl-C (SIGINT) or SIGTERM to the whole process group with --save-every reaches the learners only
-    (vLLM's engine processes have a session of their own), so the learner takes the batches in flight from the engine,
-    saves, and names the checkpoint once (rank 0, after writing it); no copy of the weights stays in /dev/shm, and the
-    engine's processes end with the job. The checkpoint resumes: the resumed run is then stopped the other way."""
+def test_a_signal_to_the_group_or_to_every_process_saves_the_checkpoint_it_announces_and_resumes_exactly(
+    tiny, tmp_path, monkeypatch, launch
+):
+    """Issue 42: a Ctrl-C (SIGINT to the process group) with --save-every reaches the learners only (vLLM's engine
+    processes have a session of their own). Issue 55: a scheduler's SIGTERM to every process of the job at once
+    (before: 0 of 2 such stops saved): the engine's processes drop it (only their parent's signals reach vLLM's
+    handlers), and a rank that gets it twice (itself, and through torchrun) takes it once. Either way the learner
+    takes the batches in flight from the engine, saves, names the checkpoint once (rank 0, after writing it), and
+    the job ends cleanly: no traceback, no segfault, no vLLM error, every process gone, nothing left in /dev/shm.
+    The run, stopped both ways and resumed twice, logs what an uninterrupted run logs."""
     rloo = "multigpu/async_rloo_multigpu.py"
     cmd = [
         *(
@@ -298,18 +324,46 @@ def test_a_signal_to_the_process_group_saves_the_checkpoint_it_announces(tiny, t
     if launch == "tensor-parallel":  # one learner, the engine's two workers in processes of their own
         monkeypatch.setitem(ENV, "VLLM_CPU_OMP_THREADS_BIND", "0|1")
         cmd += ["--engine-tensor-parallel-size", "2"]
+    (tmp_path / "stopped").mkdir()
     checkpoint = None
-    for signum in (signal.SIGINT, signal.SIGTERM):  # the first checkpoint is due after 2 steps
+    for signum, every_process in ((signal.SIGINT, False), (signal.SIGTERM, True)):  # a checkpoint is due at step 2
         resume = ["--resume-from", checkpoint] if checkpoint else []
-        output, pids = stop_by_signal(
-            signum, cmd + resume, tmp_path, int(checkpoint.split("_")[-1]) + 1 if checkpoint else 2
+        after = int(checkpoint.split("_")[-1]) + 1 if checkpoint else 2
+        output, returncode, pids, left = stop_by_signal(
+            signum, cmd + resume, tmp_path / "stopped", after, every_process
         )
         announced = re.findall(r"continue with --resume-from (\S+)", output)
         assert len(announced) == 1, output[-3000:]  # rank 0's line; the other rank ends without one
-        assert f"{signum.name}: stopped after learner step" in output
+        assert f"{signum.name}: stopped after learner step" in output and "stopped at once" not in output
+        assert returncode == 1, output[-3000:]  # sys.exit's message: no segfault (139), no torchrun kill
+        # before: "EngineDeadError" after "saving a checkpoint", a vLLM ERROR line, a segfault at exit
+        if launch == "tensor-parallel":  # torchrun reports its ranks' exit code 1 with a traceback of its own
+            assert "Traceback" not in output, output[-3000:]
+        assert not re.search(r"EngineDead|Segmentation|SIGSEGV|ERROR", output), output[-3000:]
         if checkpoint:
             assert f"resuming from {checkpoint}" in output
         checkpoint = announced[0]
-        assert (tmp_path / checkpoint / "state.pt").exists()  # the one it announces, complete
-        assert int(checkpoint.split("_")[-1]) >= 3  # a stop's own, after the one due at step 2
-        assert not [path for pid in pids for path in glob.glob(f"/dev/shm/clean-async-rlhf-{pid}-*")]
+        assert (tmp_path / "stopped" / checkpoint / "state.pt").exists()  # the one it announces, complete
+        assert int(checkpoint.split("_")[-1]) >= after + 1  # a stop's own, after the steps it waited for
+        assert not left, left  # vLLM's shared memory (a TP-2 stop left 2 x 4 MiB) and the weights' folder
+    # an uninterrupted run with the same flags, killed once it has logged as many steps
+    steps = int(checkpoint.split("_")[-1])
+    (tmp_path / "whole").mkdir()
+    with open(tmp_path / "whole" / "output", "w") as output:
+        proc = subprocess.Popen(cmd, cwd=tmp_path / "whole", env=ENV, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        while (
+            not list((tmp_path / "whole").glob("runs/*/metrics.jsonl")) or len(read_metrics(tmp_path / "whole")) < steps
+        ):
+            assert proc.poll() is None, (tmp_path / "whole" / "output").read_text()[-3000:]
+            time.sleep(0.2)
+    finally:
+        job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for process in job:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(job, timeout=30)
+    whole, stopped = read_metrics(tmp_path / "whole")[:steps], read_metrics(tmp_path / "stopped")
+    assert [m["step"] for m in stopped] == list(range(steps))
+    untimed = [[{k: v for k, v in m.items() if not k.startswith("time/")} for m in run] for run in (whole, stopped)]
+    assert untimed[1] == untimed[0]  # every loss, score, KL and version, bit for bit
