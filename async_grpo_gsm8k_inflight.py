@@ -366,15 +366,15 @@ def generate(llm: LLM, prompts, args: Args, step: int, between_steps):
     """k samples per prompt, decoded one engine step at a time (vLLM's `add_request`/`step`, what `LLM.generate` runs)
     so that `between_steps(decoding_steps)` can load new weights while they are in flight; it returns the version the
     engine then holds. Returns token ids, vLLM's logprob of each sampled token and the version that sampled it."""
-    k = args.num_samples_per_prompt
+    samples_per_prompt = args.num_samples_per_prompt
     engine = llm.llm_engine
     # logprobs=0: only the sampled token's; DELTA: each step's new tokens
     for j, prompt in enumerate(prompts):
-        seed = (args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31
+        seed = (args.seed * 1_000_003 + (step * args.prompts_per_step + j) * samples_per_prompt) % 2**31
         # vLLM seeds sample c of an n-sample request seed + c: the core's samples, bit for bit
-        for c in range(k):
+        for c in range(samples_per_prompt):
             engine.add_request(
-                str(j * k + c),
+                str(j * samples_per_prompt + c),
                 {"prompt_token_ids": prompt},
                 SamplingParams(
                     temperature=args.temperature,
@@ -385,9 +385,9 @@ def generate(llm: LLM, prompts, args: Args, step: int, between_steps):
                     output_kind=RequestOutputKind.DELTA,
                 ),
             )
-    tokens = [[] for _ in range(len(prompts) * k)]
-    logprobs = [[] for _ in range(len(prompts) * k)]
-    versions = [[] for _ in range(len(prompts) * k)]
+    tokens = [[] for _ in range(len(prompts) * samples_per_prompt)]
+    logprobs = [[] for _ in range(len(prompts) * samples_per_prompt)]
+    versions = [[] for _ in range(len(prompts) * samples_per_prompt)]
     version = between_steps(0)
     decoding_steps = 0
     while engine.has_unfinished_requests():

@@ -498,15 +498,15 @@ def next_turn(first: SamplingParams, c: int, turn: int, sample: Sample, args: Ar
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt, each continued after every calculator call (`sample_with_tools`); returns prompt-major
     token ids, vLLM's logprob of each token it sampled, each token's 1 if the tool's, and each sample's calls."""
-    k = args.num_samples_per_prompt
+    samples_per_prompt = args.num_samples_per_prompt
     # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
     params = [
         SamplingParams(
-            n=k,
+            n=samples_per_prompt,
             temperature=args.temperature,
             max_tokens=args.response_length,
             logprobs=0,
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * samples_per_prompt) % 2**31,
             **stop_at_call(args),  # without a calculator, the core's keywords
         )
         for j in range(len(prompts))

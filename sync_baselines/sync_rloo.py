@@ -341,15 +341,15 @@ def score_responses(reward_model, tokenizer, args: Args, prompts, answers, respo
 # GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
-    k = args.num_samples_per_prompt
+    samples_per_prompt = args.num_samples_per_prompt
     # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
     params = [
         SamplingParams(
-            n=k,
+            n=samples_per_prompt,
             temperature=args.temperature,
             max_tokens=args.response_length,
             logprobs=0,
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * samples_per_prompt) % 2**31,
             detokenize=False,
         )
         for j in range(len(prompts))
