@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -270,6 +270,19 @@ def kl_penalty(new_logprobs, ref_logprobs, mask, aggregation: str, length: int):
     return aggregate(torch.exp(log_ratio) - log_ratio - 1, mask.float(), aggregation, length)
 
 
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
+    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
     """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
     t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
@@ -280,6 +293,21 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
     logits = logits.float() / temperature
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return F.pad(logprobs, (start, 0)) * response_mask[:, 1:]
+
+
+@torch.no_grad()
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
+    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
+    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
+    passes bit for bit and the first update's ratio is exactly 1."""
+    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
+    with learner_autocast(args):
+        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                logprobs[rows] = token_logprobs(
+                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
+                )
+    return logprobs
 
 
 def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
@@ -324,20 +352,29 @@ def verify(text: str, answer: str, marker_only: bool):
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
+def score_responses(tokenizer, args: Args, answers, responses):
+    """The verifier's reward of each response (G per problem, problem-major): 1.0 if its final number is the problem's
+    answer, else 0.0, graded as written (with or without EOS); and whether it has a final number at all."""
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    sample_answers = [a for a in answers for _ in range(args.num_samples_per_prompt)]
+    rewards, found = zip(*[verify(t, a, args.require_answer_marker) for t, a in zip(texts, sample_answers)])
+    return torch.tensor(rewards), found
+
+
 # GENERATION: sample, take new weights, evaluate greedily, make one batch: the same code in the sync twin
 def generate(llm: LLM, prompts, args: Args, step: int, between_steps):
     """k samples per prompt, decoded one engine step at a time (vLLM's `add_request`/`step`, what `LLM.generate` runs)
     so that `between_steps(decoding_steps)` can load new weights while they are in flight; it returns the version the
     engine then holds. Returns token ids, vLLM's logprob of each sampled token and the version that sampled it."""
-    k = args.num_samples_per_prompt
+    samples_per_prompt = args.num_samples_per_prompt
     engine = llm.llm_engine
     # logprobs=0: only the sampled token's; DELTA: each step's new tokens
     for j, prompt in enumerate(prompts):
-        seed = (args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31
+        seed = (args.seed * 1_000_003 + (step * args.prompts_per_step + j) * samples_per_prompt) % 2**31
         # vLLM seeds sample c of an n-sample request seed + c: the core's samples, bit for bit
-        for c in range(k):
+        for c in range(samples_per_prompt):
             engine.add_request(
-                str(j * k + c),
+                str(j * samples_per_prompt + c),
                 {"prompt_token_ids": prompt},
                 SamplingParams(
                     temperature=args.temperature,
@@ -348,9 +385,9 @@ def generate(llm: LLM, prompts, args: Args, step: int, between_steps):
                     output_kind=RequestOutputKind.DELTA,
                 ),
             )
-    tokens = [[] for _ in range(len(prompts) * k)]
-    logprobs = [[] for _ in range(len(prompts) * k)]
-    versions = [[] for _ in range(len(prompts) * k)]
+    tokens = [[] for _ in range(len(prompts) * samples_per_prompt)]
+    logprobs = [[] for _ in range(len(prompts) * samples_per_prompt)]
+    versions = [[] for _ in range(len(prompts) * samples_per_prompt)]
     version = between_steps(0)
     decoding_steps = 0
     while engine.has_unfinished_requests():
@@ -415,11 +452,7 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int, betwe
     start = time.time()
     responses, logprobs, versions = generate(llm, prompts, args, step, between_steps)
     generation_time = time.time() - start
-    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    k = args.num_samples_per_prompt
-    rewards, found = zip(
-        *[verify(text, a, args.require_answer_marker) for text, a in zip(texts, [a for a in answers for _ in range(k)])]
-    )
+    rewards, found = score_responses(tokenizer, args, answers, responses)
     truncated = float(np.mean([len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]))
     return dict(
         prompts=prompts,
@@ -427,7 +460,7 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int, betwe
         responses=responses,
         behaviour_logprobs=logprobs,
         versions=versions,
-        rewards=torch.tensor(rewards),
+        rewards=rewards,
         format_rate=float(np.mean(found)),
         truncated_rate=truncated,
         response_length=float(np.mean([len(r) for r in responses])),
@@ -437,7 +470,15 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int, betwe
 
 
 # ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
-def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last_sync, weights_queue, data_queue):
+class PolicyVersion(NamedTuple):
+    """What the learner hands the generation thread, once per version a batch needs."""
+
+    version: int  # learner steps taken
+    weights: dict  # the engine's own copy: training goes on
+    expected: "WeightCheck"  # what an engine serving them answers
+
+
+def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guard_state, weights_queue, data_queue):
     """The actor: batch i starts with exactly policy version max(0, i-K), as in the core, and may take the next one,
     i-K+1, between two decoding steps (never a newer one: batch i+1 starts with i-K+1): under `fixed` after step C,
     waiting for it if need be (a seeded run is reproducible), under `asap` as soon as it has arrived. A due
@@ -448,22 +489,23 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last
         # vLLM labels each token with this (checked in `generate`)
         llm.llm_engine.set_weight_version("0")
         last_evaluated = -1
-        # (version, check) loaded in flight, its probe pending
+        # the PolicyVersion loaded in flight (its weights dropped), its probe pending
         unprobed = None
         for step, (prompts, answers) in enumerate(prompt_batches):
             times = dict(time_weight_sync=0.0, time_actor_waiting=0.0)
 
             def load(in_flight: bool):
                 """The next version the learner sent into the engine."""
-                nonlocal version, last_sync, unprobed
+                nonlocal version, guard_state, unprobed
                 start = time.time()
-                version, weights, check = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
+                incoming = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
+                version = incoming.version
                 times["time_actor_waiting"] += time.time() - start
                 start = time.time()
-                push_weights_to_engine(llm, weights, args.in_flight_kv if in_flight else None)
+                push_weights_to_engine(llm, incoming.weights, args.in_flight_kv if in_flight else None)
                 llm.llm_engine.set_weight_version(str(version))
-                last_sync = check_weight_sync(llm, check, last_sync, args, version, in_flight)
-                unprobed = (version, check) if in_flight else None
+                guard_state = check_weight_sync(llm, incoming.expected, guard_state, args, version, in_flight)
+                unprobed = incoming._replace(weights=None) if in_flight else None
                 times["time_weight_sync"] += time.time() - start
 
             def between_steps(decoding_steps: int):
@@ -480,7 +522,7 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last
             if unprobed:
                 start = time.time()
                 push_weights_to_engine(llm, None)
-                last_sync = check_weight_sync(llm, unprobed[1], last_sync, args, unprobed[0])
+                guard_state = check_weight_sync(llm, unprobed.expected, guard_state, args, unprobed.version)
                 unprobed = None
                 times["time_weight_sync"] += time.time() - start
             while version < step - args.async_steps:  # the i-K rule
@@ -494,7 +536,7 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last
             loading = sum(times.values())
             # one was due
             due = version // args.eval_every > last_evaluated // args.eval_every
-            if eval_set[0] and due:
+            if eval_set.prompts and due:
                 evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
             batch = produce_batch(llm, tokenizer, args, prompts, answers, step, between_steps)
             # in-flight loads and waits count as theirs
@@ -536,13 +578,13 @@ def main():
     torch.manual_seed(args.seed)
 
     # data before any model, so that bad data fails in seconds; then the run folder, now that the inputs are good
-    k = args.num_samples_per_prompt  # G, the group size
+    group_size = args.num_samples_per_prompt  # G
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers, eval_set = load_problem_sets(args, tokenizer)
     prompt_batches = split_into_steps(prompts, answers, args)  # the problems of learner step i: prompt_batches[i]
     probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
-        args, args.prompts_per_step * k // args.num_mini_batches, max(map(len, prompts)) + args.response_length
+        args, args.prompts_per_step * group_size // args.num_mini_batches, max(map(len, prompts)) + args.response_length
     )
     args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
     args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
@@ -565,7 +607,9 @@ def main():
         # waits for KV blocks: the cache holds a whole batch (vLLM keeps 1 block)
         cache = llm.llm_engine.vllm_config.cache_config
         size, held = cache.block_size, cache.num_gpu_blocks - 1
-        need = max(k * sum(-(-(len(p) + args.response_length) // size) for p in batch[0]) for batch in prompt_batches)
+        need = max(
+            group_size * sum(-(-(len(p) + args.response_length) // size) for p in batch[0]) for batch in prompt_batches
+        )
         if need > held:
             shutil.rmtree(os.path.join("runs", args.run_name), ignore_errors=True)
             sys.exit(
@@ -574,10 +618,10 @@ def main():
                 "raise --kv-cache-gib (GPU: --gpu-memory-utilization) or run asap"
             )
     keep_models_eager(policy, ref_policy)
-    last_sync = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)  # it starts at version 0
+    guard_state = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)  # it starts at version 0
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait
+    weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
     thread = threading.Thread(
         target=generation_thread,
@@ -588,7 +632,7 @@ def main():
             args,
             prompt_batches,
             eval_set,
-            last_sync,
+            guard_state,
             weights_queue,
             data_queue,
         ),
@@ -598,7 +642,7 @@ def main():
     start_time = time.time()
     reward_key = "objective/accuracy"  # shown by the progress bar and the summary
     progress = tqdm(range(args.num_learner_steps), desc="learner steps")
-    requests = stop_requests()
+    stop_signals = stop_requests()
     for step in progress:
         wait_start = time.time()
         batch = receive(data_queue, args.queue_timeout, f"the batch of learner step {step}")
@@ -608,9 +652,9 @@ def main():
 
         # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
         train_start = time.time()
-        advantages = group_advantages(batch["rewards"], k, args.scale_rewards).to(args.learner_device)
+        advantages = group_advantages(batch["rewards"], group_size, args.scale_rewards).to(args.learner_device)
         input_ids, attention_mask, response_mask = pad_sequences(
-            [p for p in batch["prompts"] for _ in range(k)],
+            [p for p in batch["prompts"] for _ in range(group_size)],
             batch["responses"],
             tokenizer.pad_token_id,
             args.learner_device,
@@ -622,7 +666,8 @@ def main():
             old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, mini_batches)
         if ref_policy is not None:
             ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-        stats = defaultdict(list)  # name: one value per mini-batch, and the logprob gap
+        stats = defaultdict(list)  # name: one value per mini-batch
+        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -632,7 +677,7 @@ def main():
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
                 if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
-                    stats["gap"] = stats.get("gap", 0) + logprob_gap(
+                    token_gap = token_gap + logprob_gap(
                         new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
                     )  # every micro-batch's
                 anchor_logprobs, importance_weights = off_policy_anchor(
@@ -677,12 +722,12 @@ def main():
         ahead = args.async_steps - (args.in_flight != "off")
         if step + 1 + ahead < args.num_learner_steps:
             weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.state_dict().items()}
-            weights_queue.put((step + 1, weights, weight_check(policy, probe, args)))
+            weights_queue.put(PolicyVersion(step + 1, weights, weight_check(policy, probe, args)))
 
         # TRY NOT TO MODIFY: logging
         # provenance, per token
         token_staleness = [step - v for versions in batch["versions"] for v in versions]
-        grouped_rewards = batch["rewards"].view(-1, k)
+        grouped_rewards = batch["rewards"].view(-1, group_size)
         metrics = {
             "objective/accuracy": batch["rewards"].mean().item(),
             "objective/format_rate": batch["format_rate"],
@@ -697,7 +742,7 @@ def main():
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": (stats["gap"][0] / stats["gap"][1]).item(),  # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/truncated_rate": batch["truncated_rate"],
             "val/response_length": batch["response_length"],
@@ -717,7 +762,7 @@ def main():
             "async/mixed_version_share": float(np.mean([len(set(v)) > 1 for v in batch["versions"]])),
             # versions that sampled tokens after the batch's first one
             "async/versions_in_flight": len(set(token_staleness) - {step - batch["actor_version"]}),
-            "episodes": (step + 1) * args.prompts_per_step * k,
+            "episodes": (step + 1) * args.prompts_per_step * group_size,
         }
         if ref_policy is not None:  # the KL to the reference exists only when the reference is loaded
             metrics["objective/kl"] = float(np.mean(stats["kl"]))
@@ -729,22 +774,23 @@ def main():
                 ["prompt", "response", "answer", "reward"],
                 [
                     [
-                        tokenizer.decode(batch["prompts"][i // k])[-200:],
+                        tokenizer.decode(batch["prompts"][i // group_size])[-200:],
                         tokenizer.decode(r, skip_special_tokens=True),
-                        batch["answers"][i // k],
+                        batch["answers"][i // group_size],
                         f"{reward:.0f}",
                     ]
                     for i, (r, reward) in enumerate(zip(batch["responses"][:8], batch["rewards"]))
                 ],
             )
-        if requests or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+        save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
+        if stop_signals or save_due:
             path = save_policy(args, step + 1, policy, tokenizer)
-            if requests:
-                sys.exit(f"{requests[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
+            if stop_signals:
+                sys.exit(f"{stop_signals[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
     thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
     # the final weights never reached the engine during training; the thread has ended, so the engine is free
-    if eval_set[0]:
+    if eval_set.prompts:
         sync_engine(llm, policy, probe, args, args.num_learner_steps)
         log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
     args.output_dir = save_final(args, policy, tokenizer)
@@ -844,7 +890,7 @@ def check_args(args: Args):
         )
 
 
-# DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order, padding
+# DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order
 def model_config(flag: str, path: str):
     """The config of a flag's model, read without weights, else one line; a local-looking path never goes to the hub."""
     local = os.path.expanduser(path)
@@ -933,6 +979,13 @@ def build_prompts(problems, tokenizer, args: Args):
     return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
 
 
+class ProblemSet(NamedTuple):
+    """Held-out problems, for the greedy evaluation the generation thread runs."""
+
+    prompts: list  # token ids
+    answers: list  # canonical, as `extract_answer` gives them
+
+
 def load_problem_sets(args: Args, tokenizer):
     """The training problems' prompt ids and answers, and the held-out set: the first --num-eval-prompts of test."""
     prompts, answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
@@ -943,8 +996,8 @@ def load_problem_sets(args: Args, tokenizer):
     if not prompts:
         sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
     eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
-    eval_set = (eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
-    print(f"{len(eval_set[0])} held-out problem{'s' * (len(eval_set[0]) != 1)} for greedy evaluation")
+    eval_set = ProblemSet(eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
+    print(f"{len(eval_set.prompts)} held-out problem{'s' * (len(eval_set.prompts) != 1)} for greedy evaluation")
     return prompts, answers, eval_set
 
 
@@ -965,18 +1018,6 @@ def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     passes = (num_needed + num_prompts - 1) // num_prompts  # rounded up
     return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
-
-
-def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
-    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        input_ids[i, : lengths[i]] = torch.tensor(p + r)
-        attention_mask[i, : lengths[i]] = 1
-        response_mask[i, len(p) : lengths[i]] = 1
-    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
 
 
 # vLLM: the engine's set-up and the guard, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32
@@ -1010,12 +1051,27 @@ def build_engine(args: Args):
     return llm
 
 
+class WeightCheck(NamedTuple):
+    """What an engine that holds a policy version must show the guard."""
+
+    probe: list  # token ids: any fixed ones
+    logprobs: torch.Tensor  # the learner's, at temperature 1
+    checksums: dict  # name: `bit_checksum` of a tensor
+
+
+class GuardState(NamedTuple):
+    """What the guard remembers from one check to the next: the probe's logprobs."""
+
+    learner_logprobs: torch.Tensor  # when the engine's last changed
+    engine_logprobs: torch.Tensor  # the engine's, at the last check
+
+
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
     """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
     dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
-    return (
+    return WeightCheck(
         probe,
         token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
         {name: bit_checksum(t.detach(), dtype) for name, t in weights.items()},
@@ -1079,11 +1135,12 @@ def engine_checksums(model, names):
     return held, parts
 
 
-def check_weight_sync(llm: LLM, check, previous, args: Args, version: int, in_flight: bool = False):
+def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int, in_flight: bool = False):
     """The guard (docs/async.md#weight-sync): the engine holds the learner's weights bit for bit where it shows them,
-    answers the probe as the learner does, and anew once the learner's answer left the anchor in `previous`. In
-    flight only the checksums: the probe is a request of its own, which needs an idle engine (it runs at batch end)."""
-    probe, learner, checksums = check
+    answers the probe as the learner does, and anew once the learner's answer has moved since the engine's answer
+    last changed (`previous`). In flight only the checksums: the probe is a request of its own, which needs an idle
+    engine (it runs at batch end)."""
+    probe, learner, checksums = expected.probe, expected.logprobs, expected.checksums
     engine = learner
     if not in_flight:
         # greedy: no draw
@@ -1114,8 +1171,12 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int, in_fl
             f"parameters){rest}"
         )
     gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
-    anchor = learner if previous is None or in_flight or not torch.equal(engine, previous[1]) else previous[0]
-    unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
+    # the learner's answer when the engine's last changed: the learner has moved from it since, the engine has not
+    if previous is None or in_flight or not torch.equal(engine, previous.engine_logprobs):
+        learner_at_change = learner
+    else:
+        learner_at_change = previous.learner_logprobs
+    unchanged = (learner - learner_at_change).abs().mean().item() > 1e-3
     if differ or not gap <= tolerance or unchanged:
         why = (
             f"{len(differ)} tensor{'s differ' if len(differ) > 1 else ' differs'} from the learner's, e.g. {differ[0]}"
@@ -1128,7 +1189,7 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int, in_fl
         raise RuntimeError(
             f"weight sync failed: the engine does not serve policy version {version} ({measured}; {why})"
         )
-    return previous if in_flight else (anchor, engine)
+    return previous if in_flight else GuardState(learner_at_change, engine)
 
 
 def keep_models_eager(*models):
@@ -1162,19 +1223,6 @@ def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_mod
         f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})"
     )
     return size
-
-
-@torch.no_grad()
-def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient; given the loop's `mini_batches`, in its micro-batches (so the same bits)."""
-    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
-    with learner_autocast(args):
-        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
-            for rows in chunks(mini_batch, args.micro_batch_size):
-                logprobs[rows] = token_logprobs(
-                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
-                )
-    return logprobs
 
 
 def combine_stats(micro_batch_stats):
@@ -1281,17 +1329,17 @@ def save_policy(args: Args, step: int, policy, tokenizer):
 
 def stop_requests():
     """SIGINT or SIGTERM: the learner saves the policy after this step and exits (a second one stops at once)."""
-    requests = []
+    stop_signals = []
 
     def request(signum, frame):
-        if requests:
+        if stop_signals:
             raise KeyboardInterrupt
-        requests.append(signal.Signals(signum).name)
-        tqdm.write(f"{requests[0]}: saving the policy after this learner step, then exiting (again to stop now)")
+        stop_signals.append(signal.Signals(signum).name)
+        tqdm.write(f"{stop_signals[0]}: saving the policy after this learner step, then exiting (again to stop now)")
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request)
-    return requests
+    return stop_signals
 
 
 def log_evaluation(result: dict, writer, eval_file):

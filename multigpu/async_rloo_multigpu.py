@@ -62,7 +62,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import numpy as np
 import safetensors.torch
@@ -292,6 +292,19 @@ def clipped_policy_loss(
         )  # k3 estimate of KL(anchor || pi)
 
 
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
+    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
     """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
     t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
@@ -302,6 +315,21 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
     logits = logits.float() / temperature
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return F.pad(logprobs, (start, 0)) * response_mask[:, 1:]
+
+
+@torch.no_grad()
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
+    """`token_logprobs` without gradient, each rank its share of each mini-batch; given the loop's `mini_batches`, in
+    its very micro-batches, so the values equal its forward passes' bit for bit (the first update's ratio is 1)."""
+    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
+    with learner_autocast(args):
+        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
+            share = [
+                token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
+                for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)
+            ]
+            logprobs[mini_batch] = gather_rows(torch.cat(share), args)
+    return logprobs
 
 
 def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
@@ -359,18 +387,35 @@ def verify(text: str, answer: str, marker_only: bool):
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
+def score_responses(reward_model, tokenizer, args: Args, prompts, answers, responses, contains_eos):
+    """The score of each response (k per prompt, prompt-major). --reward verifier: its final number graded against the
+    problem's answer, as written, with or without EOS (as in the paper's GSM8K runs); --reward model: the reward
+    model's score, or --missing-eos-penalty for a response without EOS."""
+    samples_per_prompt = args.num_samples_per_prompt
+    if args.reward == "verifier":
+        texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+        sample_answers = [a for a in answers for _ in range(samples_per_prompt)]
+        graded = [verify(t, a, args.require_answer_marker) for t, a in zip(texts, sample_answers)]
+        return torch.tensor([reward for reward, _ in graded])
+    sample_prompts = [p for p in prompts for _ in range(samples_per_prompt)]
+    input_ids, attention_mask, _ = pad_sequences(sample_prompts, responses, tokenizer.pad_token_id, args.engine_device)
+    scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
+    penalty = torch.full_like(scores, args.missing_eos_penalty)
+    return torch.where(contains_eos, scores, penalty)
+
+
 # GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
-    k = args.num_samples_per_prompt
+    samples_per_prompt = args.num_samples_per_prompt
     # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
     params = [
         SamplingParams(
-            n=k,
+            n=samples_per_prompt,
             temperature=args.temperature,
             max_tokens=args.response_length,
             logprobs=0,
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * samples_per_prompt) % 2**31,
             detokenize=False,
         )
         for j in range(len(prompts))
@@ -418,25 +463,10 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
-    k = args.num_samples_per_prompt
-    repeated_prompts = [p for p in prompts for _ in range(k)]
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
-    if args.reward == "verifier":  # graded as written, with or without EOS, as in the paper's GSM8K runs
-        texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-        scores = torch.tensor(
-            [
-                verify(text, a, args.require_answer_marker)[0]
-                for text, a in zip(texts, [a for a in answers for _ in range(k)])
-            ]
-        )
-    else:
-        input_ids, attention_mask, _ = pad_sequences(
-            repeated_prompts, responses, tokenizer.pad_token_id, args.engine_device
-        )
-        scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
-        scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
+    scores = score_responses(reward_model, tokenizer, args, prompts, answers, responses, contains_eos)
     return dict(
-        prompts=repeated_prompts,
+        prompts=[p for p in prompts for _ in range(args.num_samples_per_prompt)],  # one per sample
         responses=responses,
         behaviour_logprobs=logprobs,
         scores=scores,
@@ -448,8 +478,16 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
 
 
 # ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
+class PolicyVersion(NamedTuple):
+    """What the learner hands the generation thread, once per version a batch needs."""
+
+    version: int  # learner steps taken
+    weights: dict  # the engine's own copy: training goes on
+    expected: "WeightCheck"  # what an engine serving them answers
+
+
 def generation_thread(
-    llm, reward_model, tokenizer, args: Args, prompt_batches, last_sync, weights_queue, spare_weights, data_queue
+    llm, reward_model, tokenizer, args: Args, prompt_batches, guard_state, weights_queue, spare_weights, data_queue
 ):
     """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
 
@@ -467,16 +505,16 @@ def generation_thread(
             waiting_time = weight_sync_time = 0.0
             while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
-                item = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
-                if item is None:  # the learner stops (a signal) and waits for this thread: no engine call in flight
+                incoming = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
+                if incoming is None:  # the learner stops (a signal) and waits for this thread: no engine call in flight
                     return
-                version, weights, check = item
+                version = incoming.version
                 waiting_time += time.time() - start
                 start = time.time()
-                push_weights_to_engine(llm, weights, args.weights_dir)
-                last_sync = check_weight_sync(llm, check, last_sync, args, version)
+                push_weights_to_engine(llm, incoming.weights, args.weights_dir)
+                guard_state = check_weight_sync(llm, incoming.expected, guard_state, args, version)
                 weight_sync_time += time.time() - start
-                spare_weights.put(weights)  # the engine holds its own copy now: the learner may reuse this
+                spare_weights.put(incoming.weights)  # the engine holds its own copy now: the learner may reuse this
             batch = produce_batch(llm, reward_model, tokenizer, args, prompts, answers, step)
             data_queue.put(
                 dict(batch, actor_version=version, time_weight_sync=weight_sync_time, time_actor_waiting=waiting_time)
@@ -554,14 +592,16 @@ def main():
     check_hand_off_room(policy, args)  # exits with one line if the weights' copies cannot fit
     keep_models_eager(policy, ref_policy, reward_model)
     if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
-        last_sync = sync_engine(llm, policy, probe, args, args.start_step)
+        guard_state = sync_engine(llm, policy, probe, args, args.start_step)
         restore_random_states(resumed, generators, args.learner_device)
     else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
-        check = weight_check(policy, probe, args, full_state_dict(policy, args))
-        last_sync = check_weight_sync(llm, check, None, args, 0) if args.rank == 0 and not args.replay_from else None
+        expected = weight_check(policy, probe, args, full_state_dict(policy, args))
+        guard_state = (
+            check_weight_sync(llm, expected, None, args, 0) if args.rank == 0 and not args.replay_from else None
+        )
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # (version, weights, check) from the learner: at most K+1 wait
+    weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
     spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
     pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
@@ -574,7 +614,7 @@ def main():
             tokenizer,
             args,
             prompt_batches,
-            last_sync,
+            guard_state,
             weights_queue,
             spare_weights,
             data_queue,
@@ -592,7 +632,7 @@ def main():
         total=args.num_learner_steps,
         disable=args.rank > 0,
     )
-    requests = stop_requests(args)
+    stop_signals = stop_requests(args)
     for step in progress:
         wait_start = time.time()
         batch = None
@@ -645,7 +685,8 @@ def main():
         kl = anchor_logprobs.sum(1) - ref_logprobs
         rlhf_reward = batch["scores"].to(args.learner_device) - args.kl_coef * kl
         advantages = rloo_advantages(rlhf_reward, args.num_samples_per_prompt)
-        stats = defaultdict(list)  # name: one value per mini-batch, and the logprob gap
+        stats = defaultdict(list)  # name: one value per mini-batch
+        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -661,7 +702,7 @@ def main():
                     )
                 first_forward = None
                 if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
-                    stats["gap"] = stats.get("gap", 0) + logprob_gap(
+                    token_gap = token_gap + logprob_gap(
                         per_token, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
                     )  # every micro-batch's
                 loss, policy_stats = clipped_policy_loss(
@@ -683,16 +724,16 @@ def main():
             for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
-        stats["gap"] = gather_rows(stats["gap"][None], args).sum(0)  # every rank's micro-batches: the batch's sums
+        token_gap = gather_rows(token_gap[None], args).sum(0)  # every rank's micro-batches: the batch's sums
 
         # ASYNC: hand version step+1 to the generator (a copy: the learner goes on updating its own tensors), only if
         # some future batch will be generated with it
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
             # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
             weights = full_state_dict(policy, args)
-            check = weight_check(policy, probe, args, weights)
+            expected = weight_check(policy, probe, args, weights)
             if args.rank == 0:  # a copy into CPU memory is complete on return: no CUDA stream to synchronise
-                weights_queue.put((step + 1, copy_for_engine(weights, spare_weights, args), check))
+                weights_queue.put(PolicyVersion(step + 1, copy_for_engine(weights, spare_weights, args), expected))
             del weights  # not needed while training (FSDP2: rank 0's gathered copy); the engine's is in the queue
 
         # TRY NOT TO MODIFY: logging
@@ -709,7 +750,7 @@ def main():
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": (stats["gap"][0] / stats["gap"][1]).item(),  # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/eos_rate": batch["eos_rate"],
             "val/response_length": batch["response_length"],
@@ -738,7 +779,7 @@ def main():
                     for p, r, s, a in list(zip(batch["prompts"], batch["responses"], batch["scores"], advantages))[:4]
                 ],
             )
-        stop = any_rank(bool(requests), args)  # all ranks stop after the same step
+        stop = any_rank(bool(stop_signals), args)  # all ranks stop after the same step
         if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
             # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
             while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
@@ -761,7 +802,7 @@ def main():
                     weights_queue.put(None)  # shared memory: the thread ends at its next wait for weights (issue 55)
                     thread.join(timeout=args.queue_timeout)
                 sys.exit(
-                    f"{requests[0] if requests else 'a signal to another rank'}: stopped after learner step "
+                    f"{stop_signals[0] if stop_signals else 'a signal to another rank'}: stopped after learner step "
                     f"{step}; continue with --resume-from {path}"
                     if args.rank == 0
                     else 1
@@ -899,7 +940,7 @@ def check_args(args: Args):
             )
 
 
-# DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in, padding
+# DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in
 def model_config(flag: str, path: str):
     """The config of a flag's model, read without weights, else one line; a local-looking path never goes to the hub."""
     local = os.path.expanduser(path)
@@ -1028,18 +1069,6 @@ def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
     return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
 
 
-def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
-    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        input_ids[i, : lengths[i]] = torch.tensor(p + r)
-        attention_mask[i, : lengths[i]] = 1
-        response_mask[i, len(p) : lengths[i]] = 1
-    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
-
-
 # vLLM: the engine's set-up, the guard, and the weights' copies, through the public API of vllm 0.32
 def build_engine(args: Args):
     """The engine; on GPU it takes 30% (the learner beside it) or 90% of the memory the models left free."""
@@ -1072,12 +1101,27 @@ def build_engine(args: Args):
     return llm
 
 
+class WeightCheck(NamedTuple):
+    """What an engine that holds a policy version must show the guard."""
+
+    probe: list  # token ids: any fixed ones
+    logprobs: torch.Tensor  # the learner's, at temperature 1
+    checksums: dict  # name: `bit_checksum` of a tensor
+
+
+class GuardState(NamedTuple):
+    """What the guard remembers from one check to the next: the probe's logprobs."""
+
+    learner_logprobs: torch.Tensor  # when the engine's last changed
+    engine_logprobs: torch.Tensor  # the engine's, at the last check
+
+
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
     """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
     dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
-    return (
+    return WeightCheck(
         probe,
         token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
         {name: bit_checksum(t.detach(), dtype) for name, t in weights.items()},
@@ -1141,10 +1185,11 @@ def engine_checksums(model, names):
     return held, parts
 
 
-def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
+def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
     """The guard (docs/async.md#weight-sync): the engine holds the learner's weights bit for bit where it shows them,
-    answers the probe as the learner does, and anew once the learner's answer left the anchor in `previous`."""
-    probe, learner, checksums = check
+    answers the probe as the learner does, and anew once the learner's answer has moved since the engine's answer
+    last changed (`previous`)."""
+    probe, learner, checksums = expected.probe, expected.logprobs, expected.checksums
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
@@ -1172,8 +1217,12 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
             f"parameters){rest}"
         )
     gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
-    anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
-    unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
+    # the learner's answer when the engine's last changed: the learner has moved from it since, the engine has not
+    if previous is None or not torch.equal(engine, previous.engine_logprobs):
+        learner_at_change = learner
+    else:
+        learner_at_change = previous.learner_logprobs
+    unchanged = (learner - learner_at_change).abs().mean().item() > 1e-3
     if differ or not gap <= tolerance or unchanged:
         why = (
             f"{len(differ)} tensor{'s differ' if len(differ) > 1 else ' differs'} from the learner's, e.g. {differ[0]}"
@@ -1186,17 +1235,17 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
             f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
             f"to the learner {gap:.1e}; {why})"
         )
-    return anchor, engine
+    return GuardState(learner_at_change, engine)
 
 
 def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
     """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
     (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
     weights = full_state_dict(policy, args)
-    check = weight_check(policy, probe, args, weights)
+    expected = weight_check(policy, probe, args, weights)
     if args.rank == 0:
         push_weights_to_engine(llm, weights, args.weights_dir)
-        return check_weight_sync(llm, check, previous, args, version)
+        return check_weight_sync(llm, expected, previous, args, version)
 
 
 def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
@@ -1285,21 +1334,6 @@ def learner_gpu_budget(args: Args, config, trained_models: int):
     free, total = torch.cuda.mem_get_info(args.learner_device)
     engine = shared * ((args.gpu_memory_utilization or 0) * total or 0.3 * (free - models))  # as build_engine sizes it
     return (0.9 * free - models - engine) / 2**30
-
-
-@torch.no_grad()
-def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient, each rank its share of each mini-batch; given the loop's `mini_batches`, in
-    its very micro-batches, so the values equal its forward passes' bit for bit (the first update's ratio is 1)."""
-    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
-    with learner_autocast(args):
-        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
-            share = [
-                token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
-                for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)
-            ]
-            logprobs[mini_batch] = gather_rows(torch.cat(share), args)
-    return logprobs
 
 
 def combine_stats(micro_batch_stats):
@@ -1764,7 +1798,7 @@ def stop_requests(args: Args):
     `finally` and atexit, so that the engine's process and the weights folder end with it. The signals of the 5 s
     after the first are that one again (a scheduler's SIGTERM reaches a torchrun rank twice: itself and through
     torchrun; vLLM's processes drop it, see the top of the file); one after them stops at once."""
-    requests, times = [], []  # the stop's signal; when the signals came
+    stop_signals, times = [], []  # the stop's signal; when the signals came
 
     def request(signum, frame):
         name = signal.Signals(signum).name
@@ -1773,12 +1807,12 @@ def stop_requests(args: Args):
         times.append(time.monotonic())
         if len(times) > 1 or not args.save_every:
             sys.exit(f"{name}: stopped at once" + ("" if args.save_every else "; no checkpoint (--save-every 0)"))
-        requests.append(name)
+        stop_signals.append(name)
         tqdm.write(f"{name}: saving a checkpoint after this learner step, then exiting (again, 5 s on: stop now)")
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request)
-    return requests
+    return stop_signals
 
 
 def save_final(args: Args, policy, tokenizer, state_dict: dict):

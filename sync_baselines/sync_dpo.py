@@ -29,7 +29,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -164,6 +164,19 @@ def dpo_loss(chosen_logratio, rejected_logratio, beta):
     return -F.logsigmoid(beta * (chosen_logratio - rejected_logratio)).mean()
 
 
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
+    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
     """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
     t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
@@ -174,6 +187,21 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
     logits = logits.float() / temperature
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return F.pad(logprobs, (start, 0)) * response_mask[:, 1:]
+
+
+@torch.no_grad()
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
+    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
+    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
+    passes bit for bit and the first update's ratio is exactly 1."""
+    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
+    with learner_autocast(args):
+        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                logprobs[rows] = token_logprobs(
+                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
+                )
+    return logprobs
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
@@ -224,18 +252,35 @@ def verify(text: str, answer: str, marker_only: bool):
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
+def score_responses(reward_model, tokenizer, args: Args, prompts, answers, responses, contains_eos):
+    """The score of each response (k per prompt, prompt-major). --reward verifier: its final number graded against the
+    problem's answer, as written, with or without EOS (as in the paper's GSM8K runs); --reward model: the reward
+    model's score, or --missing-eos-penalty for a response without EOS."""
+    samples_per_prompt = args.num_samples_per_prompt
+    if args.reward == "verifier":
+        texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+        sample_answers = [a for a in answers for _ in range(samples_per_prompt)]
+        graded = [verify(t, a, args.require_answer_marker) for t, a in zip(texts, sample_answers)]
+        return torch.tensor([reward for reward, _ in graded])
+    sample_prompts = [p for p in prompts for _ in range(samples_per_prompt)]
+    input_ids, attention_mask, _ = pad_sequences(sample_prompts, responses, tokenizer.pad_token_id, args.engine_device)
+    scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
+    penalty = torch.full_like(scores, args.missing_eos_penalty)
+    return torch.where(contains_eos, scores, penalty)
+
+
 # GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
-    k = args.num_samples_per_prompt
+    samples_per_prompt = args.num_samples_per_prompt
     # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
     params = [
         SamplingParams(
-            n=k,
+            n=samples_per_prompt,
             temperature=args.temperature,
             max_tokens=args.response_length,
             logprobs=0,
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * samples_per_prompt) % 2**31,
             detokenize=False,
         )
         for j in range(len(prompts))
@@ -261,23 +306,9 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
-    k = args.num_samples_per_prompt
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
-    if args.reward == "verifier":  # graded as written, with or without EOS, as in the paper's GSM8K runs
-        texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-        scores = torch.tensor(
-            [
-                verify(text, a, args.require_answer_marker)[0]
-                for text, a in zip(texts, [a for a in answers for _ in range(k)])
-            ]
-        )
-    else:
-        input_ids, attention_mask, _ = pad_sequences(
-            [p for p in prompts for _ in range(k)], responses, tokenizer.pad_token_id, args.engine_device
-        )
-        scores = get_scores(reward_model, input_ids, attention_mask, args.micro_batch_size).cpu()
-        scores = torch.where(contains_eos, scores, torch.full_like(scores, args.missing_eos_penalty))
-    chosen, rejected = select_pairs(scores, k)
+    scores = score_responses(reward_model, tokenizer, args, prompts, answers, responses, contains_eos)
+    chosen, rejected = select_pairs(scores, args.num_samples_per_prompt)
     return dict(
         prompts=prompts,
         chosen=[responses[i] for i in chosen],
@@ -327,18 +358,18 @@ def main():
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
     keep_models_eager(policy, ref_policy, reward_model)
-    last_sync = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)  # it starts at version 0
+    guard_state = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)  # it starts at version 0
 
     start_time, training_time = time.time(), 0.0
     reward_key = "objective/scores"  # shown by the progress bar and the summary
     progress = tqdm(prompt_batches, desc="learner steps")
-    requests = stop_requests()
+    stop_signals = stop_requests()
     for step, (step_prompts, step_answers) in enumerate(progress):
         # SYNC: the engine gets the current weights, then the learner idles while it generates and labels
         wait_start = time.time()
         if step > 0:
             push_weights_to_engine(llm, policy.state_dict())
-            last_sync = check_weight_sync(llm, weight_check(policy, probe, args), last_sync, args, step)
+            guard_state = check_weight_sync(llm, weight_check(policy, probe, args), guard_state, args, step)
         weight_sync_time = time.time() - wait_start
         batch = produce_batch(llm, reward_model, tokenizer, args, step_prompts, step_answers, step)
         # the engine idled while the learner trained the previous step
@@ -352,7 +383,8 @@ def main():
             batch["prompts"] * 2, batch["chosen"] + batch["rejected"], tokenizer.pad_token_id, args.learner_device
         )
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
-        stats = defaultdict(list)  # name: one value per mini-batch, and the logprob gap
+        stats = defaultdict(list)  # name: one value per mini-batch
+        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
         for mini_batch in chunks(torch.arange(num_pairs), num_pairs // args.num_mini_batches):
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -363,7 +395,7 @@ def main():
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
                 if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
-                    stats["gap"] = stats.get("gap", 0) + logprob_gap(
+                    token_gap = token_gap + logprob_gap(
                         per_token, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
                     )  # every micro-batch's
                 logprobs = per_token.sum(1)
@@ -391,7 +423,7 @@ def main():
             "losses/dpo_loss": float(np.mean(stats["loss"])),
             "policy/chosen_rejected_logratio": float(np.mean(stats["logratio"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": (stats["gap"][0] / stats["gap"][1]).item(),  # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/eos_rate": batch["eos_rate"],
             "val/response_length": batch["response_length"],
@@ -420,10 +452,11 @@ def main():
                     )[:4]
                 ],
             )
-        if requests or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+        save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
+        if stop_signals or save_due:
             path = save_policy(args, step + 1, policy, tokenizer)
-            if requests:
-                sys.exit(f"{requests[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
+            if stop_signals:
+                sys.exit(f"{stop_signals[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
 
     args.output_dir = save_final(args, policy, tokenizer)
     metrics_file.close()
@@ -510,7 +543,7 @@ def check_args(args: Args):
             )
 
 
-# DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in, padding
+# DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in
 def model_config(flag: str, path: str):
     """The config of a flag's model, read without weights, else one line; a local-looking path never goes to the hub."""
     local = os.path.expanduser(path)
@@ -639,18 +672,6 @@ def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
     return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
 
 
-def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
-    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        input_ids[i, : lengths[i]] = torch.tensor(p + r)
-        attention_mask[i, : lengths[i]] = 1
-        response_mask[i, len(p) : lengths[i]] = 1
-    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
-
-
 # vLLM: the engine's set-up and the guard, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32
 def build_engine(args: Args):
     """The engine; on GPU it takes 30% (the learner beside it) or 90% of the memory the models left free."""
@@ -680,12 +701,27 @@ def build_engine(args: Args):
     return llm
 
 
+class WeightCheck(NamedTuple):
+    """What an engine that holds a policy version must show the guard."""
+
+    probe: list  # token ids: any fixed ones
+    logprobs: torch.Tensor  # the learner's, at temperature 1
+    checksums: dict  # name: `bit_checksum` of a tensor
+
+
+class GuardState(NamedTuple):
+    """What the guard remembers from one check to the next: the probe's logprobs."""
+
+    learner_logprobs: torch.Tensor  # when the engine's last changed
+    engine_logprobs: torch.Tensor  # the engine's, at the last check
+
+
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
     """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
     dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
-    return (
+    return WeightCheck(
         probe,
         token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
         {name: bit_checksum(t.detach(), dtype) for name, t in weights.items()},
@@ -749,10 +785,11 @@ def engine_checksums(model, names):
     return held, parts
 
 
-def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
+def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
     """The guard (docs/async.md#weight-sync): the engine holds the learner's weights bit for bit where it shows them,
-    answers the probe as the learner does, and anew once the learner's answer left the anchor in `previous`."""
-    probe, learner, checksums = check
+    answers the probe as the learner does, and anew once the learner's answer has moved since the engine's answer
+    last changed (`previous`)."""
+    probe, learner, checksums = expected.probe, expected.logprobs, expected.checksums
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
@@ -780,8 +817,12 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
             f"parameters){rest}"
         )
     gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
-    anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
-    unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
+    # the learner's answer when the engine's last changed: the learner has moved from it since, the engine has not
+    if previous is None or not torch.equal(engine, previous.engine_logprobs):
+        learner_at_change = learner
+    else:
+        learner_at_change = previous.learner_logprobs
+    unchanged = (learner - learner_at_change).abs().mean().item() > 1e-3
     if differ or not gap <= tolerance or unchanged:
         why = (
             f"{len(differ)} tensor{'s differ' if len(differ) > 1 else ' differs'} from the learner's, e.g. {differ[0]}"
@@ -794,7 +835,7 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int):
             f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
             f"to the learner {gap:.1e}; {why})"
         )
-    return anchor, engine
+    return GuardState(learner_at_change, engine)
 
 
 def keep_models_eager(*models):
@@ -834,19 +875,6 @@ def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_mod
         f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})"
     )
     return size
-
-
-@torch.no_grad()
-def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient; given the loop's `mini_batches`, in its micro-batches (so the same bits)."""
-    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
-    with learner_autocast(args):
-        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
-            for rows in chunks(mini_batch, args.micro_batch_size):
-                logprobs[rows] = token_logprobs(
-                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
-                )
-    return logprobs
 
 
 def combine_stats(micro_batch_stats):
@@ -953,17 +981,17 @@ def save_policy(args: Args, step: int, policy, tokenizer):
 
 def stop_requests():
     """SIGINT or SIGTERM: the learner saves the policy after this step and exits (a second one stops at once)."""
-    requests = []
+    stop_signals = []
 
     def request(signum, frame):
-        if requests:
+        if stop_signals:
             raise KeyboardInterrupt
-        requests.append(signal.Signals(signum).name)
-        tqdm.write(f"{requests[0]}: saving the policy after this learner step, then exiting (again to stop now)")
+        stop_signals.append(signal.Signals(signum).name)
+        tqdm.write(f"{stop_signals[0]}: saving the policy after this learner step, then exiting (again to stop now)")
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request)
-    return requests
+    return stop_signals
 
 
 def save_final(args: Args, policy, tokenizer):

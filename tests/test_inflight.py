@@ -299,11 +299,11 @@ def test_batch_i_starts_with_version_i_minus_k_and_takes_only_the_next_in_flight
     weights = {name: t.detach().clone() for name, t in model.state_dict().items()}
     check = inflight.weight_check(model, (prompts[0] * 32)[:32], args)
     inflight.push_weights_to_engine(llm, weights)
-    last_sync = inflight.check_weight_sync(llm, check, None, args, 0)
+    guard_state = inflight.check_weight_sync(llm, check, None, args, 0)
     weights_queue, data_queue = queue.Queue(), queue.Queue(maxsize=k)
     thread = threading.Thread(
         target=inflight.generation_thread,
-        args=(llm, tokenizer, args, batches, ([], []), last_sync, weights_queue, data_queue),
+        args=(llm, tokenizer, args, batches, inflight.ProblemSet([], []), guard_state, weights_queue, data_queue),
         daemon=True,
     )
     thread.start()
@@ -315,7 +315,7 @@ def test_batch_i_starts_with_version_i_minus_k_and_takes_only_the_next_in_flight
         swap = step >= k and any(len(r) > 4 for r in batch["responses"])  # a token after the swap exists
         expected.append([max(0, step - k)] + [step - k + 1] * swap)
         if step + k < len(batches):  # main's rule in flight: version step+1 if batch step+K-1 may take it
-            weights_queue.put((step + 1, weights, check))
+            weights_queue.put(inflight.PolicyVersion(step + 1, weights, check))
     thread.join(timeout=60)
     assert not thread.is_alive()
     assert starts == [max(0, i - k) for i in range(len(batches))]
