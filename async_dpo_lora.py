@@ -378,7 +378,8 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
                 version = incoming.version
                 waiting_time += time.time() - start
                 start = time.time()
-                previous, adapter = adapter, adapter_request(args, version)
+                previous = adapter  # the one the engine serves now
+                adapter = adapter_request(args, version)
                 push_weights_to_engine(llm, adapter, previous)
                 guard_state = check_weight_sync(llm, incoming.expected, guard_state, args, version, adapter)
                 weight_sync_time += time.time() - start
@@ -441,8 +442,9 @@ def main():
     args.adapter_dir = tempfile.mkdtemp(prefix=f"adapters_{args.run_name}_", dir=shm)
     atexit.register(shutil.rmtree, args.adapter_dir, True)  # a stop, a guard's exit, a crash: none leaves RAM held
     expected = save_adapter(policy, 0, probe, args)  # version 0: B = 0, the base itself
-    push_weights_to_engine(llm, adapter_request(args, 0), None)
-    guard_state = check_weight_sync(llm, expected, None, args, 0, adapter_request(args, 0))
+    first = adapter_request(args, 0)
+    push_weights_to_engine(llm, first, None)
+    guard_state = check_weight_sync(llm, expected, None, args, 0, first)
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
     weights_queue = queue.Queue()  # PolicyVersions from the learner (the adapter in its folder): at most K+1 wait
@@ -512,7 +514,8 @@ def main():
 
         # ASYNC: version step+1's adapter to the generator if a future batch needs it (a file of a few MB)
         if step + 1 + args.async_steps < args.num_learner_steps:
-            weights_queue.put(PolicyVersion(step + 1, save_adapter(policy, step + 1, probe, args)))
+            expected = save_adapter(policy, step + 1, probe, args)  # the adapter is in its folder now
+            weights_queue.put(PolicyVersion(step + 1, expected))
 
         # TRY NOT TO MODIFY: logging
         metrics = {
@@ -581,8 +584,10 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-ra
 def check_lora_args(args: Args):
     """The LoRA flags, before any model loads: a rank vLLM can serve, and target modules it applies."""
     model_type = model_config("--model-name-or-path", args.model_name_or_path).model_type
-    if not 1 <= args.lora_rank <= VLLM_LORA_RANKS[-1] or not args.lora_alpha > 0:
-        sys.exit(f"error: --lora-rank must be in 1-512 and --lora-alpha > 0, got {args.lora_rank}, {args.lora_alpha:g}")
+    if not 1 <= args.lora_rank <= VLLM_LORA_RANKS[-1]:
+        sys.exit(f"error: --lora-rank must be in 1-{VLLM_LORA_RANKS[-1]}, got {args.lora_rank}")
+    if not args.lora_alpha > 0:
+        sys.exit(f"error: --lora-alpha must be > 0, got {args.lora_alpha:g}")
     if model_type not in LORA_MODULES:
         sys.exit(
             f"error: --model-name-or-path is a {model_type!r} model; this script knows the modules vLLM applies "
@@ -835,7 +840,8 @@ def build_engine(args: Args):
 
 def adapter_request(args: Args, version: int):
     """Version `version`'s adapter as vLLM names it: its own id (a cached adapter is never served as another)."""
-    return LoRARequest(f"policy-v{version}", version + 1, os.path.join(args.adapter_dir, f"v{version}"))
+    folder = os.path.join(args.adapter_dir, f"v{version}")
+    return LoRARequest(f"policy-v{version}", version + 1, folder)
 
 
 class WeightCheck(NamedTuple):
@@ -859,8 +865,10 @@ def save_adapter(policy, version: int, probe, args: Args):
     serving it answers: the probe's logprobs at temperature 1 and the bit checksums of every adapter tensor."""
     policy.save_pretrained(adapter_request(args, version).lora_path)
     ids = torch.tensor([probe], device=args.learner_device)
-    logprobs = token_logprobs(policy, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
-    checksums = {n: bit_checksum(t, torch.float32) for n, t in get_peft_model_state_dict(policy).items()}
+    ones = torch.ones_like(ids)  # every probe token attended to and scored
+    logprobs = token_logprobs(policy, ids, ones, ones, 1.0)[0].cpu()
+    trained = get_peft_model_state_dict(policy)  # A and B, named as in the file
+    checksums = {n: bit_checksum(t, torch.float32) for n, t in trained.items()}
     return WeightCheck(probe, logprobs, checksums)
 
 
@@ -894,20 +902,19 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int, ad
     missing = sorted(set(checksums) - set(written))
     differ = [n for n in checksums if n in written and written[n] != checksums[n]]
     if missing or differ or llm.llm_engine.list_loras() != {adapter.lora_int_id}:
-        why = (
-            f"{len(missing)} adapter tensors missing, e.g. {missing[0]}"
-            if missing
-            else (
-                f"{len(differ)} adapter tensors differ, e.g. {differ[0]}"
-                if differ
-                else f"the engine holds adapters {sorted(llm.llm_engine.list_loras())}, not {adapter.lora_int_id}"
-            )
-        )
+        if missing:
+            why = f"{len(missing)} adapter tensors missing, e.g. {missing[0]}"
+        elif differ:
+            why = f"{len(differ)} adapter tensors differ, e.g. {differ[0]}"
+        else:
+            served = sorted(llm.llm_engine.list_loras())
+            why = f"the engine holds adapters {served}, not {adapter.lora_int_id}"
         raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} ({why})")
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False, lora_request=adapter)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
+    gap = (engine - learner).abs().mean().item()
+    tolerance = 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
     # the learner's answer when the engine's last changed: the learner has moved from it since, the engine has not
     if previous is None or not torch.equal(engine, previous.engine_logprobs):
         learner_at_change = learner

@@ -433,7 +433,8 @@ def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
 
 def evaluate(llm: LLM, eval_set, args: Args, version: int):
     """Greedy (temperature 0) accuracy of the weights the engine holds (policy `version`) on held-out problems."""
-    start, (prompts, answers) = time.time(), eval_set
+    start = time.time()
+    prompts, answers = eval_set
     params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     graded = [

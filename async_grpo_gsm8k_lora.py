@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -273,6 +273,19 @@ def kl_penalty(new_logprobs, ref_logprobs, mask, aggregation: str, length: int):
     return aggregate(torch.exp(log_ratio) - log_ratio - 1, mask.float(), aggregation, length)
 
 
+def pad_sequences(prompts, responses, pad_token_id, device):
+    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
+    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
+    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + r)
+        attention_mask[i, : lengths[i]] = 1
+        response_mask[i, len(p) : lengths[i]] = 1
+    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
+
+
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
     """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
     t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
@@ -283,6 +296,21 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
     logits = logits.float() / temperature
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return F.pad(logprobs, (start, 0)) * response_mask[:, 1:]
+
+
+@torch.no_grad()
+def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
+    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
+    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
+    passes bit for bit and the first update's ratio is exactly 1."""
+    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
+    with learner_autocast(args):
+        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
+            for rows in chunks(mini_batch, args.micro_batch_size):
+                logprobs[rows] = token_logprobs(
+                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
+                )
+    return logprobs
 
 
 def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
@@ -327,19 +355,28 @@ def verify(text: str, answer: str, marker_only: bool):
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
+def score_responses(tokenizer, args: Args, answers, responses):
+    """The verifier's reward of each response (G per problem, problem-major): 1.0 if its final number is the problem's
+    answer, else 0.0, graded as written (with or without EOS); and whether it has a final number at all."""
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    sample_answers = [a for a in answers for _ in range(args.num_samples_per_prompt)]
+    rewards, found = zip(*[verify(t, a, args.require_answer_marker) for t, a in zip(texts, sample_answers)])
+    return torch.tensor(rewards), found
+
+
 # GENERATION: sample, take new weights, evaluate greedily, make one batch: the same code in the sync twin
 def generate(llm: LLM, prompts, args: Args, step: int, adapter: LoRARequest):
     """k samples per prompt by the base with `adapter`; returns token ids and vLLM's logprob of each sampled token,
     prompt-major."""
-    k = args.num_samples_per_prompt
+    samples_per_prompt = args.num_samples_per_prompt
     # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
     params = [
         SamplingParams(
-            n=k,
+            n=samples_per_prompt,
             temperature=args.temperature,
             max_tokens=args.response_length,
             logprobs=0,
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * k) % 2**31,
+            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * samples_per_prompt) % 2**31,
             detokenize=False,
         )
         for j in range(len(prompts))
@@ -365,14 +402,17 @@ def push_weights_to_engine(llm: LLM, adapter: LoRARequest, previous: Optional[Lo
 def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
     """Save the policy's current adapter as `version`, load it into the engine in place of the one the engine serves
     (the thread's last, named by its id), and check that it serves it."""
-    check, adapter = save_adapter(policy, version, probe, args), adapter_request(args, version)
-    push_weights_to_engine(llm, adapter, adapter_request(args, min(llm.llm_engine.list_loras()) - 1))
-    return check_weight_sync(llm, check, previous, args, version, adapter)
+    expected = save_adapter(policy, version, probe, args)
+    adapter = adapter_request(args, version)
+    served = adapter_request(args, min(llm.llm_engine.list_loras()) - 1)  # by its id: version + 1
+    push_weights_to_engine(llm, adapter, served)
+    return check_weight_sync(llm, expected, previous, args, version, adapter)
 
 
 def evaluate(llm: LLM, eval_set, args: Args, version: int, adapter: LoRARequest):
     """Greedy (temperature 0) accuracy of the base with `adapter` (policy `version`) on held-out problems."""
-    start, (prompts, answers) = time.time(), eval_set
+    start = time.time()
+    prompts, answers = eval_set
     params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
     requests = [{"prompt_token_ids": p} for p in prompts]
     outputs = llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
@@ -393,18 +433,14 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int, adapt
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step, adapter)
     generation_time = time.time() - start
-    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    k = args.num_samples_per_prompt
-    rewards, found = zip(
-        *[verify(text, a, args.require_answer_marker) for text, a in zip(texts, [a for a in answers for _ in range(k)])]
-    )
+    rewards, found = score_responses(tokenizer, args, answers, responses)
     truncated = float(np.mean([len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]))
     return dict(
         prompts=prompts,
         answers=answers,
         responses=responses,
         behaviour_logprobs=logprobs,
-        rewards=torch.tensor(rewards),
+        rewards=rewards,
         format_rate=float(np.mean(found)),
         truncated_rate=truncated,
         response_length=float(np.mean([len(r) for r in responses])),
@@ -414,7 +450,15 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int, adapt
 
 
 # ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
-def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last_sync, weights_queue, data_queue):
+class PolicyVersion(NamedTuple):
+    """What the learner hands the generation thread, once per version a batch needs: the adapter itself is in its
+    folder (`save_adapter`)."""
+
+    version: int  # learner steps taken
+    expected: "WeightCheck"  # what an engine serving it answers
+
+
+def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guard_state, weights_queue, data_queue):
     """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
     Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
     reproducible), evaluating each due one; `data_queue` holds at most K batches, an exception in place of the next."""
@@ -426,16 +470,19 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, last
             waiting_time = weight_sync_time = 0.0
             while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
-                version, check = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
+                incoming = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
+                version = incoming.version
                 waiting_time += time.time() - start
                 start = time.time()
-                previous, adapter = adapter, adapter_request(args, version)
+                previous = adapter  # the one the engine serves now
+                adapter = adapter_request(args, version)
                 push_weights_to_engine(llm, adapter, previous)
-                last_sync = check_weight_sync(llm, check, last_sync, args, version, adapter)
+                guard_state = check_weight_sync(llm, incoming.expected, guard_state, args, version, adapter)
                 weight_sync_time += time.time() - start
             evaluation = None
-            if eval_set[0] and version % args.eval_every == 0 and version > last_evaluated:
-                evaluation, last_evaluated = evaluate(llm, eval_set, args, version, adapter), version
+            if eval_set.prompts and version % args.eval_every == 0 and version > last_evaluated:
+                evaluation = evaluate(llm, eval_set, args, version, adapter)
+                last_evaluated = version
             batch = produce_batch(llm, tokenizer, args, prompts, answers, step, adapter)
             data_queue.put(
                 dict(
@@ -476,13 +523,13 @@ def main():
     torch.manual_seed(args.seed)
 
     # data before any model, so that bad data fails in seconds; then the run folder, now that the inputs are good
-    k = args.num_samples_per_prompt  # G, the group size
+    group_size = args.num_samples_per_prompt  # G
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers, eval_set = load_problem_sets(args, tokenizer)
     prompt_batches = split_into_steps(prompts, answers, args)  # the problems of learner step i: prompt_batches[i]
     probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
-        args, args.prompts_per_step * k // args.num_mini_batches, max(map(len, prompts)) + args.response_length
+        args, args.prompts_per_step * group_size // args.num_mini_batches, max(map(len, prompts)) + args.response_length
     )
     args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
     args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
@@ -501,12 +548,13 @@ def main():
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # tmpfs: the engine reads each adapter from RAM
     args.adapter_dir = tempfile.mkdtemp(prefix=f"adapters_{args.run_name}_", dir=shm)
     atexit.register(shutil.rmtree, args.adapter_dir, True)  # a stop, a guard's exit, a crash: none leaves RAM held
-    check = save_adapter(policy, 0, probe, args)  # version 0: B = 0, the base itself
-    push_weights_to_engine(llm, adapter_request(args, 0), None)
-    last_sync = check_weight_sync(llm, check, None, args, 0, adapter_request(args, 0))
+    expected = save_adapter(policy, 0, probe, args)  # version 0: B = 0, the base itself
+    first = adapter_request(args, 0)
+    push_weights_to_engine(llm, first, None)
+    guard_state = check_weight_sync(llm, expected, None, args, 0, first)
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # (version, check) from the learner, the adapter in its folder: at most K+1 wait
+    weights_queue = queue.Queue()  # PolicyVersions from the learner (the adapter in its folder): at most K+1 wait
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
     thread = threading.Thread(
         target=generation_thread,
@@ -517,7 +565,7 @@ def main():
             args,
             prompt_batches,
             eval_set,
-            last_sync,
+            guard_state,
             weights_queue,
             data_queue,
         ),
@@ -527,7 +575,7 @@ def main():
     start_time = time.time()
     reward_key = "objective/accuracy"  # shown by the progress bar and the summary
     progress = tqdm(range(args.num_learner_steps), desc="learner steps")
-    requests = stop_requests()
+    stop_signals = stop_requests()
     for step in progress:
         wait_start = time.time()
         batch = receive(data_queue, args.queue_timeout, f"the batch of learner step {step}")
@@ -537,9 +585,9 @@ def main():
 
         # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
         train_start = time.time()
-        advantages = group_advantages(batch["rewards"], k, args.scale_rewards).to(args.learner_device)
+        advantages = group_advantages(batch["rewards"], group_size, args.scale_rewards).to(args.learner_device)
         input_ids, attention_mask, response_mask = pad_sequences(
-            [p for p in batch["prompts"] for _ in range(k)],
+            [p for p in batch["prompts"] for _ in range(group_size)],
             batch["responses"],
             tokenizer.pad_token_id,
             args.learner_device,
@@ -552,7 +600,8 @@ def main():
         if args.kl_coef > 0:
             with policy.disable_adapter():  # the reference: the base alone
                 ref_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args)
-        stats = defaultdict(list)  # name: one value per mini-batch, and the logprob gap
+        stats = defaultdict(list)  # name: one value per mini-batch
+        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -562,7 +611,7 @@ def main():
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
                 if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
-                    stats["gap"] = stats.get("gap", 0) + logprob_gap(
+                    token_gap = token_gap + logprob_gap(
                         new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
                     )  # every micro-batch's
                 anchor_logprobs, importance_weights = off_policy_anchor(
@@ -604,10 +653,11 @@ def main():
 
         # ASYNC: version step+1's adapter to the generator if a future batch needs it (a file of a few MB)
         if step + 1 + args.async_steps < args.num_learner_steps:
-            weights_queue.put((step + 1, save_adapter(policy, step + 1, probe, args)))
+            expected = save_adapter(policy, step + 1, probe, args)  # the adapter is in its folder now
+            weights_queue.put(PolicyVersion(step + 1, expected))
 
         # TRY NOT TO MODIFY: logging
-        grouped_rewards = batch["rewards"].view(-1, k)
+        grouped_rewards = batch["rewards"].view(-1, group_size)
         metrics = {
             "objective/accuracy": batch["rewards"].mean().item(),
             "objective/format_rate": batch["format_rate"],
@@ -622,7 +672,7 @@ def main():
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": (stats["gap"][0] / stats["gap"][1]).item(),  # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/truncated_rate": batch["truncated_rate"],
             "val/response_length": batch["response_length"],
@@ -636,7 +686,7 @@ def main():
             "async/actor_version": batch["actor_version"],
             "async/learner_version": step,
             "async/staleness": step - batch["actor_version"],
-            "episodes": (step + 1) * args.prompts_per_step * k,
+            "episodes": (step + 1) * args.prompts_per_step * group_size,
         }
         if args.kl_coef > 0:  # the KL to the reference exists only with a KL term
             metrics["objective/kl"] = float(np.mean(stats["kl"]))
@@ -648,25 +698,27 @@ def main():
                 ["prompt", "response", "answer", "reward"],
                 [
                     [
-                        tokenizer.decode(batch["prompts"][i // k])[-200:],
+                        tokenizer.decode(batch["prompts"][i // group_size])[-200:],
                         tokenizer.decode(r, skip_special_tokens=True),
-                        batch["answers"][i // k],
+                        batch["answers"][i // group_size],
                         f"{reward:.0f}",
                     ]
                     for i, (r, reward) in enumerate(zip(batch["responses"][:8], batch["rewards"]))
                 ],
             )
-        if requests or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+        save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
+        if stop_signals or save_due:
             path = save_policy(args, step + 1, policy, tokenizer)
-            if requests:
-                sys.exit(f"{requests[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
+            if stop_signals:
+                sys.exit(f"{stop_signals[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
     thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
 
     # the final adapter never reached the engine during training; the thread has ended, so the engine is free
-    if eval_set[0]:
+    if eval_set.prompts:
         sync_engine(llm, policy, probe, args, args.num_learner_steps)
         final = adapter_request(args, args.num_learner_steps)
-        log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps, final), writer, eval_file)
+        evaluation = evaluate(llm, eval_set, args, args.num_learner_steps, final)
+        log_evaluation(evaluation, writer, eval_file)
     args.output_dir = save_final(args, policy, tokenizer)
     if args.save_merged:
         save_merged(args, policy, tokenizer)
@@ -689,8 +741,10 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-ra
 def check_lora_args(args: Args):
     """The LoRA flags, before any model loads: a rank vLLM can serve, and target modules it applies."""
     model_type = model_config("--model-name-or-path", args.model_name_or_path).model_type
-    if not 1 <= args.lora_rank <= VLLM_LORA_RANKS[-1] or not args.lora_alpha > 0:
-        sys.exit(f"error: --lora-rank must be in 1-512 and --lora-alpha > 0, got {args.lora_rank}, {args.lora_alpha:g}")
+    if not 1 <= args.lora_rank <= VLLM_LORA_RANKS[-1]:
+        sys.exit(f"error: --lora-rank must be in 1-{VLLM_LORA_RANKS[-1]}, got {args.lora_rank}")
+    if not args.lora_alpha > 0:
+        sys.exit(f"error: --lora-alpha must be > 0, got {args.lora_alpha:g}")
     if model_type not in LORA_MODULES:
         sys.exit(
             f"error: --model-name-or-path is a {model_type!r} model; this script knows the modules vLLM applies "
@@ -771,7 +825,7 @@ def check_args(args: Args):
         )
 
 
-# DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order, padding
+# DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order
 def model_config(flag: str, path: str):
     """The config of a flag's model, read without weights, else one line; a local-looking path never goes to the hub."""
     local = os.path.expanduser(path)
@@ -860,6 +914,13 @@ def build_prompts(problems, tokenizer, args: Args):
     return [ids for ids, _ in kept], [a for _, a in kept], len(token_ids) - len(kept)
 
 
+class ProblemSet(NamedTuple):
+    """Held-out problems, for the greedy evaluation the generation thread runs."""
+
+    prompts: list  # token ids
+    answers: list  # canonical, as `extract_answer` gives them
+
+
 def load_problem_sets(args: Args, tokenizer):
     """The training problems' prompt ids and answers, and the held-out set: the first --num-eval-prompts of test."""
     prompts, answers, num_dropped = build_prompts(load_problems(args, "train"), tokenizer, args)
@@ -870,8 +931,8 @@ def load_problem_sets(args: Args, tokenizer):
     if not prompts:
         sys.exit("error: no training problem is left (see --max-prompt-tokens and the answer format)")
     eval_prompts, eval_answers, _ = build_prompts(load_problems(args, "test"), tokenizer, args)
-    eval_set = (eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
-    print(f"{len(eval_set[0])} held-out problem{'s' * (len(eval_set[0]) != 1)} for greedy evaluation")
+    eval_set = ProblemSet(eval_prompts[: args.num_eval_prompts], eval_answers[: args.num_eval_prompts])
+    print(f"{len(eval_set.prompts)} held-out problem{'s' * (len(eval_set.prompts) != 1)} for greedy evaluation")
     return prompts, answers, eval_set
 
 
@@ -892,18 +953,6 @@ def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     passes = (num_needed + num_prompts - 1) // num_prompts  # rounded up
     return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
-
-
-def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens."""
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-    input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
-    attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        input_ids[i, : lengths[i]] = torch.tensor(p + r)
-        attention_mask[i, : lengths[i]] = 1
-        response_mask[i, len(p) : lengths[i]] = 1
-    return input_ids.to(device), attention_mask.to(device), response_mask.to(device)
 
 
 # vLLM: the engine's set-up and the guard, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32
@@ -941,7 +990,23 @@ def build_engine(args: Args):
 
 def adapter_request(args: Args, version: int):
     """Version `version`'s adapter as vLLM names it: its own id (a cached adapter is never served as another)."""
-    return LoRARequest(f"policy-v{version}", version + 1, os.path.join(args.adapter_dir, f"v{version}"))
+    folder = os.path.join(args.adapter_dir, f"v{version}")
+    return LoRARequest(f"policy-v{version}", version + 1, folder)
+
+
+class WeightCheck(NamedTuple):
+    """What an engine that holds a policy version must show the guard."""
+
+    probe: list  # token ids: any fixed ones
+    logprobs: torch.Tensor  # the learner's, at temperature 1
+    checksums: dict  # name: `bit_checksum` of a tensor
+
+
+class GuardState(NamedTuple):
+    """What the guard remembers from one check to the next: the probe's logprobs."""
+
+    learner_logprobs: torch.Tensor  # when the engine's last changed
+    engine_logprobs: torch.Tensor  # the engine's, at the last check
 
 
 @torch.no_grad()
@@ -950,9 +1015,11 @@ def save_adapter(policy, version: int, probe, args: Args):
     serving it answers: the probe's logprobs at temperature 1 and the bit checksums of every adapter tensor."""
     policy.save_pretrained(adapter_request(args, version).lora_path)
     ids = torch.tensor([probe], device=args.learner_device)
-    logprobs = token_logprobs(policy, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
-    checksums = {n: bit_checksum(t, torch.float32) for n, t in get_peft_model_state_dict(policy).items()}
-    return probe, logprobs, checksums
+    ones = torch.ones_like(ids)  # every probe token attended to and scored
+    logprobs = token_logprobs(policy, ids, ones, ones, 1.0)[0].cpu()
+    trained = get_peft_model_state_dict(policy)  # A and B, named as in the file
+    checksums = {n: bit_checksum(t, torch.float32) for n, t in trained.items()}
+    return WeightCheck(probe, logprobs, checksums)
 
 
 def bit_checksum(tensor, dtype):
@@ -973,11 +1040,11 @@ def bit_checksum(tensor, dtype):
     return tuple(tensor.shape), tensor.numel(), total, weighted
 
 
-def check_weight_sync(llm: LLM, check, previous, args: Args, version: int, adapter: LoRARequest):
+def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int, adapter: LoRARequest):
     """The guard for adapters (docs/dpo.md#lora): the adapter file holds every tensor the learner saved, bit for bit;
     the engine holds that adapter and no other; and, through it, answers the probe as the learner does, and anew once
-    the learner's answer left the anchor in `previous`."""
-    probe, learner, checksums = check
+    the learner's answer has moved since the engine's answer last changed (`previous`)."""
+    probe, learner, checksums = expected.probe, expected.logprobs, expected.checksums
     written = {
         n: bit_checksum(t, torch.float32)
         for n, t in load_file(f"{adapter.lora_path}/adapter_model.safetensors").items()
@@ -985,22 +1052,25 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int, adapt
     missing = sorted(set(checksums) - set(written))
     differ = [n for n in checksums if n in written and written[n] != checksums[n]]
     if missing or differ or llm.llm_engine.list_loras() != {adapter.lora_int_id}:
-        why = (
-            f"{len(missing)} adapter tensors missing, e.g. {missing[0]}"
-            if missing
-            else (
-                f"{len(differ)} adapter tensors differ, e.g. {differ[0]}"
-                if differ
-                else f"the engine holds adapters {sorted(llm.llm_engine.list_loras())}, not {adapter.lora_int_id}"
-            )
-        )
+        if missing:
+            why = f"{len(missing)} adapter tensors missing, e.g. {missing[0]}"
+        elif differ:
+            why = f"{len(differ)} adapter tensors differ, e.g. {differ[0]}"
+        else:
+            served = sorted(llm.llm_engine.list_loras())
+            why = f"the engine holds adapters {served}, not {adapter.lora_int_id}"
         raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} ({why})")
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False, lora_request=adapter)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
-    anchor = learner if previous is None or not torch.equal(engine, previous[1]) else previous[0]
-    unchanged = (learner - anchor).abs().mean().item() > 1e-3  # the learner moved, the engine's answer did not
+    gap = (engine - learner).abs().mean().item()
+    tolerance = 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
+    # the learner's answer when the engine's last changed: the learner has moved from it since, the engine has not
+    if previous is None or not torch.equal(engine, previous.engine_logprobs):
+        learner_at_change = learner
+    else:
+        learner_at_change = previous.learner_logprobs
+    unchanged = (learner - learner_at_change).abs().mean().item() > 1e-3
     if not gap <= tolerance or unchanged:
         why = (
             "it answers as it did for an earlier version"
@@ -1011,7 +1081,7 @@ def check_weight_sync(llm: LLM, check, previous, args: Args, version: int, adapt
             f"weight sync failed: the engine does not serve policy version {version} (mean logprob gap "
             f"to the learner {gap:.1e}; {why})"
         )
-    return anchor, engine
+    return GuardState(learner_at_change, engine)
 
 
 def keep_models_eager(*models):
@@ -1059,19 +1129,6 @@ def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_mod
         f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})"
     )
     return size
-
-
-@torch.no_grad()
-def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient; given the loop's `mini_batches`, in its micro-batches (so the same bits)."""
-    logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
-    with learner_autocast(args):
-        for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
-            for rows in chunks(mini_batch, args.micro_batch_size):
-                logprobs[rows] = token_logprobs(
-                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
-                )
-    return logprobs
 
 
 def combine_stats(micro_batch_stats):
@@ -1178,17 +1235,17 @@ def save_policy(args: Args, step: int, policy, tokenizer):
 
 def stop_requests():
     """SIGINT or SIGTERM: the learner saves the policy after this step and exits (a second one stops at once)."""
-    requests = []
+    stop_signals = []
 
     def request(signum, frame):
-        if requests:
+        if stop_signals:
             raise KeyboardInterrupt
-        requests.append(signal.Signals(signum).name)
-        tqdm.write(f"{requests[0]}: saving the policy after this learner step, then exiting (again to stop now)")
+        stop_signals.append(signal.Signals(signum).name)
+        tqdm.write(f"{stop_signals[0]}: saving the policy after this learner step, then exiting (again to stop now)")
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request)
-    return requests
+    return stop_signals
 
 
 def log_evaluation(result: dict, writer, eval_file):

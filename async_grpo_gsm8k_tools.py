@@ -536,7 +536,8 @@ def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
 
 def evaluate(llm: LLM, eval_set, args: Args, version: int):
     """Greedy (temperature 0) accuracy of the weights the engine holds (policy `version`) on held-out problems."""
-    start, (prompts, answers) = time.time(), eval_set
+    start = time.time()
+    prompts, answers = eval_set
     params = SamplingParams(temperature=0.0, max_tokens=args.response_length, **stop_at_call(args))
     samples = sample_with_tools(llm, prompts, [params] * len(prompts), args)
     texts = llm.get_tokenizer().batch_decode([s.tokens for s in samples], skip_special_tokens=True)

@@ -84,6 +84,7 @@ GRPO_LORA_CHANGES = LORA_CHANGES | {"evaluate", "sync_engine"}
 # the LoRA code with nothing algorithm-specific in it, letter for letter the same in both LoRA variants: the flags'
 # check, the engine's adapters, sampling with one, the adapter hand-off and its guard, the policy, the merged save
 LORA_COMMON = (
+    "PolicyVersion",
     "check_lora_args",
     "build_engine",
     "generate",
