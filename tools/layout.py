@@ -19,6 +19,14 @@ LOSS = {
     "grpo_gsm8k": "grpo_policy_loss(",
 }
 
+# the variants beside the cores: each is its core plus one feature (docs/async.md's layout)
+VARIANTS = (
+    ("GRPO in flight", "async_grpo_gsm8k_inflight.py", "grpo_gsm8k"),
+    ("GRPO with tools", "async_grpo_gsm8k_tools.py", "grpo_gsm8k"),
+    ("DPO LoRA", "async_dpo_lora.py", "dpo"),
+    ("GRPO LoRA", "async_grpo_gsm8k_lora.py", "grpo_gsm8k"),
+)
+
 
 def read(path: str):
     return (REPO / path).read_text().splitlines()
@@ -66,13 +74,14 @@ def table():
             f"{first(lines, '# PLUMBING')} | +{loss_offset(lines, algo)} | {len(twin_lines):,} ({loop_line(twin_lines)}), {changed_lines(core, twin)} | "
             f"{len(variant_lines):,} ({loop_line(variant_lines)}), {changed_lines(core, variant)} |"
         )
-    inflight = "async_grpo_gsm8k_inflight.py"
-    lines = read(inflight)
-    rows.append(
-        f"| GRPO in flight | {len(lines):,} | {mean_characters(lines):.1f} | {loop_line(lines)} | "
-        f"{first(lines, '# PLUMBING')} | +{loss_offset(lines, 'grpo_gsm8k')} | – | – (changed lines to the GRPO "
-        f"core: {changed_lines('async_grpo_gsm8k.py', inflight)}) |"
-    )
+    for name, variant, algo in VARIANTS:
+        core = f"async_{algo}.py"
+        lines = read(variant)
+        rows.append(
+            f"| {name} | {len(lines):,} | {mean_characters(lines):.1f} | {loop_line(lines)} | "
+            f"{first(lines, '# PLUMBING')} | +{loss_offset(lines, algo)} | – | – (changed lines to its core, "
+            f"`{core}`: {changed_lines(core, variant)}) |"
+        )
     return rows
 
 
