@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -151,6 +152,51 @@ def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path,
         saved[0]["model.embed_tokens.weight"],
         load_file(tiny / "policy" / "model.safetensors")["model.embed_tokens.weight"],
     )
+
+
+def test_two_nodes_on_one_machine_train_like_one_process(tiny, arithmetic_folder, tmp_path):
+    """The docs' multi-node launch, as a scheduler starts it on two nodes, here on one machine: two `torchrun --nnodes 2
+    --node-rank R --nproc-per-node 1` agents meeting at one c10d rendezvous (gloo), in one folder as on a shared file
+    system (both agents exit 0 only once the two-node rendezvous is complete): the run trains like one process."""
+    case = "multigpu/async_dpo_multigpu.py"
+    args = flags(case, tiny, arithmetic_folder)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "nodes").mkdir()
+    proc, _ = run_script(case, tmp_path / "one", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = []
+    for node in (0, 1):
+        launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
+        launch += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        launch += ["--rdzv-conf", f"is_host={int(node == 0)}", str(REPO / case), *args]
+        nodes.append(
+            subprocess.Popen(
+                launch,
+                cwd=tmp_path / "nodes",
+                env=ENV,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    try:
+        outputs = [node.communicate(timeout=900) for node in nodes]
+    finally:
+        for node in nodes:
+            kill_group(node)
+    for node, (_, stderr) in zip(nodes, outputs):
+        assert node.returncode == 0, stderr[-5000:]
+    one, both = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "nodes")  # one run folder: global rank 0's
+    assert [m["step"] for m in both] == list(range(STEPS))
+    for key in CASES[case]:
+        assert [m[key] for m in both] == pytest.approx([m[key] for m in one], rel=1e-4, abs=1e-5), key
+    assert both[0]["async/behaviour_learner_logprob_gap"] < 1e-4
+    saved = [load_file(next((tmp_path / cwd / "runs").glob("*/model/model.safetensors"))) for cwd in ("one", "nodes")]
+    assert max((saved[0][k] - saved[1][k]).abs().max().item() for k in saved[0]) < 1e-4
 
 
 FSDP2_WORKER = """
