@@ -1626,7 +1626,9 @@ def one_sample_t(values):
 
 def welch(a, b):
     """Welch's t of mean(a) - mean(b), its Welch-Satterthwaite degrees of freedom, and the two-sided p."""
-    var = lambda x: sum((v - sum(x) / len(x)) ** 2 for v in x) / (len(x) - 1) if len(x) > 1 else float("nan")
+    if len(a) < 2 or len(b) < 2:  # no variance to test with (a sweep still under way: no seed, or one)
+        return float("nan"), float("nan"), float("nan")
+    var = lambda x: sum((v - sum(x) / len(x)) ** 2 for v in x) / (len(x) - 1)
     va, vb = var(a) / len(a), var(b) / len(b)
     if not va + vb > 0:
         return float("nan"), float("nan"), float("nan")

@@ -269,6 +269,9 @@ def test_tests_against_hand_computed_values():
     # Welch: equal variances and sizes give the pooled t with n_a + n_b - 2 degrees of freedom
     t, df, p = paper.welch([0.0, 0.01, -0.01, 0.005, -0.005], [0.015, 0.025, 0.005, 0.02, 0.01])
     assert (t, df) == (pytest.approx(-3.0), pytest.approx(8.0)) and p == pytest.approx(paper.t_test_p(3.0, 8))
+    # a sweep under way: no seed or one on a side is no test (NaN), never a crash of the report (it was: 0 seeds)
+    for a, b in (([], [0.01, 0.02]), ([0.01], [0.01, 0.02]), ([0.01, 0.02], [])):
+        assert all(math.isnan(v) for v in paper.welch(a, b)), (a, b)
     # Fisher's exact test: 3 of 5 against 0 of 5; the two tables as extreme, each C(7,2) / C(10,5) = 21 / 252
     assert paper.fisher_exact(3, 5, 0, 5) == pytest.approx(42 / 252)
     assert paper.fisher_exact(0, 5, 3, 5) == pytest.approx(42 / 252) and paper.fisher_exact(1, 5, 1, 5) == 1.0
