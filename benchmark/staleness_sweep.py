@@ -11,8 +11,11 @@ subprocess of the real sync twin, evaluated by staleness_paper.py's own code; a 
 skips it, so the sweep spans sessions (~120 runs, ~9 h of the 2-core machine in two lanes).
 """
 
+import hashlib
 import json
 import math
+import os
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -94,9 +97,14 @@ def paper_args(args: Args):
 def sweep(args: Args):
     """Seed-major over (seed, algorithm, N); a run that exists is skipped, one another invocation holds is left to it."""
     run_args = paper_args(args)
+    pinned = all(os.environ.get(k) == v for k, v in PREP_KERNELS.items())
+    if not pinned and not (Path(args.work_dir) / "prep_paper.json").exists():
+        build_prep(args)
     prep = paper.prepare(run_args)
     rm_dir, prep = paper.gate_rm(run_args, prep, paper.GATE_CANDIDATES[GATE]["rm"])
     out = Path(args.results_dir) / SWEEP_NAME
+    prep["prep_sha256"] = prep_fingerprint(Path(args.work_dir))
+    check_same_prep(out, prep)
     (out / "prep.json").write_text(json.dumps(prep, indent=1))
     if args.prep_only:
         return
@@ -122,6 +130,50 @@ def sweep(args: Args):
                     new_runs += 1
                 finally:
                     claimed.unlink(missing_ok=True)
+
+
+# The prep's kernels: every run of the sweep shares one prep (the SFT policy, the proxy RM), but one built with
+# torch's default kernels is not the same on every machine of this kind. The RM's training pairs are the SFT policy's
+# T=0.7 samples, and the rounding of AVX-512 and AVX2 kernels differs enough to flip a few of them: 5,429 pairs and an
+# RM with held-out pair accuracy 0.869 on the machine that began the sweep, 5,427 pairs and 0.757 on an AVX2 one. So
+# the prep is built in a process of its own on the code paths every x86 machine has: torch's non-vectorised kernels
+# (ATEN_CPU_CAPABILITY) and MKL's conditional numerical reproducibility on its compatible path (MKL_CBWR); the runs
+# and the evaluations keep the fast kernels, their rounding is part of each run's noise.
+PREP_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+
+
+def build_prep(args: Args):
+    """The prep in a subprocess under PREP_KERNELS (this one may already hold torch with its default kernels)."""
+    command = [sys.executable, __file__, "--prep-only", "--work-dir", args.work_dir, "--results-dir", args.results_dir]
+    command += ["--scripts-dir", args.scripts_dir]
+    subprocess.run(command, env={**os.environ, **PREP_KERNELS}, check=True)
+
+
+def prep_fingerprint(work_dir: Path):
+    """sha256 over the prep's SFT and RM weight files: the environment every run of the sweep must share."""
+    digest = hashlib.sha256()
+    for part in ("sft", "rm"):
+        digest.update((work_dir / part / "model.safetensors").read_bytes())
+    return digest.hexdigest()
+
+
+def check_same_prep(out: Path, prep: dict):
+    """Exit with one line, before any run, if the sweep's recorded runs were made on another prep than this machine's:
+    a run on another SFT policy or RM would be a run of another miniature, silently mixed into the table."""
+    runs = sorted(out.glob("*__seed*.json"))
+    if not runs:
+        return
+    recorded = json.loads((out / "prep.json").read_text()) if (out / "prep.json").exists() else {}
+    rm_fields = ("rm_pairs", "rm_test_pair_accuracy", "rm_gold_correlation")
+    differ = [p.name for p in runs if any(json.loads(p.read_text())["rm_stats"].get(k) != prep[k] for k in rm_fields)]
+    if recorded.get("prep_sha256") != prep["prep_sha256"] or differ:
+        made = f"{len(runs)} run{'s' * (len(runs) != 1)} in {out}"
+        sys.exit(
+            f"error: the prep built here (SFT and RM sha256 {prep['prep_sha256'][:12]}, RM held-out pair accuracy "
+            f"{prep['rm_test_pair_accuracy']:.3f}) is not the one of the {made} "
+            f"({str(recorded.get('prep_sha256'))[:12]}, {recorded.get('rm_test_pair_accuracy', float('nan')):.3f}): "
+            "go on where the prep rebuilds the same, or move those runs aside to start the sweep over"
+        )
 
 
 # THE REPORT: SWEEP_RULE's numbers, from the result files alone
@@ -237,6 +289,18 @@ def report(results_dir: Path):
         f"measured, Welch's t at two-sided 0.025 detects with 80% power a difference of {power} in the mean drop.",
         "",
     ]
+    prep_file = results_dir / SWEEP_NAME / "prep.json"
+    if prep_file.exists():
+        prep = json.loads(prep_file.read_text())
+        lines += [
+            f"The prep every run shares (`{SWEEP_NAME}/prep.json`, built under {PREP_KERNELS}: the pilot's prep does "
+            "not rebuild the same on machines with other CPU features, so the sweep started over on this one before "
+            f"its measure was read): SFT greedy held-out accuracy {prep['sft_greedy_accuracy']:.3f}; proxy RM on "
+            f"{prep['rm_pairs']:,} gold-labelled pairs, held-out pair accuracy {prep['rm_test_pair_accuracy']:.3f}, "
+            f"correlation with gold {prep['rm_gold_correlation']:.2f}; SFT and RM weights sha256 "
+            f"{str(prep.get('prep_sha256'))[:12]}.",
+            "",
+        ]
     counts = defaultdict(int)
     for (algo, setting), rs in runs.items():
         counts[(algo, setting)] = len(rs)

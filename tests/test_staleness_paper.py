@@ -613,3 +613,25 @@ def test_the_pre_registered_sweep_tests_the_paper_s_claim_as_fixed(tmp_path):
     assert "| dpo vs ppo |" in text and "**supported**" in text
     assert (tmp_path / "staleness_sweep.png").exists()
     assert 0.015 < sweep.detectable(0.010, 8) < 0.02  # what 8 seeds can see, as the rule says
+
+
+def test_the_sweep_refuses_runs_made_on_another_prep(tmp_path):
+    """A prep that does not rebuild the same (another machine's kernels) would silently make the sweep's later runs
+    runs of another miniature: check_same_prep exits with one line naming both preps; the same prep passes, and so
+    does a sweep with no runs yet."""
+    sweep = load_script("benchmark/staleness_sweep.py")
+    out = tmp_path / "staleness_sweep"
+    out.mkdir()
+    rm = dict(rm_pairs=5429, rm_test_pair_accuracy=0.869, rm_gold_correlation=0.474)
+    here = dict(rm, prep_sha256="a" * 64)
+    sweep.check_same_prep(out, here)  # no runs yet: any prep starts the sweep
+    (out / "prep.json").write_text(json.dumps(here))
+    (out / "dpo__sync-1__lr0.0001__seed1.json").write_text(json.dumps(dict(rm_stats=rm)))
+    sweep.check_same_prep(out, here)
+    other = dict(rm_pairs=5427, rm_test_pair_accuracy=0.757, rm_gold_correlation=0.309, prep_sha256="b" * 64)
+    with pytest.raises(
+        SystemExit, match=r"bbbbbbbbbbbb, RM held-out pair accuracy 0.757.*1 run in.*aaaaaaaaaaaa, 0.869"
+    ):
+        sweep.check_same_prep(out, other)
+    with pytest.raises(SystemExit, match="is not the one of the 1 run in"):  # same weights' hash, other RM numbers
+        sweep.check_same_prep(out, dict(other, prep_sha256="a" * 64))
