@@ -35,14 +35,16 @@ if __name__ == "__mp_main__":  # a process of vLLM's engine: multiprocessing's s
     ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG: a SIGTERM if the learner is killed (SIGKILL, the OOM killer)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # before any thread: they inherit it
     threading.Thread(target=pass_on_the_parents_signals, args=(os.getppid(),), daemon=True).start()
-# The engine runs in this process (weights handed over as tensors), but under torchrun (one rank too) in a process of
-# its own, as vLLM would take torchrun's torch.distributed world (weights via shared memory); forced: 0 breaks torchrun
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if "TORCHELASTIC_RUN_ID" in os.environ else "0"
-os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # else vLLM's float32 Triton attention uses TF32 on a GPU
-# an inherited "high" would turn TF32 on for the learner too; vLLM's bytecode hook would patch model code a learner
-# forward in this process runs; on GPU the V1 model runner, which CI runs on CPU (VLLM_USE_V2_MODEL_RUNNER=1 tries V2)
-os.environ.update(VLLM_FLOAT32_MATMUL_PRECISION="highest", VLLM_USE_BYTECODE_HOOK="0")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
+# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
+# but under torchrun (one rank too) in a process of its own, as vLLM would take torchrun's torch.distributed world as
+# its own (the weights then go through shared memory); forced: 0 breaks torchrun
+if "TORCHELASTIC_RUN_ID" in os.environ:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the guard's checksums reach engine processes pickled
 
 import atexit
@@ -144,9 +146,9 @@ class Args:
     kv_cache_gib: Optional[float] = None
     """KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU"""
     engine_tensor_parallel_size: int = 1
-    """devices the engine is split over (CPU: VLLM_CPU_OMP_THREADS_BIND=0|1 binds)"""
+    """devices the engine is split over (workers in processes of their own; CPU: VLLM_CPU_OMP_THREADS_BIND=0|1)"""
     weights_dir: Optional[str] = None
-    """the weights' way to an engine in other processes (torchrun, TP); None: /dev/shm"""
+    """folder the weights reach an engine in processes of its own through (torchrun, tensor-parallel); None: /dev/shm"""
 
     # model & data
     model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"
@@ -180,15 +182,15 @@ class Args:
     """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
     CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
     micro_batch_memory_gib: Optional[float] = None
-    """GiB for one micro-batch (None: 4 on CPU, on GPU what's free)"""
+    """GiB one micro-batch's activations may take when --micro-batch-size is None (None: 4; on a GPU, what's free)"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass (less memory, more time)"""
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
     """autocast dtype; weights and optimizer stay float32"""
     fsdp: bool = False
-    """with torchrun: shard parameters, gradients and optimizer state (FSDP2) instead of DDP"""
+    """with torchrun: shard parameters, gradients and optimizer state over the learners (FSDP2) instead of DDP"""
     collective_timeout: float = 1800.0
-    """with torchrun: seconds a learner waits for the others in a collective"""
+    """with torchrun: seconds a learner waits for the others in a collective before the run stops with an error"""
 
     # run & logging
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
@@ -202,15 +204,15 @@ class Args:
     output_dir: Optional[str] = None
     """the final policy, tokenizer and value_model/; None means runs/{run_name}/model"""
     save_every: int = 0
-    """checkpoint every this many learner steps (0: never); SIGINT and SIGTERM then save one, exit"""
+    """save a checkpoint every this many learner steps (0: never); while on, SIGINT and SIGTERM save one, then exit"""
     keep_checkpoints: int = 1
-    """how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)"""
+    """newest checkpoints kept (0: all, as benchmark/staleness.py needs)"""
     resume_from: Optional[str] = None
-    """go on with a stopped run: its folder (latest checkpoint) or a checkpoint_{step}"""
+    """go on with a stopped run: its run folder (its latest checkpoint) or a checkpoint_{step} in it; same flags"""
     record_samples: bool = False
-    """write every batch the learner trains on to runs/{run_name}/samples/ (--replay-from)"""
+    """write every batch the learner trains on to runs/{run_name}/samples/, for --replay-from"""
     replay_from: Optional[str] = None
-    """a --record-samples run folder: train on its batches (no engine, reward model)"""
+    """a --record-samples run folder: train on its recorded batches, generating none (no engine, no reward model)"""
     torch_threads: int = 1
     """CPU threads for each role (learner, engine)"""
     sample_every: int = 10
@@ -367,16 +369,17 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient, each rank its share of each mini-batch; given the loop's `mini_batches`, in
-    its very micro-batches, so the values equal its forward passes' bit for bit (the first update's ratio is 1)."""
+    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
+    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
+    passes bit for bit and the first update's ratio is exactly 1. Each rank computes its share; all get every row."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
-            share = [
-                token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
-                for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)
-            ]
-            logprobs[mini_batch] = gather_rows(torch.cat(share), args)
+            for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size):
+                logprobs[rows] = token_logprobs(
+                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
+                )
+            logprobs[mini_batch] = gather_rows(logprobs[rank_rows(mini_batch, args)], args)
     return logprobs
 
 
@@ -491,9 +494,9 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str] = None):
-    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights):
-    the tensors themselves into an engine in this process; into one whose workers run in processes of their own
-    (torchrun, tensor-parallel) a safetensors file in `weights_dir` (None: /dev/shm), as `reload_weights` takes them."""
+    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale.
+    Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a safetensors file
+    in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
         llm.collective_rpc(
             "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
@@ -645,7 +648,7 @@ def main():
     # reward model, so early advantages are not a random critic's noise (the verifier has none: the policy, new head)
     policy = load_causal_lm(f"{resumed['path']}/policy" if resumed else args.model_name_or_path, args.learner_device)
     ref_policy = load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False)
-    reward_model = None  # the verifier needs none; only rank 0 generates, and a replay generates nothing
+    reward_model = None  # the verifier needs no model, nor does a replay or a rank other than 0
     if args.reward == "model" and args.rank == 0 and not args.replay_from:
         reward_model = load_scalar_model(args.reward_model_path, args.engine_device)
     value_model_path = args.reward_model_path if args.reward == "model" else args.model_name_or_path
@@ -839,8 +842,9 @@ def main():
         training_time = time.time() - train_start
         token_gap = gather_rows(token_gap[None], args).sum(0)  # every rank's micro-batches: the batch's sums
 
-        # ASYNC: version step+1 to the generator if a future batch needs it (every rank: FSDP2 gathers from all shards)
+        # ASYNC: version step+1 to the generator if a future batch needs it: a host-memory copy (training goes on)
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
+            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
             weights = full_state_dict(policy, args)
             expected = weight_check(policy, probe, args, weights)
             if args.rank == 0:  # a copy into CPU memory is complete on return: no CUDA stream to synchronise
@@ -897,7 +901,8 @@ def main():
                 ],
             )
         stop = any_rank(bool(stop_signals), args)  # all ranks stop after the same step
-        if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+        save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
+        if stop or save_due:
             # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
             while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
                 pending.append(
@@ -1609,7 +1614,7 @@ def gradient_sync(model, last: bool):
     return model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()
 
 
-# RUN FOLDER: the run's name, tracking, policy snapshots, signals, the final save and the summary
+# RUN FOLDER: the run's name, tracking, signals, the final save and the summary
 def create_run_folder(name: str):
     """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
     os.makedirs("runs", exist_ok=True)
@@ -1623,8 +1628,8 @@ def create_run_folder(name: str):
 
 
 def start_tracking(args: Args, resumed=None):
-    """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track; a resumed
-    run appends to its logs, which `resume_run_folder` cut back to its checkpoint."""
+    """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track.
+    A resumed run appends to its logs, which `resume_run_folder` cut back to its checkpoint."""
     if args.track:
         import wandb
 
@@ -1690,7 +1695,7 @@ def stop_requests(args: Args):
 
 
 def save_final(args: Args, policy, tokenizer, state_dict: dict):
-    """The policy (its gathered `state_dict`) and tokenizer in --output-dir, else in the run folder; returns where."""
+    """The policy and tokenizer in --output-dir (probed at the start), else in the run folder; returns where."""
     try:
         policy.save_pretrained(args.output_dir, state_dict=state_dict)
         output_dir = args.output_dir

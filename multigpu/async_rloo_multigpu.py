@@ -37,14 +37,16 @@ if __name__ == "__mp_main__":  # a process of vLLM's engine: multiprocessing's s
     ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG: a SIGTERM if the learner is killed (SIGKILL, the OOM killer)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # before any thread: they inherit it
     threading.Thread(target=pass_on_the_parents_signals, args=(os.getppid(),), daemon=True).start()
-# The engine runs in this process (weights handed over as tensors), but under torchrun (one rank too) in a process of
-# its own, as vLLM would take torchrun's torch.distributed world (weights via shared memory); forced: 0 breaks torchrun
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if "TORCHELASTIC_RUN_ID" in os.environ else "0"
-os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # else vLLM's float32 Triton attention uses TF32 on a GPU
-# an inherited "high" would turn TF32 on for the learner too; vLLM's bytecode hook would patch model code a learner
-# forward in this process runs; on GPU the V1 model runner, which CI runs on CPU (VLLM_USE_V2_MODEL_RUNNER=1 tries V2)
-os.environ.update(VLLM_FLOAT32_MATMUL_PRECISION="highest", VLLM_USE_BYTECODE_HOOK="0")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
+# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
+# but under torchrun (one rank too) in a process of its own, as vLLM would take torchrun's torch.distributed world as
+# its own (the weights then go through shared memory); forced: 0 breaks torchrun
+if "TORCHELASTIC_RUN_ID" in os.environ:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the guard's checksums reach engine processes pickled
 
 import atexit
@@ -167,20 +169,20 @@ class Args:
     max_prompt_tokens: int = 512
     """prompts longer than this (in policy tokens) are dropped and counted, never truncated"""
 
-    # learner memory and scale-out
+    # learner memory
     micro_batch_size: Optional[int] = None
     """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
     CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
     micro_batch_memory_gib: Optional[float] = None
-    """GiB for one micro-batch (None: 4 on CPU, on GPU what's free)"""
+    """GiB one micro-batch's activations may take when --micro-batch-size is None (None: 4; on a GPU, what's free)"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass (less memory, more time)"""
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
     """autocast dtype; weights and optimizer stay float32"""
     fsdp: bool = False
-    """with torchrun: shard parameters, gradients, optimizer state over the learners (FSDP2), not DDP"""
+    """with torchrun: shard parameters, gradients and optimizer state over the learners (FSDP2) instead of DDP"""
     collective_timeout: float = 1800.0
-    """seconds a learner waits in a collective before stopping the run with an error"""
+    """with torchrun: seconds a learner waits for the others in a collective before the run stops with an error"""
 
     # run & logging
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
@@ -196,13 +198,13 @@ class Args:
     save_every: int = 0
     """save a checkpoint every this many learner steps (0: never); while on, SIGINT and SIGTERM save one, then exit"""
     keep_checkpoints: int = 1
-    """how many of the newest checkpoints to keep (0: all, as benchmark/staleness.py needs)"""
+    """newest checkpoints kept (0: all, as benchmark/staleness.py needs)"""
     resume_from: Optional[str] = None
-    """go on from a run folder's latest checkpoint, or a checkpoint_{step}; same flags"""
+    """go on with a stopped run: its run folder (its latest checkpoint) or a checkpoint_{step} in it; same flags"""
     record_samples: bool = False
-    """write each trained batch to runs/{run_name}/samples/, for --replay-from"""
+    """write every batch the learner trains on to runs/{run_name}/samples/, for --replay-from"""
     replay_from: Optional[str] = None
-    """a --record-samples run: train on its batches (no engine, no reward model)"""
+    """a --record-samples run folder: train on its recorded batches, generating none (no engine, no reward model)"""
     torch_threads: int = 1
     """CPU threads for each role (learner, engine)"""
     sample_every: int = 10
@@ -319,16 +321,17 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient, each rank its share of each mini-batch; given the loop's `mini_batches`, in
-    its very micro-batches, so the values equal its forward passes' bit for bit (the first update's ratio is 1)."""
+    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
+    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
+    passes bit for bit and the first update's ratio is exactly 1. Each rank computes its share; all get every row."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
-            share = [
-                token_logprobs(model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature)
-                for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size)
-            ]
-            logprobs[mini_batch] = gather_rows(torch.cat(share), args)
+            for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size):
+                logprobs[rows] = token_logprobs(
+                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
+                )
+            logprobs[mini_batch] = gather_rows(logprobs[rank_rows(mini_batch, args)], args)
     return logprobs
 
 
@@ -362,6 +365,7 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
     return torch.cat(scores)
 
 
+# a number as written in solutions: sign (not the minus of "5-3"), $, thousands commas, decimals, exponent (2.5e3)
 NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
 
 
@@ -429,9 +433,9 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str] = None):
-    """Load learner weights into the running engine in place (public API: `collective_rpc` -> worker.reload_weights):
-    the tensors themselves into an engine in this process; into one whose workers run in processes of their own
-    (torchrun, tensor-parallel) a safetensors file in `weights_dir` (None: /dev/shm), as `reload_weights` takes them."""
+    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale.
+    Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a safetensors file
+    in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
         llm.collective_rpc(
             "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
@@ -490,12 +494,8 @@ def generation_thread(
     llm, reward_model, tokenizer, args: Args, prompt_batches, guard_state, weights_queue, spare_weights, data_queue
 ):
     """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
-
-    Before batch i it loads every version up to i-K that the learner sends through `weights_queue`, waiting for it if
-    need be, so a seeded run is reproducible; `data_queue` holds at most K batches, so the thread never runs further
-    ahead. If anything raises, the exception takes the place of the next batch and the learner re-raises it. Each copy
-    of the weights it has loaded goes back to the learner through `spare_weights`, to be written over.
-    """
+    Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
+    reproducible); `data_queue` holds at most K batches. An exception takes the place of the next batch."""
     try:
         SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
         version = args.start_step
@@ -572,9 +572,7 @@ def main():
     args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
 
     # models: the policy, its frozen reference, and the reward model, which labels beside rank 0's engine
-    policy = load_causal_lm(
-        os.path.join(resumed["path"], "policy") if resumed else args.model_name_or_path, args.learner_device
-    )
+    policy = load_causal_lm(f"{resumed['path']}/policy" if resumed else args.model_name_or_path, args.learner_device)
     ref_policy = load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
@@ -726,8 +724,8 @@ def main():
         training_time = time.time() - train_start
         token_gap = gather_rows(token_gap[None], args).sum(0)  # every rank's micro-batches: the batch's sums
 
-        # ASYNC: hand version step+1 to the generator (a copy: the learner goes on updating its own tensors), only if
-        # some future batch will be generated with it
+        # ASYNC: hand version step+1 to the generator, only if some future batch will be generated with it: a copy (the
+        # learner goes on updating its own tensors) in host memory, as the engine's GPU has no room for K+1 of them
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
             # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
             weights = full_state_dict(policy, args)
@@ -780,7 +778,8 @@ def main():
                 ],
             )
         stop = any_rank(bool(stop_signals), args)  # all ranks stop after the same step
-        if stop or (args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps):
+        save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
+        if stop or save_due:
             # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
             while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
                 pending.append(
@@ -1069,7 +1068,7 @@ def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
     return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
 
 
-# vLLM: the engine's set-up, the guard, and the weights' copies, through the public API of vllm 0.32
+# vLLM: the engine's set-up and the guard, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32
 def build_engine(args: Args):
     """The engine; on GPU it takes 30% (the learner beside it) or 90% of the memory the models left free."""
     share = args.gpu_memory_utilization
@@ -1494,8 +1493,7 @@ def gradient_sync(model, last: bool):
     return model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()
 
 
-# RUN FOLDER: the run's name, tracking, checkpoints (all a stopped run needs to go on where it stopped), signals, the
-# final save and the summary
+# RUN FOLDER: the run's name, tracking, signals, the final save and the summary
 def create_run_folder(name: str):
     """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
     os.makedirs("runs", exist_ok=True)
@@ -1509,8 +1507,8 @@ def create_run_folder(name: str):
 
 
 def start_tracking(args: Args, resumed=None):
-    """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track; a resumed
-    run appends to its logs, which `resume_run_folder` cut back to its checkpoint."""
+    """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track.
+    A resumed run appends to its logs, which `resume_run_folder` cut back to its checkpoint."""
     if args.track:
         import wandb
 
@@ -1553,6 +1551,58 @@ def log_samples(writer, step: int, columns, rows):
     )
 
 
+def stop_requests(args: Args):
+    """SIGINT or SIGTERM: with --save-every, a checkpoint after this step, then exit; else exit at once, through
+    `finally` and atexit, so that the engine's process and the weights folder end with it. The signals of the 5 s
+    after the first are that one again (a scheduler's SIGTERM reaches a torchrun rank twice: itself and through
+    torchrun; vLLM's processes drop it, see the top of the file); one after them stops at once."""
+    stop_signals, times = [], []  # the stop's signal; when the signals came
+
+    def request(signum, frame):
+        name = signal.Signals(signum).name
+        if times and time.monotonic() - times[0] < 5:  # an exit in progress too: its cleanup must run to its end
+            return
+        times.append(time.monotonic())
+        if len(times) > 1 or not args.save_every:
+            sys.exit(f"{name}: stopped at once" + ("" if args.save_every else "; no checkpoint (--save-every 0)"))
+        stop_signals.append(name)
+        tqdm.write(f"{name}: saving a checkpoint after this learner step, then exiting (again, 5 s on: stop now)")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, request)
+    return stop_signals
+
+
+def save_final(args: Args, policy, tokenizer, state_dict: dict):
+    """The policy and tokenizer in --output-dir (probed at the start), else in the run folder; returns where."""
+    try:
+        policy.save_pretrained(args.output_dir, state_dict=state_dict)
+        output_dir = args.output_dir
+    except OSError as e:
+        output_dir = f"runs/{args.run_name}/model"
+        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in {output_dir}")
+        policy.save_pretrained(output_dir, state_dict=state_dict)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def print_summary(args: Args, reward_key: str):
+    """The last thing a run prints: what it did (read back from metrics.jsonl) and where everything it wrote is."""
+    run_dir = os.path.join("runs", args.run_name)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
+    first, last = metrics[0], metrics[-1]
+    idle = [sum(m[k] for m in metrics) / last["time/elapsed"] for k in ("time/learner_waiting", "time/actor_waiting")]
+    print(
+        f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
+        f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})\n"
+        f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
+        f"{last['step']}\nmodel:       {args.output_dir}\nmetrics:     {run_dir}/metrics.jsonl\n"
+        f"tensorboard: tensorboard --logdir {run_dir}\nplot:        python tools/plot_runs.py {run_dir}"
+    )
+
+
+# CHECKPOINTS: all a stopped run needs to go on exactly where it stopped (--save-every, --resume-from)
 # flags a resumed run may change: where it runs and how it reports, never what it trains
 RESUMABLE = {
     "resume_from",
@@ -1791,57 +1841,6 @@ def recorded_batch(args: Args, step: int):
     return {
         key: None if key == "evaluation" else 0.0 if key.startswith("time_") else value for key, value in batch.items()
     }
-
-
-def stop_requests(args: Args):
-    """SIGINT or SIGTERM: with --save-every, a checkpoint after this step, then exit; else exit at once, through
-    `finally` and atexit, so that the engine's process and the weights folder end with it. The signals of the 5 s
-    after the first are that one again (a scheduler's SIGTERM reaches a torchrun rank twice: itself and through
-    torchrun; vLLM's processes drop it, see the top of the file); one after them stops at once."""
-    stop_signals, times = [], []  # the stop's signal; when the signals came
-
-    def request(signum, frame):
-        name = signal.Signals(signum).name
-        if times and time.monotonic() - times[0] < 5:  # an exit in progress too: its cleanup must run to its end
-            return
-        times.append(time.monotonic())
-        if len(times) > 1 or not args.save_every:
-            sys.exit(f"{name}: stopped at once" + ("" if args.save_every else "; no checkpoint (--save-every 0)"))
-        stop_signals.append(name)
-        tqdm.write(f"{name}: saving a checkpoint after this learner step, then exiting (again, 5 s on: stop now)")
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, request)
-    return stop_signals
-
-
-def save_final(args: Args, policy, tokenizer, state_dict: dict):
-    """The policy (its gathered `state_dict`) and tokenizer in --output-dir, else in the run folder; returns where."""
-    try:
-        policy.save_pretrained(args.output_dir, state_dict=state_dict)
-        output_dir = args.output_dir
-    except OSError as e:
-        output_dir = f"runs/{args.run_name}/model"
-        print(f"could not save to --output-dir {args.output_dir!r} ({e.strerror}); saving in {output_dir}")
-        policy.save_pretrained(output_dir, state_dict=state_dict)
-    tokenizer.save_pretrained(output_dir)
-    return output_dir
-
-
-def print_summary(args: Args, reward_key: str):
-    """The last thing a run prints: what it did (read back from metrics.jsonl) and where everything it wrote is."""
-    run_dir = os.path.join("runs", args.run_name)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        metrics = [json.loads(line) for line in f]
-    first, last = metrics[0], metrics[-1]
-    idle = [sum(m[k] for m in metrics) / last["time/elapsed"] for k in ("time/learner_waiting", "time/actor_waiting")]
-    print(
-        f"== {args.run_name}: {len(metrics)} learner steps, {last['episodes']} episodes, "
-        f"{last['time/elapsed'] / 60:.1f} min (idle: learner {idle[0]:.0%}, generation {idle[1]:.0%})\n"
-        f"{reward_key}: {first[reward_key]:.3f} at step {first['step']} -> {last[reward_key]:.3f} at step "
-        f"{last['step']}\nmodel:       {args.output_dir}\nmetrics:     {run_dir}/metrics.jsonl\n"
-        f"tensorboard: tensorboard --logdir {run_dir}\nplot:        python tools/plot_runs.py {run_dir}"
-    )
 
 
 if __name__ == "__main__":
