@@ -116,7 +116,7 @@ def run_group(model: str, dtype: str, rows: list) -> list:
         dpo.keep_models_eager(policy)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, eps=1e-5, weight_decay=0.0)
         dpo.push_weights_to_engine(llm, policy.state_dict())  # the engine starts from this learner's weights
-        last = dpo.check_weight_sync(llm, dpo.weight_check(policy, probe, args), None, args, 0)
+        guard_state = dpo.check_weight_sync(llm, dpo.weight_check(policy, probe, args), None, args, 0)
         row = dict(
             index=index,
             model=model,
@@ -138,7 +138,7 @@ def run_group(model: str, dtype: str, rows: list) -> list:
             (-dpo.token_logprobs(policy, train, torch.ones_like(train), torch.ones_like(train), 1.0).sum()).backward()
             optimizer.step()
             t0 = time.perf_counter()
-            check = dpo.weight_check(policy, probe, args)
+            expected = dpo.weight_check(policy, probe, args)
             t1 = time.perf_counter()
             weights = policy.state_dict()
             if fault == "partial-norms" and version == start:
@@ -153,9 +153,9 @@ def run_group(model: str, dtype: str, rows: list) -> list:
             if not withheld:
                 dpo.push_weights_to_engine(llm, weights)
             t2 = time.perf_counter()
-            row["learner_moves"].append((check[1] - last[0]).abs().mean().item())
+            row["learner_moves"].append((expected.logprobs - guard_state.learner_logprobs).abs().mean().item())
             try:
-                last = dpo.check_weight_sync(llm, check, last, args, version)
+                guard_state = dpo.check_weight_sync(llm, expected, guard_state, args, version)
             except RuntimeError as error:
                 row["stopped_at"], row["reason"] = version, str(error)
                 break
@@ -163,7 +163,7 @@ def run_group(model: str, dtype: str, rows: list) -> list:
                 row["learner_check_s"].append(t1 - t0)
                 row["push_s"].append(t2 - t1)
                 row["engine_check_s"].append(time.perf_counter() - t2)
-            row["gaps"].append((last[1] - check[1]).abs().mean().item())
+            row["gaps"].append((guard_state.engine_logprobs - expected.logprobs).abs().mean().item())
         results.append(row)
         print(json.dumps(row), flush=True)
     return results

@@ -104,11 +104,11 @@ def measure_mode(args: Args):
 
     if lora:
         run.adapter_dir = tempfile.mkdtemp(prefix="adapters_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        check = script.save_adapter(policy, 0, probe, run)
+        expected = script.save_adapter(policy, 0, probe, run)
         script.push_weights_to_engine(llm, script.adapter_request(run, 0), None)
-        last_sync = script.check_weight_sync(llm, check, None, run, 0, script.adapter_request(run, 0))
+        guard_state = script.check_weight_sync(llm, expected, None, run, 0, script.adapter_request(run, 0))
     else:
-        last_sync = script.check_weight_sync(llm, script.weight_check(policy, probe, run), None, run, 0)
+        guard_state = script.check_weight_sync(llm, script.weight_check(policy, probe, run), None, run, 0)
 
     rows = []
     for version in range(1, args.versions + 1):
@@ -118,7 +118,7 @@ def measure_mode(args: Args):
         row = dict(version=version)
         t0 = time.perf_counter()
         if lora:
-            check = script.save_adapter(policy, version, probe, run)
+            expected = script.save_adapter(policy, version, probe, run)
             t1 = time.perf_counter()
             adapter = script.adapter_request(run, version)
             row["bytes"] = os.path.getsize(os.path.join(adapter.lora_path, "adapter_model.safetensors"))
@@ -126,13 +126,13 @@ def measure_mode(args: Args):
             t2 = time.perf_counter()
             script.push_weights_to_engine(llm, adapter, script.adapter_request(run, version - 1))
             t3 = time.perf_counter()
-            last_sync = script.check_weight_sync(llm, check, last_sync, run, version, adapter)
+            guard_state = script.check_weight_sync(llm, expected, guard_state, run, version, adapter)
             t4 = time.perf_counter()
             row.update(learner=t1 - t0)
         else:
             weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.state_dict().items()}
             tc = time.perf_counter()
-            check = script.weight_check(policy, probe, run)
+            expected = script.weight_check(policy, probe, run)
             t1 = time.perf_counter()
             row["bytes"] = sum(t.numel() * t.element_size() for t in weights.values())
             row["unique_bytes"] = sum(
@@ -141,7 +141,7 @@ def measure_mode(args: Args):
             t2 = time.perf_counter()
             script.push_weights_to_engine(llm, weights)
             t3 = time.perf_counter()
-            last_sync = script.check_weight_sync(llm, check, last_sync, run, version)
+            guard_state = script.check_weight_sync(llm, expected, guard_state, run, version)
             t4 = time.perf_counter()
             row.update(learner=t1 - t0, copy=tc - t0, weight_check=t1 - tc, tensors=len(weights))
         row.update(push=t3 - t2, guard=t4 - t3, engine=(t3 - t2) + (t4 - t3))

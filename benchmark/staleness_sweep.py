@@ -8,7 +8,9 @@ was committed with this file and written into the report's header before the fir
 
 Two invocations at once share the sweep (each run is claimed first), one per pair of cores. Every run is one
 subprocess of the real sync twin, evaluated by staleness_paper.py's own code; a run writes one result file, a rerun
-skips it, so the sweep spans sessions (~120 runs, ~9 h of the 2-core machine in two lanes).
+skips it, so the sweep spans sessions (120 runs; a run took 3-6 min of one lane on quiet cores, so ~3-6 h of the
+2-core machine in two lanes). Every run must share one prep: it is built on code paths every machine of this kind has
+(PREP_KERNELS) and a sweep refuses to go on with runs made on another prep (check_same_prep).
 """
 
 import hashlib
@@ -136,10 +138,10 @@ def sweep(args: Args):
 # torch's default kernels is not the same on every machine of this kind. The RM's training pairs are the SFT policy's
 # T=0.7 samples, and the rounding of AVX-512 and AVX2 kernels differs enough to flip a few of them: 5,429 pairs and an
 # RM with held-out pair accuracy 0.869 on the machine that began the sweep, 5,427 pairs and 0.757 on an AVX2 one. So
-# the prep is built in a process of its own on the code paths every x86 machine has: torch's non-vectorised kernels
+# the prep is built in a process of its own on code paths every machine of this kind has: torch's AVX2 kernels
 # (ATEN_CPU_CAPABILITY) and MKL's conditional numerical reproducibility on its compatible path (MKL_CBWR); the runs
-# and the evaluations keep the fast kernels, their rounding is part of each run's noise.
-PREP_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+# and the evaluations keep each machine's own kernels, their rounding is part of each run's noise.
+PREP_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
 
 
 def build_prep(args: Args):

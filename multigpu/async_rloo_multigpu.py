@@ -1215,7 +1215,8 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
             f"tensors ({size(covered) / max(1, size(served)):.0%} of "
             f"parameters){rest}"
         )
-    gap, tolerance = (engine - learner).abs().mean().item(), 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
+    gap = (engine - learner).abs().mean().item()
+    tolerance = 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
     # the learner's answer when the engine's last changed: the learner has moved from it since, the engine has not
     if previous is None or not torch.equal(engine, previous.engine_logprobs):
         learner_at_change = learner
