@@ -193,7 +193,9 @@ def test_two_nodes_on_one_machine_train_like_one_process_and_stop_and_resume_exa
     both nodes mid-run saves the one checkpoint it announces and ends both nodes cleanly, leaving nothing in
     /dev/shm; two nodes resumed from it log and save what the uninterrupted two nodes did, bit for bit."""
     case = "multigpu/async_dpo_multigpu.py"
-    steps = STEPS + 1  # a stop after the first logged step lands mid-run even on a fast machine
+    # a stop is taken at the end of a step (~0.35 s here; a run's start-up ~40 s): of 10, a signal sent once the first
+    # is logged has 8 to arrive in (seen under load: 1 s, 3 steps)
+    steps = 10
     args = [*flags(case, tiny, arithmetic_folder), "--num-learner-steps", str(steps)]
     for folder in ("one", "nodes", "stopped"):
         (tmp_path / folder).mkdir()
@@ -210,7 +212,9 @@ def test_two_nodes_on_one_machine_train_like_one_process_and_stop_and_resume_exa
 
     # --save-every on (a signal saves a checkpoint), none due within the run; resumable, so left out on resume
     launches = node_launches(REPO / case, *args, "--save-every", "1000")
-    output, returncodes, _, left = stop_by_signal(signal.SIGTERM, launches, tmp_path / "stopped", 1, True)
+    output, returncodes, titles, left = stop_by_signal(signal.SIGTERM, launches, tmp_path / "stopped", 1, True)
+    # placement by global rank: one engine, global rank 0's, on node 0 (node 1's rank is local rank 0 too)
+    assert [sum("EngineCore" in title for title in node) for node in titles] == [1, 0], titles
     announced = re.findall(r"continue with --resume-from (\S+)", output)
     assert len(announced) == 1, output[-3000:]  # global rank 0's line; rank 1, on the other node, ends without one
     assert "SIGTERM: stopped after learner step" in output and "stopped at once" not in output
@@ -324,8 +328,9 @@ def stop_by_signal(signum, launches, cwd, after_steps: int, every_process: bool 
     in one folder, and, once `after_steps` learner steps are logged, send `signum` to each launch's process group, as
     a Ctrl-C in a terminal does, or to every process of the job at once, as a cluster's scheduler does (SLURM's time
     limit, scancel); then wait until every process of the job has ended. Returns the job's output (each launch's
-    stdout and stderr), the launches' exit codes, the pids the job had, and what it left in /dev/shm (new names
-    there that no live process uses)."""
+    stdout and stderr), the launches' exit codes, each launch's processes at the signal (their command lines; vLLM
+    titles its engine's "VLLM::EngineCore"), and what it left in /dev/shm (new names there that no live process
+    uses)."""
     before = set(os.listdir("/dev/shm"))
     procs = []
     for n, cmd in enumerate(launches):
@@ -342,7 +347,9 @@ def stop_by_signal(signum, launches, cwd, after_steps: int, every_process: bool 
         while sum(len(p.read_text().splitlines()) for p in cwd.glob("runs/*/metrics.jsonl")) < after_steps:
             assert all(p.poll() is None for p in procs) and time.time() < deadline, output()[-3000:]
             time.sleep(0.05)
-        job = [q for p in procs for q in (psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True))]
+        trees = [[psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)] for p in procs]
+        job = [process for tree in trees for process in tree]
+        titles = [[" ".join(command_line(process)) for process in tree] for tree in trees]
         # torchrun or the learner, the engine's processes (and vLLM's helpers); each other node's agent and rank
         assert len(job) >= 1 + 2 * len(launches)
         if every_process:
@@ -361,7 +368,14 @@ def stop_by_signal(signum, launches, cwd, after_steps: int, every_process: bool 
     left = set(os.listdir("/dev/shm")) - before - shm_in_use()
     pids = [p.pid for p in job]
     mine = [name for name in left if not name.startswith("clean-async-rlhf-") or int(name.split("-")[3]) in pids]
-    return output(), returncodes, pids, mine
+    return output(), returncodes, titles, mine
+
+
+def command_line(process: psutil.Process):
+    """The process's command line, empty if it has ended (a helper of vLLM's may end at any time)."""
+    with contextlib.suppress(psutil.Error):
+        return process.cmdline()
+    return []
 
 
 def test_a_sigterm_without_save_every_ends_the_engine_process_and_the_weights_folder_with_the_job(tiny, tmp_path):
@@ -420,7 +434,7 @@ def test_a_signal_to_the_group_or_to_every_process_saves_the_checkpoint_it_annou
     for signum, every_process in ((signal.SIGINT, False), (signal.SIGTERM, True)):  # a checkpoint is due at step 2
         resume = ["--resume-from", checkpoint] if checkpoint else []
         after = int(checkpoint.split("_")[-1]) + 1 if checkpoint else 2
-        output, returncodes, pids, left = stop_by_signal(
+        output, returncodes, _, left = stop_by_signal(
             signum, [cmd + resume], tmp_path / "stopped", after, every_process
         )
         announced = re.findall(r"continue with --resume-from (\S+)", output)
