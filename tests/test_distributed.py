@@ -154,49 +154,86 @@ def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path,
     )
 
 
-def test_two_nodes_on_one_machine_train_like_one_process(tiny, arithmetic_folder, tmp_path):
+def node_launches(target, *args):
     """The docs' multi-node launch, as a scheduler starts it on two nodes, here on one machine: two `torchrun --nnodes 2
-    --node-rank R --nproc-per-node 1` agents meeting at one c10d rendezvous (gloo), in one folder as on a shared file
-    system (both agents exit 0 only once the two-node rendezvous is complete): the run trains like one process."""
-    case = "multigpu/async_dpo_multigpu.py"
-    args = flags(case, tiny, arithmetic_folder)
-    (tmp_path / "one").mkdir()
-    (tmp_path / "nodes").mkdir()
-    proc, _ = run_script(case, tmp_path / "one", *args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with socket.socket() as s:  # a free port for the rendezvous
+    --node-rank R --nproc-per-node 1` agents meeting at one c10d rendezvous (gloo) on a free port."""
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    nodes = []
-    for node in (0, 1):
-        launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
-        launch += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
-        launch += ["--rdzv-conf", f"is_host={int(node == 0)}", str(REPO / case), *args]
-        nodes.append(
-            subprocess.Popen(
-                launch,
-                cwd=tmp_path / "nodes",
-                env=ENV,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    launch += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    return [
+        [*launch, "--node-rank", str(node), "--rdzv-conf", f"is_host={int(node == 0)}", str(target), *args]
+        for node in (0, 1)
+    ]
+
+
+def run_nodes(launches, cwd, timeout: float = 900):
+    """Run the launches to their end, each in a session of its own (as on a node of its own), in one folder (as on a
+    shared file system); asserts that each exits 0 (an agent does only once the rendezvous is complete). Returns
+    their stdout, joined."""
+    nodes = [
+        subprocess.Popen(
+            launch, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
+        for launch in launches
+    ]
     try:
-        outputs = [node.communicate(timeout=900) for node in nodes]
+        outputs = [node.communicate(timeout=timeout) for node in nodes]
     finally:
         for node in nodes:
             kill_group(node)
     for node, (_, stderr) in zip(nodes, outputs):
         assert node.returncode == 0, stderr[-5000:]
+    return "".join(stdout for stdout, _ in outputs)
+
+
+def test_two_nodes_on_one_machine_train_like_one_process_and_stop_and_resume_exactly(tiny, arithmetic_folder, tmp_path):
+    """Two nodes on one machine (node_launches) train like one process. A scheduler's SIGTERM to every process of
+    both nodes mid-run saves the one checkpoint it announces and ends both nodes cleanly, leaving nothing in
+    /dev/shm; two nodes resumed from it log and save what the uninterrupted two nodes did, bit for bit."""
+    case = "multigpu/async_dpo_multigpu.py"
+    # a stop is taken at the end of a step (~0.35 s here; a run's start-up ~40 s): of 10, a signal sent once the first
+    # is logged has 8 to arrive in (seen under load: 1 s, 3 steps)
+    steps = 10
+    args = [*flags(case, tiny, arithmetic_folder), "--num-learner-steps", str(steps)]
+    for folder in ("one", "nodes", "stopped"):
+        (tmp_path / folder).mkdir()
+    proc, _ = run_script(case, tmp_path / "one", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_nodes(node_launches(REPO / case, *args), tmp_path / "nodes")
     one, both = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "nodes")  # one run folder: global rank 0's
-    assert [m["step"] for m in both] == list(range(STEPS))
+    assert [m["step"] for m in both] == list(range(steps))
     for key in CASES[case]:
         assert [m[key] for m in both] == pytest.approx([m[key] for m in one], rel=1e-4, abs=1e-5), key
     assert both[0]["async/behaviour_learner_logprob_gap"] < 1e-4
     saved = [load_file(next((tmp_path / cwd / "runs").glob("*/model/model.safetensors"))) for cwd in ("one", "nodes")]
     assert max((saved[0][k] - saved[1][k]).abs().max().item() for k in saved[0]) < 1e-4
+
+    # --save-every on (a signal saves a checkpoint), none due within the run; resumable, so left out on resume
+    launches = node_launches(REPO / case, *args, "--save-every", "1000")
+    output, returncodes, titles, left = stop_by_signal(signal.SIGTERM, launches, tmp_path / "stopped", 1, True)
+    # placement by global rank: one engine, global rank 0's, on node 0 (node 1's rank is local rank 0 too)
+    assert [sum("EngineCore" in title for title in node) for node in titles] == [1, 0], titles
+    announced = re.findall(r"continue with --resume-from (\S+)", output)
+    assert len(announced) == 1, output[-3000:]  # global rank 0's line; rank 1, on the other node, ends without one
+    assert "SIGTERM: stopped after learner step" in output and "stopped at once" not in output
+    assert returncodes == [1, 1], output[-3000:]  # each agent reports its rank's sys.exit: no segfault, no kill
+    assert not re.search(r"EngineDead|Segmentation|SIGSEGV|ERROR", output), output[-3000:]
+    checkpoint = announced[0]
+    assert (tmp_path / "stopped" / checkpoint / "state.pt").exists()
+    assert int(checkpoint.split("_")[-1]) < steps  # mid-run: the resume has steps to do
+    assert not left, left
+    output = run_nodes(node_launches(REPO / case, *args, "--resume-from", checkpoint), tmp_path / "stopped")
+    assert f"resuming from {checkpoint}" in output
+    resumed = read_metrics(tmp_path / "stopped")
+    assert [m["step"] for m in resumed] == list(range(steps))
+    untimed = [[{k: v for k, v in m.items() if not k.startswith("time/")} for m in run] for run in (both, resumed)]
+    assert untimed[1] == untimed[0]  # every loss, score, KL and version, bit for bit
+    saved = [
+        load_file(next((tmp_path / cwd / "runs").glob("*/model/model.safetensors"))) for cwd in ("nodes", "stopped")
+    ]
+    assert saved[0].keys() == saved[1].keys() and all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
 
 
 FSDP2_WORKER = """
@@ -286,37 +323,59 @@ def shm_in_use():
     return names
 
 
-def stop_by_signal(signum, cmd, cwd, after_steps: int, every_process: bool = False):
-    """Start `cmd` (torchrun, or one process) in a session of its own and, once `after_steps` learner steps are
-    logged, send `signum` to its process group, as a Ctrl-C in a terminal does, or to every process of the job at
-    once, as a cluster's scheduler does (SLURM's time limit, scancel); then wait until every process of the job has
-    ended. Returns the job's output (stdout and stderr), its exit code, the pids it had, and what it left in /dev/shm
-    (new names there that no live process uses)."""
+def stop_by_signal(signum, launches, cwd, after_steps: int, every_process: bool = False):
+    """Start the job's launches (one: torchrun, or one process; two: node_launches), each in a session of its own and
+    in one folder, and, once `after_steps` learner steps are logged, send `signum` to each launch's process group, as
+    a Ctrl-C in a terminal does, or to every process of the job at once, as a cluster's scheduler does (SLURM's time
+    limit, scancel); then wait until every process of the job has ended. Returns the job's output (each launch's
+    stdout and stderr), the launches' exit codes, each launch's processes at the signal (their command lines; vLLM
+    titles its engine's "VLLM::EngineCore"), and what it left in /dev/shm (new names there that no live process
+    uses)."""
     before = set(os.listdir("/dev/shm"))
-    with open(cwd / "output", "w") as output:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    procs = []
+    for n, cmd in enumerate(launches):
+        with open(cwd / f"output_{n}", "w") as output:
+            procs.append(
+                subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+            )
+
+    def output():
+        return "".join((cwd / f"output_{n}").read_text() for n in range(len(launches)))
+
     try:
         deadline = time.time() + 600
         while sum(len(p.read_text().splitlines()) for p in cwd.glob("runs/*/metrics.jsonl")) < after_steps:
-            assert proc.poll() is None and time.time() < deadline, (cwd / "output").read_text()[-3000:]
-            time.sleep(0.2)
-        job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        assert len(job) >= 3  # torchrun or the learner, and the engine's processes (and vLLM's helpers)
+            assert all(p.poll() is None for p in procs) and time.time() < deadline, output()[-3000:]
+            time.sleep(0.05)
+        trees = [[psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)] for p in procs]
+        job = [process for tree in trees for process in tree]
+        titles = [[" ".join(command_line(process)) for process in tree] for tree in trees]
+        # torchrun or the learner, the engine's processes (and vLLM's helpers); each other node's agent and rank
+        assert len(job) >= 1 + 2 * len(launches)
         if every_process:
             for process in job:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signum)
         else:
-            os.killpg(proc.pid, signum)  # torchrun hands it to every rank's process group
-        returncode = proc.wait(timeout=120)
+            for p in procs:
+                os.killpg(p.pid, signum)  # torchrun hands it to every rank's process group
+        returncodes = [p.wait(timeout=120) for p in procs]
         _, alive = psutil.wait_procs(job, timeout=5)  # the engine's processes end with the job, not later
         assert not alive, [p.cmdline()[:3] for p in alive]
     finally:
-        kill_group(proc)
+        for p in procs:
+            kill_group(p)
     left = set(os.listdir("/dev/shm")) - before - shm_in_use()
     pids = [p.pid for p in job]
     mine = [name for name in left if not name.startswith("clean-async-rlhf-") or int(name.split("-")[3]) in pids]
-    return (cwd / "output").read_text(), returncode, pids, mine
+    return output(), returncodes, titles, mine
+
+
+def command_line(process: psutil.Process):
+    """The process's command line, empty if it has ended (a helper of vLLM's may end at any time)."""
+    with contextlib.suppress(psutil.Error):
+        return process.cmdline()
+    return []
 
 
 def test_a_sigterm_without_save_every_ends_the_engine_process_and_the_weights_folder_with_the_job(tiny, tmp_path):
@@ -337,7 +396,7 @@ def test_a_sigterm_without_save_every_ends_the_engine_process_and_the_weights_fo
         "--weights-dir",
         str(tmp_path / "shm"),
     ]
-    output, *_ = stop_by_signal(signal.SIGTERM, cmd, tmp_path, after_steps=1)
+    output, *_ = stop_by_signal(signal.SIGTERM, [cmd], tmp_path, after_steps=1)
     assert not list((tmp_path / "shm").iterdir())
     assert "SIGTERM: stopped at once; no checkpoint (--save-every 0)" in output
 
@@ -375,13 +434,13 @@ def test_a_signal_to_the_group_or_to_every_process_saves_the_checkpoint_it_annou
     for signum, every_process in ((signal.SIGINT, False), (signal.SIGTERM, True)):  # a checkpoint is due at step 2
         resume = ["--resume-from", checkpoint] if checkpoint else []
         after = int(checkpoint.split("_")[-1]) + 1 if checkpoint else 2
-        output, returncode, pids, left = stop_by_signal(
-            signum, cmd + resume, tmp_path / "stopped", after, every_process
+        output, returncodes, _, left = stop_by_signal(
+            signum, [cmd + resume], tmp_path / "stopped", after, every_process
         )
         announced = re.findall(r"continue with --resume-from (\S+)", output)
         assert len(announced) == 1, output[-3000:]  # rank 0's line; the other rank ends without one
         assert f"{signum.name}: stopped after learner step" in output and "stopped at once" not in output
-        assert returncode == 1, output[-3000:]  # sys.exit's message: no segfault (139), no torchrun kill
+        assert returncodes == [1], output[-3000:]  # sys.exit's message: no segfault (139), no torchrun kill
         # before: "EngineDeadError" after "saving a checkpoint", a vLLM ERROR line, a segfault at exit
         if launch == "tensor-parallel":  # torchrun reports its ranks' exit code 1 with a traceback of its own
             assert "Traceback" not in output, output[-3000:]
@@ -404,11 +463,12 @@ def test_a_signal_to_the_group_or_to_every_process_saves_the_checkpoint_it_annou
             assert proc.poll() is None, (tmp_path / "whole" / "output").read_text()[-3000:]
             time.sleep(0.2)
     finally:
-        job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        for process in job:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        psutil.wait_procs(job, timeout=30)
+        with contextlib.suppress(psutil.NoSuchProcess):  # ended early: the assertion above says how, not psutil
+            job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            for process in job:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+            psutil.wait_procs(job, timeout=30)
     whole, stopped = read_metrics(tmp_path / "whole")[:steps], read_metrics(tmp_path / "stopped")
     assert [m["step"] for m in stopped] == list(range(steps))
     untimed = [[{k: v for k, v in m.items() if not k.startswith("time/")} for m in run] for run in (whole, stopped)]
