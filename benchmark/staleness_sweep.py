@@ -144,6 +144,17 @@ def sweep(args: Args):
 PREP_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
 
 
+# fixed on 2026-12-06, when one run on the new prep had been seen, and printed under the prep's numbers in the report
+PREP_PILOT_RULE = (
+    "**The pilot again, on this prep** (fixed on 2026-12-06, after one run on it had been seen: DPO sync-1 seed 1, "
+    "final gain +0.005, its gold rising to update 192 and falling back). This prep is not the one the pilot decided "
+    "on, so the pilot's rule (PILOT_RULE in benchmark/staleness_paper.py, unchanged) is applied to this sweep's own "
+    "sync-1 and sync-128 runs of seeds 1-3 once all 18 exist: if it decides against the sweep, the sweep stops there "
+    "and the question is stated undetermined on this prep (issue 54, item 4); otherwise the sweep goes on to 8 seeds "
+    "under the rule above, unchanged."
+)
+
+
 def build_prep(args: Args):
     """The prep in a subprocess under PREP_KERNELS (this one may already hold torch with its default kernels)."""
     command = [sys.executable, __file__, "--prep-only", "--work-dir", args.work_dir, "--results-dir", args.results_dir]
@@ -301,6 +312,8 @@ def report(results_dir: Path):
             f"{prep['rm_pairs']:,} gold-labelled pairs, held-out pair accuracy {prep['rm_test_pair_accuracy']:.3f}, "
             f"correlation with gold {prep['rm_gold_correlation']:.2f}; SFT and RM weights sha256 "
             f"{str(prep.get('prep_sha256'))[:12]}.",
+            "",
+            PREP_PILOT_RULE,
             "",
         ]
     counts = defaultdict(int)
