@@ -178,8 +178,8 @@ def check_same_prep(out: Path, prep: dict):
         return
     recorded = json.loads((out / "prep.json").read_text()) if (out / "prep.json").exists() else {}
     rm_fields = ("rm_pairs", "rm_test_pair_accuracy", "rm_gold_correlation")
-    differ = [p.name for p in runs if any(json.loads(p.read_text())["rm_stats"].get(k) != prep[k] for k in rm_fields)]
-    if recorded.get("prep_sha256") != prep["prep_sha256"] or differ:
+    rm_differs = any(json.loads(p.read_text())["rm_stats"].get(k) != prep[k] for p in runs for k in rm_fields)
+    if recorded.get("prep_sha256") != prep["prep_sha256"] or rm_differs:
         made = f"{len(runs)} run{'s' * (len(runs) != 1)} in {out}"
         sys.exit(
             f"error: the prep built here (SFT and RM sha256 {prep['prep_sha256'][:12]}, RM held-out pair accuracy "
