@@ -1331,13 +1331,47 @@ def pilot_verdicts(runs):
     return found
 
 
-def pilot_report(results_dir: Path):
-    """staleness_pilot.md and staleness_pilot.png from the pilot's result files, judged by PILOT_RULE."""
-    runs, _ = load_results(results_dir, PILOT_NAME, GATE_CANDIDATES[PILOT_GATE]["lr"])
+def pilot_decision(found):
+    """PILOT_RULE's decision on pilot_verdicts' numbers: True (the sweep runs), False (no sweep) or None (pending, some
+    algorithm lacks a seed), and its sentence for the report."""
+    complete = all(len(v["seeds"]) == len(PILOT_SEEDS) for v in found.values()) and len(found) == len(ALGORITHMS)
+    costly = [a for a, v in found.items() if v["can_answer"] and v["cost"]]
+    if not complete:
+        return None, "Decision: pending (the pilot is not complete)."
+    if costly:
+        return True, f"Decision: **the sweep runs** ({', '.join(costly)} show a cost under the rule)."
+    return False, (
+        "Decision: **no sweep**; no algorithm that can answer shows a cost under the rule, so the question is "
+        "undetermined in this miniature (issue 54, item 4)."
+    )
+
+
+def pilot_table(found):
+    """pilot_verdicts' numbers as a markdown table, one row per algorithm."""
     stale = f"sync-{PILOT_SYNC_N[-1]}"
     ci = lambda values: "{:+.3f} ± {:.3f}".format(*mean_ci(values)) if len(values) > 1 else f"{values[0]:+.3f}"
     plain = lambda values: "{:.3f} ± {:.3f}".format(*mean_ci(values)) if len(values) > 1 else f"{values[0]:.3f}"
     pv = lambda p: "–" if math.isnan(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
+    lines = [
+        f"| algorithm | seeds | sync-1 gain | {stale} gain | sync-1 final | {stale} final | drop (sync-1 − "
+        f"{stale}) | p | Holm p | kept | sync-1 final KL | {stale} final KL | escapes | can answer | shows a cost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for algo, v in found.items():
+        lines.append(
+            f"| {algo} | {len(v['seeds'])} | {ci(v['base_gain'])} | {ci(v['stale_gain'])} | "
+            f"{plain(v['base_final'])} | {plain(v['stale_final'])} | {ci(v['drops'])} | {pv(v['p'])} | "
+            f"{pv(v['holm_p'])} | {v['kept']:.0%} | {plain(v['base_kl'])} | {plain(v['stale_kl'])} | "
+            f"{len(v['escapes'])} of {len(v['seeds'])} (KL > {v['kl_bound']:.2f}) | "
+            f"{'yes' if v['can_answer'] else 'no'} | {'**yes**' if v['cost'] else 'no'} |"
+        )
+    return lines
+
+
+def pilot_report(results_dir: Path):
+    """staleness_pilot.md and staleness_pilot.png from the pilot's result files, judged by PILOT_RULE."""
+    runs, _ = load_results(results_dir, PILOT_NAME, GATE_CANDIDATES[PILOT_GATE]["lr"])
+    stale = f"sync-{PILOT_SYNC_N[-1]}"
     lines = [
         "Issue 54's pilot: can the miniature of `benchmark/staleness_paper.py` show a cost of staleness at all? Gate "
         f"candidate `{PILOT_GATE}` ({GATE_CANDIDATES[PILOT_GATE]}): the prep's two-epoch proxy, the algorithms' "
@@ -1353,32 +1387,7 @@ def pilot_report(results_dir: Path):
     counts = {key: len(rs) for key, rs in runs.items()}
     lines.append("Runs so far: " + (", ".join(f"{a} {s} {n}" for (a, s), n in sorted(counts.items())) or "none"))
     if found:
-        lines += [
-            "",
-            f"| algorithm | seeds | sync-1 gain | {stale} gain | sync-1 final | {stale} final | drop (sync-1 − "
-            f"{stale}) | p | Holm p | kept | sync-1 final KL | {stale} final KL | escapes | can answer | shows a cost |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for algo, v in found.items():
-            lines.append(
-                f"| {algo} | {len(v['seeds'])} | {ci(v['base_gain'])} | {ci(v['stale_gain'])} | "
-                f"{plain(v['base_final'])} | {plain(v['stale_final'])} | {ci(v['drops'])} | {pv(v['p'])} | "
-                f"{pv(v['holm_p'])} | {v['kept']:.0%} | {plain(v['base_kl'])} | {plain(v['stale_kl'])} | "
-                f"{len(v['escapes'])} of {len(v['seeds'])} (KL > {v['kl_bound']:.2f}) | "
-                f"{'yes' if v['can_answer'] else 'no'} | {'**yes**' if v['cost'] else 'no'} |"
-            )
-        complete = all(len(v["seeds"]) == len(PILOT_SEEDS) for v in found.values()) and len(found) == len(ALGORITHMS)
-        costly = [a for a, v in found.items() if v["can_answer"] and v["cost"]]
-        if not complete:
-            lines += ["", "Decision: pending (the pilot is not complete)."]
-        elif costly:
-            lines += ["", f"Decision: **the sweep runs** ({', '.join(costly)} show a cost under the rule)."]
-        else:
-            lines += [
-                "",
-                "Decision: **no sweep**; no algorithm that can answer shows a cost under the rule, so the "
-                "question is undetermined in this miniature (issue 54, item 4).",
-            ]
+        lines += ["", *pilot_table(found), "", pilot_decision(found)[1]]
     lines += pilot_reproduction(runs, results_dir / GATE_NAME)
     (results_dir / f"{PILOT_NAME}.md").write_text("\n".join(lines) + "\n")
     if found:

@@ -2,7 +2,7 @@
 miniature where sync-1's gold rises (the pilot's: benchmark/staleness_paper.py --pilot), judged by SWEEP_RULE, which
 was committed with this file and written into the report's header before the first run.
 
-    python benchmark/staleness_sweep.py --time-budget-hours 2   # resumable, seed-major: rerun to go on
+    python benchmark/staleness_sweep.py --time-budget-hours 2   # resumable: rerun to go on
     python benchmark/staleness_sweep.py --report-only           # rebuild staleness_sweep.md / .png
     python benchmark/staleness_sweep.py --prep-only             # its prep (8 evaluation samples per problem)
 
@@ -62,7 +62,7 @@ class Args:
     algorithms: List[str] = field(default_factory=lambda: list(paper.ALGORITHMS))
     """algorithms to run (the report always judges all three)"""
     seeds: List[int] = field(default_factory=lambda: list(SWEEP_SEEDS))
-    """run seeds, seed-major: every setting gets seed 1 before any gets seed 2"""
+    """run seeds, seed-major after PREP_PILOT_RULE's runs: every setting gets seed 1 before any gets seed 2"""
     results_dir: str = str(REPO / "benchmark" / "results")
     """where staleness_sweep/ (one file per run), staleness_sweep.md and its plot go"""
     work_dir: str = str(REPO / "benchmark" / "work" / "staleness_sweep")
@@ -97,7 +97,8 @@ def paper_args(args: Args):
 
 
 def sweep(args: Args):
-    """Seed-major over (seed, algorithm, N); a run that exists is skipped, one another invocation holds is left to it."""
+    """PREP_PILOT_RULE's 18 runs first, then (if its decision lets the sweep go on) seed-major over (seed, algorithm,
+    N); a run that exists is skipped, one another invocation holds is left to it."""
     run_args = paper_args(args)
     pinned = all(os.environ.get(k) == v for k, v in PREP_KERNELS.items())
     if not pinned and not (Path(args.work_dir) / "prep_paper.json").exists():
@@ -111,27 +112,33 @@ def sweep(args: Args):
     if args.prep_only:
         return
     start, durations, new_runs = time.time(), [], 0
-    for seed in args.seeds:
-        for algo in args.algorithms:
-            for n in SWEEP_SYNC_N:
-                setting = f"sync-{n}"
-                path = out / f"{algo}__{setting}__lr{run_args.learning_rates[0]:g}__seed{seed}.json"
-                if path.exists():
-                    common.check_same_budget(path, base.budget(run_args, setting))
-                    continue
-                if not paper.may_start(run_args, path, start, durations, new_runs):
-                    return
-                claimed = common.claim(Path(args.work_dir), f"{SWEEP_NAME}/{path.stem}")
-                if claimed is None:
-                    print(f"== {path.stem}: being run by another invocation, skipped", flush=True)
-                    continue
-                try:
-                    miniature = paper.gate_miniature(run_args, prep, GATE, algo)[1]
-                    lr = run_args.learning_rates[0]
-                    durations.append(paper.run_one(run_args, prep, algo, setting, lr, seed, path, **miniature))
-                    new_runs += 1
-                finally:
-                    claimed.unlink(missing_ok=True)
+    lr = run_args.learning_rates[0]
+    pilot_first = [(s, a, n) for s in PREP_PILOT_SEEDS for a in paper.ALGORITHMS for n in paper.PILOT_SYNC_N]
+    every_run = [(s, a, n) for s in args.seeds for a in args.algorithms for n in SWEEP_SYNC_N]
+    for phase in (pilot_first, every_run):
+        for seed, algo, n in phase:
+            if seed not in args.seeds or algo not in args.algorithms:
+                continue
+            path = out / f"{algo}__sync-{n}__lr{lr:g}__seed{seed}.json"
+            if path.exists():
+                common.check_same_budget(path, base.budget(run_args, f"sync-{n}"))
+                continue
+            if not paper.may_start(run_args, path, start, durations, new_runs):
+                return
+            claimed = common.claim(Path(args.work_dir), f"{SWEEP_NAME}/{path.stem}")
+            if claimed is None:
+                print(f"== {path.stem}: being run by another invocation, skipped", flush=True)
+                continue
+            try:
+                miniature = paper.gate_miniature(run_args, prep, GATE, algo)[1]
+                durations.append(paper.run_one(run_args, prep, algo, f"sync-{n}", lr, seed, path, **miniature))
+                new_runs += 1
+            finally:
+                claimed.unlink(missing_ok=True)
+        go, decision, _ = prep_pilot(paper.load_results(Path(args.results_dir), SWEEP_NAME, lr)[0])
+        print(f"== PREP_PILOT_RULE: {decision}", flush=True)
+        if not go:  # pending (another invocation holds one of its runs) or no sweep
+            return
 
 
 # The prep's kernels: every run of the sweep shares one prep (the SFT policy, the proxy RM), but one built with
@@ -153,6 +160,18 @@ PREP_PILOT_RULE = (
     "and the question is stated undetermined on this prep (issue 54, item 4); otherwise the sweep goes on to 8 seeds "
     "under the rule above, unchanged."
 )
+
+
+PREP_PILOT_SEEDS = paper.PILOT_SEEDS  # with paper.PILOT_SYNC_N: the 18 runs PREP_PILOT_RULE reads, run first
+
+
+def prep_pilot(runs):
+    """PREP_PILOT_RULE: paper.pilot_verdicts on this sweep's sync-1 and sync-128 runs of seeds 1-3, and
+    paper.pilot_decision on them (True: the sweep goes on; False: it stops; None: pending)."""
+    settings = [f"sync-{n}" for n in paper.PILOT_SYNC_N]
+    chosen = {k: [r for r in rs if r["seed"] in PREP_PILOT_SEEDS] for k, rs in runs.items() if k[1] in settings}
+    found = paper.pilot_verdicts(chosen)
+    return (*paper.pilot_decision(found), found) if found else (None, "Decision: pending (no pair of runs yet).", {})
 
 
 def build_prep(args: Args):
@@ -316,6 +335,9 @@ def report(results_dir: Path):
             PREP_PILOT_RULE,
             "",
         ]
+    decision, found_pilot = prep_pilot(runs)[1:]
+    if found_pilot:
+        lines += [*paper.pilot_table(found_pilot), "", f"PREP_PILOT_RULE's {decision[0].lower()}{decision[1:]}", ""]
     counts = defaultdict(int)
     for (algo, setting), rs in runs.items():
         counts[(algo, setting)] = len(rs)

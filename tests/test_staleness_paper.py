@@ -612,6 +612,10 @@ def test_the_pre_registered_sweep_tests_the_paper_s_claim_as_fixed(tmp_path):
     assert tests["ppo"]["escapes"] == ((0, 24), (1, 24))
     assert "| dpo vs ppo |" in text and "**supported**" in text
     assert (tmp_path / "staleness_sweep.png").exists()
+    # PREP_PILOT_RULE reads seeds 1-3 of sync-1 and sync-128 alone: PPO's cost there lets the sweep go on
+    go, decision, pilot = sweep.prep_pilot(sweep.paper.load_results(tmp_path, "staleness_sweep", 1e-4)[0])
+    assert go and [v["seeds"] for v in pilot.values()] == [[1, 2, 3]] * 3 and pilot["ppo"]["escapes"] == [2]
+    assert "PREP_PILOT_RULE's decision: **the sweep runs** (ppo show a cost under the rule)." in text
     assert 0.015 < sweep.detectable(0.010, 8) < 0.02  # what 8 seeds can see, as the rule says
 
 
