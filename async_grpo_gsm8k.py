@@ -1011,8 +1011,9 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
     # the first worker's model (`collective_rpc` carries the function
-    # there); vLLM's CPU backend shows its linear layers repacked and empty,
-    # a tensor-parallel engine its shards: the probe covers what they hide
+    # there); vLLM's CPU backend shows its linear layers empty where it
+    # repacks them for oneDNN (in bfloat16: on AVX-512 CPUs only), a
+    # tensor-parallel engine its shards: the probe covers what they hide
     names = list(checksums)
     rpc = lambda w: engine_checksums(w.get_model(), names)  # noqa: E731
     held, parts = llm.collective_rpc(rpc)[0]
