@@ -53,6 +53,10 @@ class Args:
     """sequences of the fixed random batch the learner steps on between versions"""
     batch_tokens: int = 64
     """tokens per sequence of that batch"""
+    generate_prompts: int = 8
+    """prompts of the generation timing (2 samples each, the script's temperature and response length)"""
+    generate_repeats: int = 3
+    """timed generation batches per mode, after one untimed"""
     calc_rank: int = 16
     """LoRA rank of the calculated sizes of the large models"""
     results_dir: str = str(REPO / "benchmark" / "results" / "lora_handoff")
@@ -65,7 +69,7 @@ class Args:
     """git revision the two scripts are read from (`git show REF:async_dpo.py`), resolved once to a commit for every
     mode: the numbers belong to committed code, not to a working tree others may be editing; "": the working tree"""
     quick: bool = False
-    """smoke mode for the test suite: 2 versions, the ranks given"""
+    """smoke mode for the test suite: 2 versions, the ranks given, one timed generation batch of 2 prompts"""
     report_only: bool = False
     """rebuild lora_handoff.md from --results-dir's lora_handoff.json (the measured numbers), measuring nothing"""
     mode: Optional[str] = None
@@ -148,9 +152,21 @@ def measure_mode(args: Args):
         row["total"] = row["learner"] + row["engine"]
         rows.append(row)
         print(f"{args.mode} version {version}: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()), flush=True)
+    # generation by the last version (LoRA: through its adapter), what the adapter costs the engine in every batch
+    last = script.adapter_request(run, args.versions) if lora else None
+    prompts = [tokenizer(f"Write one sentence about the number {i}.").input_ids for i in range(args.generate_prompts)]
+    generation = []
+    for step in range(args.generate_repeats + 1):  # the first: untimed
+        t0 = time.perf_counter()
+        responses = script.generate(llm, prompts, run, step, *([last] if lora else []))[0]
+        seconds = time.perf_counter() - t0
+        if step:
+            generation.append(dict(seconds=seconds, tokens=sum(map(len, responses)), sequences=len(responses)))
     return dict(
         mode=args.mode,
         script="async_dpo_lora.py" if lora else "async_dpo.py",
+        generation=generation,
+        prompt_tokens=sum(map(len, prompts)),
         scripts_commit=args.scripts_ref or "working tree",
         learning_rate=run.learning_rate,
         trained_parameters=sum(p.numel() for p in trained),
@@ -249,6 +265,47 @@ def smol_calc_config(path: str):
 
 
 # REPORT
+def generation_lines(modes):
+    """The generation timing's table (absent from results made before it was measured)."""
+    if not all(m.get("generation") for m in modes.values()):
+        return ["Generation with LoRA: not measured in this result (made before `lora_handoff.py` timed it).", ""]
+    rate = {
+        n: sum(g["seconds"] for g in m["generation"]) / sum(g["tokens"] for g in m["generation"])
+        for n, m in modes.items()
+    }
+    one = next(iter(modes.values()))
+    lines = [
+        "## Generation through the adapter",
+        "",
+        f"The last version generates {one['generation'][0]['sequences']} sequences ({len(one['generation'])} timed "
+        f"batches after an untimed one; {one['prompt_tokens']} prompt tokens a batch) with the script's own "
+        "`generate`, the LoRA modes through the version's adapter. Seconds per 1,000 generated tokens over the "
+        "timed batches (their lengths differ a little: each mode's policy samples its own):",
+        "",
+        "| mode | generated tokens (per batch) | s per batch | s / 1,000 tokens | this / full |",
+        "|---|---|---|---|---|",
+    ]
+    for name, mode in modes.items():
+        g = mode["generation"]
+        lines.append(
+            f"| {name} | {', '.join(str(x['tokens']) for x in g)} | "
+            + ", ".join(f"{x['seconds']:.2f}" for x in g)
+            + f" | {1000 * rate[name]:.2f} | "
+            f"{rate[name] / rate['full']:.2f}x |"
+        )
+    lines += [
+        "",
+        "Why an adapter costs generation this much on CPU: vLLM's CPU backend applies adapters with the PyTorch-native "
+        "punica ops (`PunicaWrapperCPU`, `vllm/lora/ops/torch_ops/lora_ops.py` in vLLM 0.32): `bgmv_shrink` and "
+        "`bgmv_expand` gather each token's A and B matrices (`lora_b_weights[lora_indices_tensor]`) and multiply "
+        "token by token (`einsum('bi, boi -> bo')`), so every token copies the whole adapter, rank x (in + out) "
+        "values per projection, where one matrix product per projection would do; the ranks above show how that "
+        "cost moves with the adapter's size. GPUs run vLLM's Triton punica kernels instead (not measured here).",
+        "",
+    ]
+    return lines
+
+
 def report(result, results_dir: Path):
     """lora_handoff.md from the measured and calculated result."""
     modes = result["modes"]
@@ -320,10 +377,9 @@ def report(result, results_dir: Path):
         "slots with the first batch that names it, here the guard's probe, whose time includes that step (and the "
         "guard reads the file back for its checksums): the engine side, push + guard, is the figure to compare.",
         "",
-        "Absolute times are noisy on this shared machine; compare the modes by their ratios within the run. Not "
-        "measured here: the engine's generation speed with LoRA enabled (each batch then runs through the adapter), "
-        "which is what the adapter hand-off costs elsewhere in a step.",
+        "Absolute times are noisy on this shared machine; compare the modes by their ratios within the run.",
         "",
+        *generation_lines(modes),
         f"## By calculation: rank {result['calc_rank']} on every attention and MLP projection",
         "",
         "LoRA trains r (in + out) parameters per projection (A: r x in, B: out x r), summed over the layers; the "
@@ -391,6 +447,8 @@ def main():
     args = tyro.cli(Args)
     if args.quick:
         args.versions = 2
+        args.generate_prompts = 2
+        args.generate_repeats = 1
     if args.versions < 2 or not args.ranks or min(args.ranks) < 1:
         sys.exit("error: --versions must be >= 2 (the first is a warm-up) and every --ranks value >= 1")
     if args.report_only:

@@ -74,6 +74,8 @@ SCRIPTS = {
     algo: dict(async_script=f"async_{algo}.py", sync_script=f"sync_baselines/sync_{algo}.py")
     for algo in ("dpo", "rloo", "ppo", "grpo_gsm8k")
 }
+for algo in ("dpo", "grpo_gsm8k"):  # the algorithms with a LoRA variant (issue 56)
+    SCRIPTS[algo]["lora_script"] = f"async_{algo}_lora.py"
 
 
 def sized(prompts: int, samples: int):
@@ -98,15 +100,22 @@ VARIANTS = {
     "sync": ("sync_script", ["--torch-threads", "2"]),
     "sync_split": ("sync_script", ["--torch-threads", "1"]),
     "async": ("async_script", ["--torch-threads", "1", "--async-steps", "1"]),
+    # the LoRA variant's async run beside the core's (issue 56: what an adapter changes in the balanced step)
+    "async_lora": (
+        "lora_script",
+        ["--torch-threads", "1", "--async-steps", "1", "--lora-rank", "16", "--lora-alpha", "32"],
+    ),
 }
+CORE_VARIANTS = ["sync", "sync_split", "async"]
 
 
 @dataclass
 class Args:
     settings: List[str] = field(default_factory=lambda: list(TABLE))
     """settings to run: the table's four (one per algorithm) and/or the balance candidates of SETTINGS"""
-    variants: List[str] = field(default_factory=lambda: list(VARIANTS))
-    """which of the three runs to make (sync_split alone gives G and T, for the balance sweep)"""
+    variants: List[str] = field(default_factory=lambda: list(CORE_VARIANTS))
+    """which runs to make: the three of the table (sync_split alone gives G and T, for the balance sweep), or
+    async_lora (DPO and GRPO settings: the LoRA variant at rank 16, beside async)"""
     repeats: int = 1
     """runs of each variant (result files __r2, __r3, ...), for the spread of the speedups"""
     warmup_steps: int = 1
@@ -271,7 +280,7 @@ def compare(runs):
     per-core speed-ups s_G, s_T of each phase when the sync run gets both cores."""
     rows = {}
     for setting, by_variant in runs.items():
-        if set(by_variant) != set(VARIANTS):
+        if not set(CORE_VARIANTS) <= set(by_variant):
             continue
         per_repeat = []
         for sync, split, run in zip(by_variant["sync"], by_variant["sync_split"], by_variant["async"]):
@@ -301,6 +310,36 @@ def compare(runs):
             )
         rows[setting] = per_repeat
     return rows
+
+
+def lora_lines(runs):
+    """The LoRA variant's async runs beside the core's, per setting with both (repeat r of each compared)."""
+    rows = []
+    for setting, by_variant in runs.items():
+        pairs = list(zip(by_variant.get("async", []), by_variant.get("async_lora", [])))
+        if not pairs:
+            continue
+        both = lambda key: (
+            f"{secs(statistics.median(f[key] for f, _ in pairs))} / "
+            + secs(statistics.median(lo[key] for _, lo in pairs))
+        )
+        share = lambda run: 100 * run["weight_sync"] / run["step_time"]
+        rows.append(
+            f"| {setting} | {both('step_time')} | {spread([lo['step_time'] / f['step_time'] for f, lo in pairs])} | "
+            f"{both('generation')} | {both('training')} | {both('weight_sync')} | "
+            f"{statistics.median(share(f) for f, _ in pairs):.1f}% / {statistics.median(share(lo) for _, lo in pairs):.1f}% | "
+            f"{len(pairs)} x {pairs[0][0]['measured_steps']} |"
+        )
+    if not rows:
+        return ""
+    return (
+        "\nLoRA (issue 56): the LoRA variant (`async_<algo>_lora.py --lora-rank 16 --lora-alpha 32`) against the core, "
+        "both async (1+1 threads), per learner step after warm-up; full / LoRA, medians over runs. Weight sync: "
+        "`time/weight_sync` (the generation thread's push and guard: full weights, or one adapter), its share of the "
+        "step.\n\n"
+        "| setting | async s/step, full / LoRA | LoRA / full | generation s/step | training s/step | weight sync s/step | "
+        "weight sync share | runs x timed steps |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
 
 
 def report(results_dir: Path):
@@ -349,6 +388,7 @@ def report(results_dir: Path):
                 f"| {setting} | {SETTINGS[setting]['algo']} | {size} | {secs(g)} | {secs(t)} | "
                 f"{g / t:.2f} | {len(split)} |"
             )
+    lora = lora_lines(runs)
     (results_dir / "speed.md").write_text(
         "Wall time per learner step after warm-up (lower is better); with several runs per variant, the median and "
         "[min-max]\nof the per-run speedups (run r of each variant compared). G = generation + reward labeling, "
@@ -360,7 +400,7 @@ def report(results_dir: Path):
         "Produced by `python benchmark/speed.py`.\n\n" + header + "\n" + "\n".join(table) + "\n\n"
         "Balance: G and T per setting from its split-sync runs (median), G/T = 1 is where overlap pays most.\n\n"
         "| setting | algorithm | prompts x samples | G s/step | T s/step | G/T | runs |\n"
-        "|---|---|---|---|---|---|---|\n" + "\n".join(balance) + "\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(balance) + "\n" + lora
     )
     if rows:
         plot(rows, results_dir)
@@ -456,6 +496,11 @@ if __name__ == "__main__":
     for flag, given, known in (("--settings", args.settings, SETTINGS), ("--variants", args.variants, VARIANTS)):
         if [x for x in given if x not in known]:
             sys.exit(f"error: unknown {flag} {[x for x in given if x not in known]}; known: {list(known)}")
+    no_lora = [
+        s for s in args.settings if "async_lora" in args.variants and "lora_script" not in SCRIPTS[SETTINGS[s]["algo"]]
+    ]
+    if no_lora:
+        sys.exit(f"error: --variants async_lora needs a LoRA variant, which {no_lora} have not (DPO and GRPO have one)")
     if args.repeats < 1:
         sys.exit(f"error: --repeats must be >= 1, got {args.repeats}")
     results_dir = Path(args.results_dir)

@@ -50,6 +50,14 @@ def test_speed_benchmark_quick_mode_writes_table_and_plot(tiny, tmp_path):
     longer, _ = run_script("benchmark/speed.py", tmp_path, *flags, "--measured-steps", "5", timeout=300)
     assert longer.returncode != 0
     assert "was made with 1 warm-up + 2 measured steps" in longer.stderr
+    # the LoRA variant's async run beside the core's, which is reused (issue 56): its own table, shares in percent
+    lora, _ = run_script("benchmark/speed.py", tmp_path, *flags, "--variants", "async", "async_lora", timeout=1800)
+    assert lora.returncode == 0 and lora.stdout.count("done already") == 1, lora.stderr[-3000:]
+    text = (results / "speed.md").read_text()
+    row = text.split("LoRA (issue 56)")[1].splitlines()[4]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "dpo" and re.fullmatch(r"[\d.]+% / [\d.]+%", cells[6]) and cells[7] == "1 x 2", row
+    assert all(float(x) > 0 for x in cells[1].split(" / ")), row
 
 
 def test_memory_benchmark_quick_mode_writes_table_breakdown_and_plot(tiny, arithmetic_folder, tmp_path):
@@ -362,3 +370,24 @@ def test_gpu_fit_table_is_what_the_variants_compute_and_every_paper_config_fits_
     assert all(re.match(r"\d+ of \d+ \(", row[-1]) and int(row[-1].split()[0]) >= 1 for row in rows)
     ppo_28b = next(row for row in rows if row[0] == "| PPO" and row[1] == "Pythia-2.8b")
     assert ppo_28b[3].startswith("**refused**") and ppo_28b[5].startswith("**refused**")  # 1 GPU, 1 + 3 DDP
+
+
+def test_lora_handoff_quick_mode_measures_both_hand_offs_and_generation_through_the_adapter(tiny, tmp_path):
+    """benchmark/lora_handoff.py on the tiny Llama from the working tree: one row per mode with the bytes each hands
+    over (the adapter fewer), the generation table with tokens from every mode, the calculation's tables."""
+    results = tmp_path / "results"
+    flags = ("--quick", "--ranks", "1", "--policy", str(tiny / "policy"), "--scripts-ref", "")
+    flags += ("--results-dir", str(results), "--work-dir", str(tmp_path / "work"))
+    proc, _ = run_script("benchmark/lora_handoff.py", tmp_path, *flags, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((results / "lora_handoff.json").read_text())
+    modes = result["modes"]
+    assert list(modes) == ["full", "lora-1"]
+    assert modes["lora-1"]["rows"][-1]["bytes"] < modes["full"]["rows"][-1]["bytes"] / 10
+    for mode in modes.values():
+        assert len(mode["rows"]) == 2 and len(mode["generation"]) == 1, mode
+        assert mode["generation"][0]["tokens"] > 0 and mode["generation"][0]["sequences"] == 4, mode["generation"]
+    text = (results / "lora_handoff.md").read_text()
+    assert "| full | " in text and "| lora-1 | " in text and "## Generation through the adapter" in text
+    assert re.search(r"\| lora-1 \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+x \|", text), text
+    assert "## By calculation" in text and "| Llama-3.1-8B |" in text
