@@ -53,6 +53,8 @@ class Args:
     """sequences of the fixed random batch the learner steps on between versions"""
     batch_tokens: int = 64
     """tokens per sequence of that batch"""
+    max_prompt_tokens: int = 128
+    """the engine's prompt room (the probe is 32 tokens, the generation prompts ~12; the tiny test models hold 512)"""
     generate_prompts: int = 8
     """prompts of the generation timing (2 samples each, the script's temperature and response length)"""
     generate_repeats: int = 3
@@ -89,7 +91,9 @@ def measure_mode(args: Args):
 
     script.SET_TORCH_THREADS(1)
     flags = dict(lora_rank=int(args.mode.split("-")[1])) if lora else {}
-    run = script.Args(model_name_or_path=policy_path(args), torch_threads=1, **flags)
+    run = script.Args(
+        model_name_or_path=policy_path(args), torch_threads=1, max_prompt_tokens=args.max_prompt_tokens, **flags
+    )
     run.engine_device = run.learner_device = "cpu"
     if lora:
         script.check_lora_args(run)  # a rank vLLM serves, modules it applies
