@@ -1358,10 +1358,11 @@ def pilot_table(found):
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for algo, v in found.items():
+        kept = "–" if math.isnan(v["kept"]) else f"{v['kept']:.0%}"  # no gain at sync-1: nothing to keep
         lines.append(
             f"| {algo} | {len(v['seeds'])} | {ci(v['base_gain'])} | {ci(v['stale_gain'])} | "
             f"{plain(v['base_final'])} | {plain(v['stale_final'])} | {ci(v['drops'])} | {pv(v['p'])} | "
-            f"{pv(v['holm_p'])} | {v['kept']:.0%} | {plain(v['base_kl'])} | {plain(v['stale_kl'])} | "
+            f"{pv(v['holm_p'])} | {kept} | {plain(v['base_kl'])} | {plain(v['stale_kl'])} | "
             f"{len(v['escapes'])} of {len(v['seeds'])} (KL > {v['kl_bound']:.2f}) | "
             f"{'yes' if v['can_answer'] else 'no'} | {'**yes**' if v['cost'] else 'no'} |"
         )
