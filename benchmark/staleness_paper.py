@@ -1339,7 +1339,8 @@ def pilot_decision(found):
     if not complete:
         return None, "Decision: pending (the pilot is not complete)."
     if costly:
-        return True, f"Decision: **the sweep runs** ({', '.join(costly)} show a cost under the rule)."
+        verb = "shows" if len(costly) == 1 else "show"
+        return True, f"Decision: **the sweep runs** ({', '.join(costly)} {verb} a cost under the rule)."
     return False, (
         "Decision: **no sweep**; no algorithm that can answer shows a cost under the rule, so the question is "
         "undetermined in this miniature (issue 54, item 4)."

@@ -360,7 +360,7 @@ def report(results_dir: Path):
                     else "–"
                 )
                 lines.append(
-                    f"| {algo} | {n} | {x['runs']} | {len(x['escaped'])} {x['escaped'] or ''} | "
+                    f"| {algo} | {n} | {x['runs']} | {len(x['escaped'])}{' ' + str(x['escaped']) if x['escaped'] else ''} | "
                     f"{'–' if n == 1 else ci(list(x['drops'].values()))} | {ci(x['gains'])} | {kept} | "
                     f"{ci(x['kl'])} | {'–' if n == 1 else ci(list(x['distance'].values()))} |"
                 )

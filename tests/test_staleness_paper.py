@@ -566,7 +566,7 @@ def test_pilot_rule_finds_a_cost_only_where_sync_1_has_a_gain_to_lose(tmp_path):
     assert found["rloo"]["cost"] and found["rloo"]["can_answer"]
     assert not found["dpo"]["cost"] and found["dpo"]["can_answer"] and found["dpo"]["escapes"] == []
     assert found["ppo"]["escapes"] == [2] and found["ppo"]["cost"] and not found["ppo"]["can_answer"]
-    assert "Decision: **the sweep runs** (rloo show a cost under the rule)." in text
+    assert "Decision: **the sweep runs** (rloo shows a cost under the rule)." in text
     assert (tmp_path / "staleness_pilot.md").read_text().startswith("Issue 54's pilot")
     assert (tmp_path / "staleness_pilot.png").exists()
 
@@ -615,7 +615,7 @@ def test_the_pre_registered_sweep_tests_the_paper_s_claim_as_fixed(tmp_path):
     # PREP_PILOT_RULE reads seeds 1-3 of sync-1 and sync-128 alone: PPO's cost there lets the sweep go on
     go, decision, pilot = sweep.prep_pilot(sweep.paper.load_results(tmp_path, "staleness_sweep", 1e-4)[0])
     assert go and [v["seeds"] for v in pilot.values()] == [[1, 2, 3]] * 3 and pilot["ppo"]["escapes"] == [2]
-    assert "PREP_PILOT_RULE's decision: **the sweep runs** (ppo show a cost under the rule)." in text
+    assert "PREP_PILOT_RULE's decision: **the sweep runs** (ppo shows a cost under the rule)." in text
     assert 0.015 < sweep.detectable(0.010, 8) < 0.02  # what 8 seeds can see, as the rule says
 
 
