@@ -690,7 +690,7 @@ def final_gold(run):
 
 def cost_tables(runs, prep):
     """What staleness costs each algorithm (late gold minus its sync-1's, seed means), the ranking by the mean cost
-    over RANKED (the paper's finding: online DPO loses least, PPO and RLOO most), and the corrections side by side at
+    over RANKED (the paper's finding: online DPO loses less than PPO and RLOO), and the corrections side by side at
     the largest K."""
     fmt = lambda ms: f"{ms[0]:+.3f} ± {ms[1]:.3f}" if not math.isnan(ms[1]) else f"{ms[0]:+.3f}"
 

@@ -201,7 +201,7 @@ class Args:
     judged by PILOT_RULE (fixed before the first run) in staleness_pilot.md"""
     policy_width: int = 128
     """issue 41's scale axis: the SFT policy's hidden size (2 layers, MLP 2x, heads of 64, tied embeddings; 128 is the
-    prep's own, 256 ~3.6x its parameters, 512 ~14x). Another width needs --gate: a sweep of its own (default DPO and
+    prep's own, 256 ~3.7x its parameters, 512 ~14x). Another width needs --gate: a sweep of its own (default DPO and
     PPO, SCALE_SYNC_N, seeds 1-3) on the gate's proxy, each width against its own SFT policy (same data, tokenizer
     and target accuracy); results in staleness_paper/<gate>/w<width>/, the drops by width in
     staleness_paper/<gate>/scale.md"""
