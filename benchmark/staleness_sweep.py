@@ -403,7 +403,8 @@ def plot(runs, found, results_dir: Path):
         curve = paper.mean_curve(runs[(algo, "sync-1")])
         ax.plot([p["kl"] for p in curve], [p["win_rate"] for p in curve], "k--", label="sync-1 along the run")
         for n in SWEEP_SYNC_N:
-            rs = [r for r in runs.get((algo, f"sync-{n}"), []) if r["seed"] not in found[algo]["per_n"][n]["escaped"]]
+            escaped = found[algo]["per_n"][n]["escaped"]
+            rs = [r for r in runs.get((algo, f"sync-{n}"), []) if r["seed"] not in escaped]
             if not rs:
                 continue
             kl = paper.mean_ci([r["curve"][-1]["kl"] for r in rs])
@@ -416,7 +417,7 @@ def plot(runs, found, results_dir: Path):
                 fmt="o",
                 color=plt.get_cmap("viridis")(math.log2(n) / 7.5),
                 capsize=2,
-                label=f"N={n}",
+                label=f"N={n}" + (f" ({len(escaped)} escaped, not drawn)" if escaped else ""),
             )
         ax.set_title(f"{algo}: final points", fontsize=9)
         ax.set_xlabel("KL(pi || pi_sft)")
@@ -428,6 +429,7 @@ def plot(runs, found, results_dir: Path):
         per_n = found[algo]["per_n"]
         base_gain = per_n[1]["gains"]
         if not base_gain or sum(base_gain) <= 0:
+            kept_ax.plot([], [], marker=marker, linestyle="none", label=f"{algo}: sync-1's mean gain <= 0, no share")
             continue
         points = [
             (n, sum(x["gains"]) / len(x["gains"]) / (sum(base_gain) / len(base_gain)))
