@@ -9,8 +9,9 @@ was committed with this file and written into the report's header before the fir
 Two invocations at once share the sweep (each run is claimed first), one per pair of cores. Every run is one
 subprocess of the real sync twin, evaluated by staleness_paper.py's own code; a run writes one result file, a rerun
 skips it, so the sweep spans sessions (120 runs; a run took 3-6 min of one lane on quiet cores and 7-8 min beside
-other work, so ~4-8 h of the 2-core machine in two lanes). Every run must share one prep: it is built on code paths every machine of this kind has
-(PREP_KERNELS) and a sweep refuses to go on with runs made on another prep (check_same_prep).
+other work, so ~4-8 h of the 2-core machine in two lanes). Every run must share one prep: it is built on code paths
+every machine of this kind has (PREP_KERNELS) and a sweep refuses to go on with runs made on another prep
+(check_same_prep).
 """
 
 import hashlib
@@ -359,8 +360,9 @@ def report(results_dir: Path):
                     if x["gains"] and base_gain and sum(base_gain) > 0
                     else "–"
                 )
+                escaped = f"{len(x['escaped'])} {x['escaped']}" if x["escaped"] else "0"
                 lines.append(
-                    f"| {algo} | {n} | {x['runs']} | {len(x['escaped'])}{' ' + str(x['escaped']) if x['escaped'] else ''} | "
+                    f"| {algo} | {n} | {x['runs']} | {escaped} | "
                     f"{'–' if n == 1 else ci(list(x['drops'].values()))} | {ci(x['gains'])} | {kept} | "
                     f"{ci(x['kl'])} | {'–' if n == 1 else ci(list(x['distance'].values()))} |"
                 )
