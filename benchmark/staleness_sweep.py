@@ -56,6 +56,15 @@ SWEEP_RULE = (
     "against each, Fisher's exact test, Holm over the 2. *Second views*, declared as such: the final KL, and the "
     "distance below sync-1's win-rate-vs-KL curve (same seed) at the KL where a run ends."
 )
+# How a "not supported" reads when DPO's sync-1 has no gain to keep: written down at 79 of 120 runs, before the
+# tests' final values (issue 54's note), and printed under the tests whenever it applies.
+SWEEP_READING = (
+    "**How the verdicts read** (fixed at 79 of 120 runs, before the tests' final values): DPO's sync-1 gain is "
+    "{gain}, not positive, so DPO has no gain to keep on this prep (the pilot rule's *can answer*: no). Each "
+    '"not supported" above reads *not supported on this miniature, and undetermined for DPO*. A negative DPO drop '
+    "means its stale runs moved less than a sync-1 that over-optimises, not that they kept more of a gain, and it is "
+    "never read as DPO being less robust."
+)
 
 
 @dataclass
@@ -383,8 +392,13 @@ def report(results_dir: Path):
                     f"{pv(t['welch_holm'])} | {ea} of {na}, {eb} of {nb} | {pv(t['fisher'])} | "
                     f"{pv(t['fisher_holm'])} | {'**supported**' if t['supported'] else 'not supported'} |"
                 )
+            dpo_gains = found["dpo"]["per_n"][1]["gains"] if "dpo" in found else []
+            if dpo_gains and sum(dpo_gains) <= 0:
+                lines += ["", SWEEP_READING.format(gain=ci(dpo_gains))]
         if done < planned:
             lines += ["", f"The sweep is not complete ({done} of {planned} runs): no verdict is read from it yet."]
+        else:
+            lines += ["", f"The sweep is complete ({done} of {planned} runs): the verdicts above are SWEEP_RULE's."]
     (results_dir / f"{SWEEP_NAME}.md").write_text("\n".join(lines) + "\n")
     if found:
         plot(runs, found, results_dir)

@@ -617,6 +617,17 @@ def test_the_pre_registered_sweep_tests_the_paper_s_claim_as_fixed(tmp_path):
     assert go and [v["seeds"] for v in pilot.values()] == [[1, 2, 3]] * 3 and pilot["ppo"]["escapes"] == [2]
     assert "PREP_PILOT_RULE's decision: **the sweep runs** (ppo shows a cost under the rule)." in text
     assert 0.015 < sweep.detectable(0.010, 8) < 0.02  # what 8 seeds can see, as the rule says
+    assert "The sweep is complete (120 of 120 runs)" in text and "How the verdicts read" not in text
+    # a DPO whose sync-1 loses gold has no gain to keep: its "not supported" is printed as undetermined for DPO
+    for seed in sweep.SWEEP_SEEDS:
+        path = folder / f"dpo__sync-1__lr0.0001__seed{seed}.json"
+        run = json.loads(path.read_text())
+        for point in run["curve"]:
+            point["win_rate"] = 0.5 - 0.01 * point["updates"] / 64
+        path.write_text(json.dumps(run))
+    text = "\n".join(sweep.report(tmp_path))
+    assert "DPO's sync-1 gain is -0.070 ± 0.000, not positive" in text
+    assert "*not supported on this miniature, and undetermined for DPO*" in text
 
 
 def test_the_sweep_refuses_runs_made_on_another_prep(tmp_path):
