@@ -8,8 +8,8 @@ was committed with this file and written into the report's header before the fir
 
 Two invocations at once share the sweep (each run is claimed first), one per pair of cores. Every run is one
 subprocess of the real sync twin, evaluated by staleness_paper.py's own code; a run writes one result file, a rerun
-skips it, so the sweep spans sessions (120 runs; the first 108 took 2.6-35 min of one lane each, median 7.4, training
-plus evaluation in each result file: ~15 lane-hours in all, so ~8 h of the 2-core machine in two lanes). Every run
+skips it, so the sweep spans sessions (its 120 runs took 2.6-35 min of one lane each, median 7.3, training plus
+evaluation in each result file: 15.4 lane-hours in all, so ~8 h of the 2-core machine in two lanes). Every run
 must share one prep: it is built on code paths every machine of this kind has (PREP_KERNELS) and a sweep refuses to go
 on with runs made on another prep (check_same_prep).
 """
