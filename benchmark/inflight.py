@@ -134,7 +134,7 @@ def run(args: Args, setting: str, seed: int, path: Path):
     start = time.time()
     common.run_script(cmd, cwd, path.stem)
     (run_folder,) = list((cwd / "runs").iterdir())
-    read = lambda name: [json.loads(line) for line in (run_folder / name).read_text().splitlines()]  # noqa: E731
+    read = lambda name: [json.loads(line) for line in (run_folder / name).read_text().splitlines()]
     path.write_text(
         json.dumps(
             dict(
@@ -160,7 +160,7 @@ def summarize(result):
     metrics, timed = result["metrics"], result["metrics"][result["warmup_steps"] :]
     elapsed = [m["time/elapsed"] for m in metrics]
     step = float(np.median(np.diff(elapsed[result["warmup_steps"] - 1 :])))
-    mean = lambda key: float(np.mean([m[key] for m in timed]))  # noqa: E731
+    mean = lambda key: float(np.mean([m[key] for m in timed]))
     evals = {e["policy_version"]: e["eval/accuracy"] for e in result["evaluations"]}
     return {
         "s/step": step,
@@ -185,7 +185,7 @@ def report(args: Args):
         sys.exit(f"error: no result files in {folder / 'inflight'}; run without --report-only first")
     runs = {(r["setting"], r["seed"]): summarize(r) for r in results}
     keys, cmd = list(next(iter(runs.values()))), results[0]["command"]
-    flag = lambda name: cmd[cmd.index(name) + 1]  # noqa: E731
+    flag = lambda name: cmd[cmd.index(name) + 1]
     setup = (
         f"{Path(flag('--model-name-or-path')).name} on {Path(flag('--dataset-path')).name}"
         f"{' in its chat template' if '--chat-template' in cmd else ''}, {flag('--prompts-per-step')} problem(s) "

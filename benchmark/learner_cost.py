@@ -207,11 +207,9 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
         prompts, answers = m.load_prompts(run, tokenizer)
     n, k = run.prompts_per_step, run.num_samples_per_prompt
     order = m.prompt_order(len(prompts), run.num_learner_steps * n, run.seed)
-    batch_of = (
-        lambda step: (
-            [prompts[j] for j in order[step * n : (step + 1) * n]],  # noqa: E731
-            [answers[j] for j in order[step * n : (step + 1) * n]],
-        )
+    batch_of = lambda step: (
+        [prompts[j] for j in order[step * n : (step + 1) * n]],
+        [answers[j] for j in order[step * n : (step + 1) * n]],
     )
     probe = (batch_of(0)[0][0] * 32)[:32]  # as the scripts make theirs
     sequences = (2 * n if algo == "dpo" else n * k) // run.num_mini_batches  # per mini-batch

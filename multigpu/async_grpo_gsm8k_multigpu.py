@@ -1193,15 +1193,20 @@ def fused_checksum(parts):
     return shape, count, total, weighted
 
 
-def engine_checksums(model, names):
+def engine_checksums(model, names, dtype):
     """In an engine worker: the `bit_checksum` of each parameter its model
-    holds, and the learner's `names` that make up each, in order, as the
+    holds, in `dtype` (--engine-dtype) where it holds that dtype's values
+    exactly, and the learner's `names` that make up each, in order, as the
     model class declares them (docs/async.md#weight-sync):
     `hf_to_vllm_mapper.map_name` (a checkpoint's name to the model's:
     q_proj to qkv_proj in vLLM's Llama, gpt_neox. to model. in its
     Transformers backend) and `packed_modules_mapping` (a fused layer's
     parts in their order)."""
-    held = {n: bit_checksum(p, p.dtype) for n, p in model.named_parameters()}
+    # vLLM's CPU backend keeps the bias of a bfloat16 layer it repacks for
+    # oneDNN (AVX-512 CPUs) in float32: compared in bfloat16, as pushed; a
+    # value bfloat16 cannot hold is compared as it is, and differs
+    exact = lambda p: p.dtype == dtype or torch.equal(p.to(dtype).to(p.dtype), p)
+    held = {n: bit_checksum(p, dtype if exact(p) else p.dtype) for n, p in model.named_parameters()}
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     packed = getattr(model, "packed_modules_mapping", None) or {}
     parts = {}
@@ -1231,7 +1236,7 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
     # repacks them for oneDNN (in bfloat16: on AVX-512 CPUs only), a
     # tensor-parallel engine its shards: the probe covers what they hide
     names = list(checksums)
-    rpc = lambda w: engine_checksums(w.get_model(), names)  # noqa: E731
+    rpc = lambda w: engine_checksums(w.get_model(), names, getattr(torch, args.engine_dtype))
     held, parts = llm.collective_rpc(rpc)[0]
     mine = {}
     for target, part_names in parts.items():
@@ -1243,7 +1248,7 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
     if previous is None:  # once, when the guard first runs
         served = [n for t in mine for n in parts[t]]
         covered = [n for t in compared for n in parts[t]]
-        size = lambda ns: sum(checksums[n][1] for n in ns)  # noqa: E731
+        size = lambda ns: sum(checksums[n][1] for n in ns)
         rest = "" if covered == served else "; the probe covers the rest"
         print(
             f"guard: checksums cover {len(covered)} of {len(served)} "
@@ -1257,13 +1262,13 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
         learner_at_change = learner
     else:
         learner_at_change = previous.learner_logprobs
-    unchanged = (learner - learner_at_change).abs().mean().item() > 1e-3
-    if differ or not gap <= tolerance or unchanged:
+    stuck = (learner - learner_at_change).abs().mean().item() > 1e-3
+    if differ or not gap <= tolerance or stuck:
         why = (
             f"{len(differ)} tensor{'s differ' if len(differ) > 1 else ' differs'} from the learner's, e.g. {differ[0]}"
             if differ
             else "it answers as it did for an earlier version"
-            if unchanged
+            if stuck
             else f"the tolerance of --engine-dtype is {tolerance:g}"
         )
         raise RuntimeError(

@@ -279,6 +279,26 @@ def test_the_checksum_sees_every_row_their_order_and_joins_fused_parts(dpo):
         assert dpo.bit_checksum(torch.empty(0), dtype)[:2] == ((0,), 0)  # vLLM CPU's repacked linear layers
 
 
+def test_the_guard_compares_a_tensor_the_engine_holds_wider_in_the_engine_dtype(dpo):
+    """Issue 65: where vLLM's CPU backend repacks a bfloat16 linear layer for oneDNN (AVX-512 CPUs), it keeps the
+    layer's bias in float32, and the guard stopped a healthy GPT-NeoX run at version 0. A stand-in engine layer, so the
+    test holds on any CPU: a bias widened from bfloat16 matches the learner's bfloat16 checksum; one that holds a value
+    bfloat16 cannot, or a stale one, differs."""
+    torch.manual_seed(0)
+    learner = {"proj.weight": torch.randn(4, 8), "proj.bias": torch.randn(4)}
+    expected = {n: dpo.bit_checksum(t, torch.bfloat16) for n, t in learner.items()}
+    engine = torch.nn.Linear(8, 4).requires_grad_(False)
+    engine.weight.copy_(learner["proj.weight"])
+    engine = torch.nn.ModuleDict({"proj": engine.bfloat16()})
+    widened = learner["proj.bias"].bfloat16().float()
+    engine.proj.bias.data = widened  # as vLLM's oneDNN repack keeps it
+    assert dpo.engine_checksums(engine, list(learner), torch.bfloat16)[0] == expected
+    # a value bfloat16 cannot hold (rounded, it would match), and a stale bias that it can: each differs
+    for bias in (widened * (1 + 2**-12), (widened + 0.5).bfloat16().float()):
+        engine.proj.bias.data = bias
+        assert dpo.engine_checksums(engine, list(learner), torch.bfloat16)[0]["proj.bias"] != expected["proj.bias"]
+
+
 def guard_on_a_stale_body(policy_dir: str):
     """Issue 55: the body of version 2 (the linear layers' weights) under a fresh head, norms, embeddings and biases,
     in bfloat16. (1) An engine that shows every tensor, as on a GPU (vLLM's CPU backend shows its linear layers
@@ -487,14 +507,20 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_p
     assert (tmp_path / "model" / "config.json").exists()
 
 
-def test_a_bfloat16_engine_passes_the_guard_at_every_sync_of_a_run(tiny, tmp_path):
+@pytest.mark.parametrize("family", ["", "neox_"])
+def test_a_bfloat16_engine_passes_the_guard_at_every_sync_of_a_run(tiny, tmp_path, family):
     """The guard's second rule (the engine's answer must change when the learner's does) never fires on a correct
-    sync: lr 3e-6 moves the probe by more than 1e-3 per step here, so every sync of the run is checked by it."""
+    sync: lr 3e-6 moves the probe by more than 1e-3 per step here, so every sync of the run is checked by it. Both
+    families: on an AVX-512 CPU the GPT-NeoX engine holds its repacked layers' biases in float32 (issue 65)."""
     proc, _ = run_script(
         ASYNC,
         tmp_path,
         *common_flags(
             tiny,
+            "--model-name-or-path",
+            str(tiny / f"{family}policy"),
+            "--reward-model-path",
+            str(tiny / f"{family}rm"),
             "--num-learner-steps",
             "6",
             "--engine-dtype",
