@@ -36,7 +36,7 @@ REPO = common.REPO
 
 SWEEP_NAME = "staleness_sweep"
 GATE = paper.PILOT_GATE  # the two-epoch proxy, the algorithms' default anchors, 512 updates
-SWEEP_SYNC_N = (1, 4, 16, 64, 128)  # the paper's Fig. 4 axis as issue 54 fixes it
+SWEEP_SYNC_N = (1, 4, 16, 64, 128)  # past the paper's N (Fig. 4: 1-16; Fig. 5: to 64), as issue 54 fixes it
 RANKED_N = (16, 64, 128)  # the claim's tests average each seed's drop over these
 SWEEP_SEEDS = tuple(range(1, 9))
 FINAL_UPDATES = paper.PILOT_FINAL_UPDATES  # 384 and 512: the last two evaluations every N has
@@ -56,10 +56,12 @@ SWEEP_RULE = (
     "against each, Fisher's exact test, Holm over the 2. *Second views*, declared as such: the final KL, and the "
     "distance below sync-1's win-rate-vs-KL curve (same seed) at the KL where a run ends."
 )
-# How a "not supported" reads when DPO's sync-1 has no gain to keep: written down at 79 of 120 runs, before the
-# tests' final values (issue 54's note), and printed under the tests whenever it applies.
+# How a "not supported" reads when DPO's sync-1 has no gain to keep: written down in issue 54's note at 79 of 120
+# runs, committed here at 108 of 120 (git's first copy), both before the tests' final values; printed under the tests
+# whenever it applies.
 SWEEP_READING = (
-    "**How the verdicts read** (fixed at 79 of 120 runs, before the tests' final values): DPO's sync-1 gain is "
+    "**How the verdicts read** (written at 79 of 120 runs in an issue note, committed at 108 of 120, before the "
+    "tests' final values): DPO's sync-1 gain is "
     "{gain}, not positive, so DPO has no gain to keep on this prep (the pilot rule's *can answer*: no). Each "
     '"not supported" above reads *not supported on this miniature, and undetermined for DPO*. A negative DPO drop '
     "means its stale runs moved less than a sync-1 that over-optimises, not that they kept more of a gain, and it is "
@@ -230,7 +232,7 @@ def gain(run):
 
 def verdicts(runs):
     """Per algorithm: the escape bound, and per N the non-escaped runs' drops by seed, gains, final KLs, distances
-    below sync-1's curve, and the escaped seeds."""
+    below sync-1's curve, and the escaped seeds; beside them every run's drops, escaped ones too."""
     found = {}
     for algo in paper.ALGORITHMS:
         base_runs = {r["seed"]: r for r in runs.get((algo, "sync-1"), [])}
@@ -248,6 +250,7 @@ def verdicts(runs):
             }
             per_n[n] = dict(
                 drops={s: final(base_runs[s]) - final(r) for s, r in kept.items() if s in base_runs},
+                all_drops={s: final(base_runs[s]) - final(r) for s, r in rs.items() if s in base_runs},
                 gains=[gain(r) for r in kept.values()],
                 kl=[r["curve"][-1]["kl"] for r in kept.values()],
                 distance={s: d for s, d in distance.items() if not math.isnan(d)},
@@ -355,11 +358,14 @@ def report(results_dir: Path):
     lines.append(f"Runs: {done} of {planned}.")
     found = verdicts(runs)
     if found:
+        stale = [(algo, n) for algo, v in found.items() for n in v["per_n"] if n != 1]
+        all_p = {(a, n): paper.one_sample_t(list(found[a]["per_n"][n]["all_drops"].values()))[1] for a, n in stale}
+        all_holm = dict(zip(stale, paper.holm(list(all_p.values()))))
         lines += [
             "",
-            "| algorithm | N | runs | escaped (seeds) | drop below sync-1 | gain | kept | final KL (second view) | "
-            "below sync-1's curve at that KL (second view) |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| algorithm | N | runs | escaped (seeds) | drop below sync-1 | gain | kept | drop, all runs (escaped too) | "
+            "final KL (second view) | below sync-1's curve at that KL (second view; seeds) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for algo, v in found.items():
             base_gain = v["per_n"][1]["gains"]
@@ -370,11 +376,28 @@ def report(results_dir: Path):
                     else "–"
                 )
                 escaped = f"{len(x['escaped'])} {x['escaped']}" if x["escaped"] else "0"
+                every = "–"
+                if n != 1 and x["all_drops"]:
+                    drop, half = paper.mean_ci(list(x["all_drops"].values()))
+                    every = ci(list(x["all_drops"].values()))
+                    if base_gain and sum(base_gain) > 0 and not math.isnan(half):
+                        g = sum(base_gain) / len(base_gain)
+                        every += f", {1 - drop / g:.0%} kept ({100 - 100 * (drop + half) / g:.0f}–{1 - (drop - half) / g:.0%})"
+                    every += f", p {pv(all_p[(algo, n)])} (Holm {pv(all_holm[(algo, n)])})"
+                below = f"{ci(list(x['distance'].values()))} ({len(x['distance'])} of {len(x['drops'])})"
                 lines.append(
                     f"| {algo} | {n} | {x['runs']} | {escaped} | "
-                    f"{'–' if n == 1 else ci(list(x['drops'].values()))} | {ci(x['gains'])} | {kept} | "
-                    f"{ci(x['kl'])} | {'–' if n == 1 else ci(list(x['distance'].values()))} |"
+                    f"{'–' if n == 1 else ci(list(x['drops'].values()))} | {ci(x['gains'])} | "
+                    f"{kept} | {every} | {ci(x['kl'])} | {'–' if n == 1 else below} |"
                 )
+        lines += [
+            "",
+            "*Drop, all runs*: every run at that N, escaped ones too, paired by seed; kept is 1 minus that drop over "
+            "sync-1's mean gain (its CI from the drop's). A description beside the rule's figure (escapes left out), "
+            f"not one of its tests: p is a paired t per setting, Holm over the {len(stale)} stale settings. *Below "
+            "sync-1's curve*: a run counts only where its seed's sync-1 run reached its final KL (seeds: counted of "
+            "the unescaped).",
+        ]
         tests = claim_tests(found)
         if tests:
             lines += [
@@ -394,11 +417,47 @@ def report(results_dir: Path):
                 )
             dpo_gains = found["dpo"]["per_n"][1]["gains"] if "dpo" in found else []
             if dpo_gains and sum(dpo_gains) <= 0:
-                lines += ["", SWEEP_READING.format(gain=ci(dpo_gains))]
+                smallest = min((all_holm[k] for k in stale if k[0] == "dpo"), default=float("nan"))
+                lines += [
+                    "",
+                    SWEEP_READING.format(gain=ci(dpo_gains)),
+                    "",
+                    "That stale DPO runs end higher *because* they move less is not shown: no DPO drop is separated "
+                    f"from 0 (drop over all runs, smallest Holm p {pv(smallest)}).",
+                ]
         if done < planned:
             lines += ["", f"The sweep is not complete ({done} of {planned} runs): no verdict is read from it yet."]
         else:
             lines += ["", f"The sweep is complete ({done} of {planned} runs): the verdicts above are SWEEP_RULE's."]
+        lines += ["", "**Post hoc**, looked for after the sweep was read (descriptions, not tests):"]
+        span = lambda us: f"{us[0]:g}–{us[-1]:g}" if us[0] != us[-1] else f"{us[0]:g}"
+        at = lambda r, u: {round(p["updates"]): p for p in r["curve"]}.get(u)
+        dip = lambda r: next((p["updates"] for p in r["curve"] if p["win_rate"] < r["curve"][0]["win_rate"] - 0.05), 0)
+        for algo in found:
+            base = [r for r in runs[(algo, "sync-1")] if at(r, 64) and at(r, 128)]
+            if not base:
+                continue
+            early = []
+            for u in (64, 128):
+                up = [at(r, u)["win_rate"] - r["curve"][0]["win_rate"] for r in base]
+                kl = sum(at(r, u)["kl"] for r in base) / len(base)
+                early.append(f"{ci(up)} at update {u} ({sum(v > 0 for v in up)} of {len(up)} seeds up, KL {kl:.2f})")
+            peak = {id(r): max(r["curve"][1:], key=lambda p: p["win_rate"]) for r in base}
+            peaks = sorted(peak[id(r)]["updates"] for r in base)
+            rise = [r["curve"][-1]["proxy"] - peak[id(r)]["proxy"] for r in base]
+            dips = []
+            for n in (1, 64, 128):
+                rs = runs.get((algo, f"sync-{n}"), [])
+                first = sorted(dip(r) for r in rs if dip(r))
+                dips.append(f"sync-{n} {len(first)} of {len(rs)}" + (f" (from update {span(first)})" if first else ""))
+            gains = [gain(r) for r in runs[(algo, "sync-1")]]
+            early.append(f"{ci(gains)} at the end (p {pv(paper.one_sample_t(gains)[1])})")
+            lines.append(
+                f"- {algo}: sync-1's gain {'; '.join(early)}; its win-rate peaks at update {span(peaks)} (median "
+                f"{(peaks[(len(peaks) - 1) // 2] + peaks[len(peaks) // 2]) / 2:g}), and from there to the end its proxy "
+                f"moves {ci(rise)}. Runs more than 0.05 below their start (the SFT policy) at some evaluation: "
+                f"{', '.join(dips)}."
+            )
     (results_dir / f"{SWEEP_NAME}.md").write_text("\n".join(lines) + "\n")
     if found:
         plot(runs, found, results_dir)

@@ -578,12 +578,11 @@ def test_pilot_rule_finds_a_cost_only_where_sync_1_has_a_gain_to_lose(tmp_path):
     assert "Decision: pending" in "\n".join(paper.pilot_report(tmp_path))
 
 
-def test_the_pre_registered_sweep_tests_the_paper_s_claim_as_fixed(tmp_path):
-    """benchmark/staleness_sweep.py's report on synthetic curves whose verdict is known: over N >= 16 DPO keeps its
-    gain (drops ~0), PPO loses 0.04 on every seed (DPO more robust: supported), RLOO's drops are as DPO's (not
-    supported); PPO's seed-2 run at N = 128 escapes in KL and is counted, not averaged."""
-    sweep = load_script("benchmark/staleness_sweep.py")
-    rise = [0.5 + 0.0125 * i for i in range(9)]  # sync-1, evaluated every 64 updates: final (384, 512) = 0.5875
+def write_sweep(tmp_path, sweep):
+    """Synthetic sweep runs whose verdict is known: sync-1 rises from 0.5 to 0.6 (evaluated every 64 updates: final
+    (384, 512) = 0.5875, gain 0.0875); over N >= 16 PPO loses 0.04 on every seed, DPO and RLOO nothing (seed noise
+    of +-0.004 at every N > 1); PPO's seed-2 run at N = 128 escapes in KL."""
+    rise = [0.5 + 0.0125 * i for i in range(9)]
     folder = tmp_path / "staleness_sweep"
     folder.mkdir()
     for seed in sweep.SWEEP_SEEDS:
@@ -600,6 +599,15 @@ def test_the_pre_registered_sweep_tests_the_paper_s_claim_as_fixed(tmp_path):
                 curve = [dict(updates=u, kl=k, win_rate=w, gold=0.6, proxy=0.0) for u, k, w in zip(points, kl, win)]
                 run = dict(algorithm=algo, setting=f"sync-{n}", learning_rate=1e-4, seed=seed, curve=curve)
                 (folder / f"{algo}__sync-{n}__lr0.0001__seed{seed}.json").write_text(json.dumps(run))
+    return folder
+
+
+def test_the_pre_registered_sweep_tests_the_paper_s_claim_as_fixed(tmp_path):
+    """benchmark/staleness_sweep.py's report on synthetic curves whose verdict is known: over N >= 16 DPO keeps its
+    gain (drops ~0), PPO loses 0.04 on every seed (DPO more robust: supported), RLOO's drops are as DPO's (not
+    supported); PPO's seed-2 run at N = 128 escapes in KL and is counted, not averaged."""
+    sweep = load_script("benchmark/staleness_sweep.py")
+    folder = write_sweep(tmp_path, sweep)
     lines = sweep.report(tmp_path)
     text = "\n".join(lines)
     assert text.count(sweep.SWEEP_RULE) == 1 and "Runs: 120 of 120." in text
@@ -628,6 +636,34 @@ def test_the_pre_registered_sweep_tests_the_paper_s_claim_as_fixed(tmp_path):
     text = "\n".join(sweep.report(tmp_path))
     assert "DPO's sync-1 gain is -0.070 ± 0.000, not positive" in text
     assert "*not supported on this miniature, and undetermined for DPO*" in text
+    assert "*because* they move less is not shown: no DPO drop is separated from 0" in text
+
+
+def test_the_sweep_report_prints_every_run_s_drop_and_the_seeds_of_its_curve_column(tmp_path):
+    """The rule leaves escaped runs out of its means, so a cost the escaped runs carry would not show: the report
+    prints each N's drop over every run beside the rule's. The below-sync-1's-curve column drops a run whose final KL
+    its seed's sync-1 run never reached, so it prints how many seeds it averages."""
+    sweep = load_script("benchmark/staleness_sweep.py")
+    folder = write_sweep(tmp_path, sweep)
+    path = folder / "ppo__sync-128__lr0.0001__seed2.json"  # the escaped run: it also ends 0.15 lower
+    run = json.loads(path.read_text())
+    for point in run["curve"][-2:]:
+        point["win_rate"] -= 0.15
+    path.write_text(json.dumps(run))
+    for seed in (1, 2, 3, 4):  # RLOO at N = 4 ends past sync-1's KL (2.0), still within the escape bound (4.0)
+        path = folder / f"rloo__sync-4__lr0.0001__seed{seed}.json"
+        run = json.loads(path.read_text())
+        run["curve"][-1]["kl"] = 2.5
+        path.write_text(json.dumps(run))
+    rows = {tuple(line.split(" | ")[:2]): line.split(" | ") for line in sweep.report(tmp_path) if line[:2] == "| "}
+    number = lambda cell: [float(v) for v in cell.split(",")[0].split(" ± ")]  # "+0.059 ± 0.046, 32% kept, ..."
+    every = [0.04 + 0.004 * ((seed % 3) - 1) + 0.15 * (seed == 2) for seed in sweep.SWEEP_SEEDS]
+    ppo = rows[("| ppo", "128")]
+    assert number(ppo[4]) == pytest.approx(sweep.paper.mean_ci(every[:1] + every[2:]), abs=1e-3)  # the rule's: 7 runs
+    assert number(ppo[7]) == pytest.approx(sweep.paper.mean_ci(every), abs=1e-3)  # beside it: all 8
+    assert f"{1 - sum(every) / 8 / 0.0875:.0%} kept" in ppo[7] and ", p " in ppo[7]  # sync-1 gains 0.0875
+    assert ppo[-1] == "+0.040 ± 0.003 (7 of 7) |" and rows[("| ppo", "64")][-1].endswith("(8 of 8) |")
+    assert rows[("| rloo", "4")][-1].endswith("(4 of 8) |") and rows[("| rloo", "16")][-1].endswith("(8 of 8) |")
 
 
 def test_the_sweep_refuses_runs_made_on_another_prep(tmp_path):
