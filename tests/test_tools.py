@@ -75,21 +75,18 @@ def test_the_policy_mask_drops_exactly_the_result_tokens(tools):
     assert torch.equal(response_mask[0], torch.tensor([0, 0, 1, 1, 1, 1, 1, 0]))  # the input is left as it was
 
 
-def scripted_policy(tiny, folder):
-    """The tiny policy taught the scripted answer to 16 prompts, with the tokens laid out as the variant lays them:
-    each turn's text and each result encoded on its own (as the tool appends them), then EOS."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
-    policy = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32)
-    answer = [t for piece in SCRIPT for t in tokenizer.encode(piece, add_special_tokens=False)]
-    rows = [tokenizer(f"Problem: what is {a} times {a + 3}?\n\nSolution:").input_ids for a in range(16)]
-    width = max(map(len, rows)) + len(answer) + 1
-    ids = torch.tensor([r + answer + [0] * (width - len(r) - len(answer)) for r in rows])
-    labels = torch.tensor([[-100] * len(r) + answer + [0] + [-100] * (width - len(r) - len(answer) - 1) for r in rows])
+def scripted_policy(policy, tokenizer, script, folder, prompts=16, steps=120):
+    """`policy` taught `script` after `prompts` prompts, with the tokens laid out as the variant lays them: each
+    turn's text and each result encoded on its own (as the tool appends them), then EOS."""
+    eos = tokenizer.eos_token_id
+    answer = [t for piece in script for t in tokenizer.encode(piece, add_special_tokens=False)] + [eos]
+    rows = prompts_of(tokenizer, prompts)
+    width = max(map(len, rows)) + len(answer)
+    ids = torch.tensor([r + answer + [eos] * (width - len(r) - len(answer)) for r in rows])
+    labels = torch.tensor([[-100] * len(r) + answer + [-100] * (width - len(r) - len(answer)) for r in rows])
     optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
     torch.manual_seed(0)
-    for _ in range(120):
+    for _ in range(steps):
         loss = policy(input_ids=ids, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
@@ -105,7 +102,9 @@ def engine(tiny, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tools = load_script(TOOLS)
-    path = scripted_policy(tiny, tmp_path_factory.mktemp("scripted"))
+    tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
+    policy = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32)
+    path = scripted_policy(policy, tokenizer, SCRIPT, tmp_path_factory.mktemp("scripted"))
     args = tools.Args(
         model_name_or_path=str(path),
         engine_device="cpu",
@@ -118,7 +117,6 @@ def engine(tiny, tmp_path_factory):
         prompts_per_step=4,
         seed=0,
     )
-    tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     llm = tools.build_engine(args)
     tools.keep_models_eager(model)
