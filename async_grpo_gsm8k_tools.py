@@ -444,7 +444,8 @@ class Sample(NamedTuple):  # one answer, as the learner reads it: the engine's t
     tokens: list  # response token ids: what the engine sampled and the tool's result tokens, never re-tokenised
     logprobs: list  # vLLM's logprob of each token it sampled: none for a result token
     tool: list  # per token: 1 for a result token, 0 for one the policy sampled
-    calls: list  # the text appended after each call ("=84", "=error: ...")
+    calls: list  # each call's result ("=84", "=error: ...")
+    carried: list  # per call: what its closing token held past the tag ("=" in `>=`)
 
 
 def sample_with_tools(llm: LLM, prompts, params, args: Args):
@@ -455,7 +456,7 @@ def sample_with_tools(llm: LLM, prompts, params, args: Args):
     tokenizer = llm.get_tokenizer()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     owners = [(j, c) for j, output in enumerate(outputs) for c in range(len(output.outputs))]
-    samples = [Sample([], [], [], []) for _ in owners]
+    samples = [Sample([], [], [], [], []) for _ in owners]
     live, turns = range(len(owners)), [s for output in outputs for s in output.outputs]
     for turn in range(1, args.max_tool_calls + 2):  # a turn per call and the one after the last
         continued = []
@@ -468,7 +469,10 @@ def sample_with_tools(llm: LLM, prompts, params, args: Args):
             if out.stop_reason != args.tool_close or room < 1:
                 continue  # EOS, the budget spent, or the calls used up (no stop string then)
             sample.calls.append(tool_result(out.text, args))
-            result = tokenizer.encode(sample.calls[-1], add_special_tokens=False)[:room]  # cut at the budget
+            # vLLM's text ends at the stop, its last token may go on (`>=`): the result follows what that token held
+            sample.carried.append(tokenizer.decode(out.token_ids).rpartition(args.tool_close)[2])
+            appended = sample.calls[-1].removeprefix(sample.carried[-1])
+            result = tokenizer.encode(appended, add_special_tokens=False)[:room]  # cut at the budget
             sample.tokens.extend(result)
             sample.tool.extend([1] * len(result))
             if len(result) < room:
@@ -497,7 +501,7 @@ def next_turn(first: SamplingParams, c: int, turn: int, sample: Sample, args: Ar
 
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt, each continued after every calculator call (`sample_with_tools`); returns prompt-major
-    token ids, vLLM's logprob of each token it sampled, each token's 1 if the tool's, and each sample's calls."""
+    token ids, vLLM's logprob of each token it sampled, each token's 1 if the tool's, its calls and overruns."""
     samples_per_prompt = args.num_samples_per_prompt
     # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
     params = [
@@ -512,12 +516,7 @@ def generate(llm: LLM, prompts, args: Args, step: int):
         for j in range(len(prompts))
     ]
     samples = sample_with_tools(llm, prompts, params, args)
-    return (
-        [s.tokens for s in samples],
-        [s.logprobs for s in samples],
-        [s.tool for s in samples],
-        [s.calls for s in samples],
-    )
+    return [list(field) for field in zip(*samples)]  # Sample's fields
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
@@ -554,7 +553,7 @@ def evaluate(llm: LLM, eval_set, args: Args, version: int):
 def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
     """Generate G samples per problem and grade each against the reference answer (the verifier is the reward)."""
     start = time.time()
-    responses, logprobs, tool_masks, calls = generate(llm, prompts, args, step)
+    responses, logprobs, tool_masks, calls, carried = generate(llm, prompts, args, step)
     generation_time = time.time() - start
     rewards, found = score_responses(tokenizer, args, answers, responses)
     truncated = float(np.mean([len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]))
@@ -570,6 +569,7 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
         response_length=float(np.mean([len(r) for r in responses])),
         tool_calls=float(np.mean([len(c) for c in calls])),
         tool_error_rate=sum(r.startswith("=error") for c in calls for r in c) / max(1, sum(map(len, calls))),
+        tool_overrun_rate=sum(bool(t) for c in carried for t in c) / max(1, sum(map(len, calls))),
         tool_result_share=sum(map(sum, tool_masks)) / sum(map(len, responses)),
         time_generation=generation_time,
         time_labeling=time.time() - start - generation_time,
@@ -800,6 +800,7 @@ def main():
             "val/response_length": batch["response_length"],
             "tools/calls_per_sample": batch["tool_calls"],
             "tools/error_rate": batch["tool_error_rate"],  # of the calls: malformed or refused expressions
+            "tools/overrun_rate": batch["tool_overrun_rate"],  # of the calls: text past the tag
             "tools/result_tokens_share": batch["tool_result_share"],  # of the response tokens
             "time/generation": batch["time_generation"],
             "time/reward_labeling": batch["time_labeling"],

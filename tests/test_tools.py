@@ -3,7 +3,8 @@
 What the variant promises: the engine stops at --tool-close, the calculator's result is appended as tokens and the
 same sequence goes on as a new request whose prompt is its token ids; the learner trains on exactly those ids, the
 result tokens masked out, so its logprobs of the policy's tokens are vLLM's. The calls are known: the tiny policy is
-first taught one scripted answer with three calls (the third a division by zero), which greedy decoding repeats.
+first taught one scripted answer with three calls (the third a division by zero), which greedy decoding repeats; a
+second, on SmolLM2's real tokenizer, is taught two calls, the first closed by `>=`, past the tag (issue 65).
 """
 
 import dataclasses
@@ -13,13 +14,14 @@ import time
 import pytest
 import torch
 
-from conftest import load_script, read_metrics, run_script
+from conftest import REPO, load_script, read_metrics, run_script
 
 CORE, TOOLS = "async_grpo_gsm8k.py", "async_grpo_gsm8k_tools.py"
 # the scripted answer: what the policy writes, then what the tool appends, in turn (the policy's text is its own turn)
 SCRIPT = [" <calc>12*7</calc>", "=84", " then <calc>2**3+1</calc>", "=9", " and <calc>1/0</calc>"]
 SCRIPT += ["=error: division by zero", " so #### 84"]
 CALLS = ["=84", "=9", "=error: division by zero"]
+SMOLLM2 = REPO / "models" / "SmolLM2-135M-Instruct"  # its tokenizer is the real one
 
 
 @pytest.fixture(scope="module")
@@ -75,21 +77,18 @@ def test_the_policy_mask_drops_exactly_the_result_tokens(tools):
     assert torch.equal(response_mask[0], torch.tensor([0, 0, 1, 1, 1, 1, 1, 0]))  # the input is left as it was
 
 
-def scripted_policy(tiny, folder):
-    """The tiny policy taught the scripted answer to 16 prompts, with the tokens laid out as the variant lays them:
-    each turn's text and each result encoded on its own (as the tool appends them), then EOS."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
-    policy = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32)
-    answer = [t for piece in SCRIPT for t in tokenizer.encode(piece, add_special_tokens=False)]
-    rows = [tokenizer(f"Problem: what is {a} times {a + 3}?\n\nSolution:").input_ids for a in range(16)]
-    width = max(map(len, rows)) + len(answer) + 1
-    ids = torch.tensor([r + answer + [0] * (width - len(r) - len(answer)) for r in rows])
-    labels = torch.tensor([[-100] * len(r) + answer + [0] + [-100] * (width - len(r) - len(answer) - 1) for r in rows])
+def scripted_policy(policy, tokenizer, script, folder, prompts=16, steps=120):
+    """`policy` taught `script` after `prompts` prompts, with the tokens laid out as the variant lays them: each
+    turn's text and each result encoded on its own (as the tool appends them), then EOS."""
+    eos = tokenizer.eos_token_id
+    answer = [t for piece in script for t in tokenizer.encode(piece, add_special_tokens=False)] + [eos]
+    rows = prompts_of(tokenizer, prompts)
+    width = max(map(len, rows)) + len(answer)
+    ids = torch.tensor([r + answer + [eos] * (width - len(r) - len(answer)) for r in rows])
+    labels = torch.tensor([[-100] * len(r) + answer + [-100] * (width - len(r) - len(answer)) for r in rows])
     optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
     torch.manual_seed(0)
-    for _ in range(120):
+    for _ in range(steps):
         loss = policy(input_ids=ids, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
@@ -105,7 +104,9 @@ def engine(tiny, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tools = load_script(TOOLS)
-    path = scripted_policy(tiny, tmp_path_factory.mktemp("scripted"))
+    tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
+    policy = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32)
+    path = scripted_policy(policy, tokenizer, SCRIPT, tmp_path_factory.mktemp("scripted"))
     args = tools.Args(
         model_name_or_path=str(path),
         engine_device="cpu",
@@ -118,7 +119,6 @@ def engine(tiny, tmp_path_factory):
         prompts_per_step=4,
         seed=0,
     )
-    tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     llm = tools.build_engine(args)
     tools.keep_models_eager(model)
@@ -182,7 +182,7 @@ def test_the_learners_logprobs_of_the_policys_tokens_are_vllms_on_multi_call_sam
     tools, args, llm, tokenizer, model = engine
     prompts = prompts_of(tokenizer, 4)
     tools.push_weights_to_engine(llm, model.state_dict())  # the learner's weights, bit for bit
-    responses, logprobs, tool_masks, calls = tools.generate(llm, prompts, args, step=0)
+    responses, logprobs, tool_masks, calls, _ = tools.generate(llm, prompts, args, step=0)
     assert sum(len(c) >= 2 for c in calls) >= 2, "too few multi-call samples: the test would prove little"
     repeated = [p for p in prompts for _ in range(2)]
     input_ids, attention_mask, response_mask = tools.pad_sequences(repeated, responses, 0, "cpu")
@@ -207,7 +207,7 @@ def test_without_calls_the_variant_samples_the_cores_tokens_bit_for_bit(engine):
     core = load_script(CORE)
     prompts = prompts_of(tokenizer, 4)
     off = dataclasses.replace(args, max_tool_calls=0)
-    responses, logprobs, tool_masks, calls = tools.generate(llm, prompts, off, step=3)
+    responses, logprobs, tool_masks, calls, _ = tools.generate(llm, prompts, off, step=3)
     assert (responses, logprobs) == core.generate(llm, prompts, off, step=3)
     assert not any(map(sum, tool_masks)) and not any(calls)
     assert any("</calc>" in tokenizer.decode(r) for r in responses), "the policy wrote no tag: this would prove little"
@@ -217,9 +217,71 @@ def test_the_budget_counts_result_tokens_and_cuts_a_result_at_it(engine):
     tools, args, llm, tokenizer, model = engine
     for length in (17, 30, 60):  # inside the first result, the second turn, the error string
         short = dataclasses.replace(args, response_length=length)
-        responses, logprobs, tool_masks, _ = tools.generate(llm, prompts_of(tokenizer, 2), short, step=0)
+        responses, logprobs, tool_masks, *_ = tools.generate(llm, prompts_of(tokenizer, 2), short, step=0)
         assert all(len(r) <= length and len(t) == len(r) for r, t in zip(responses, tool_masks))
         assert [len(lp) for lp in logprobs] == [t.count(0) for t in tool_masks]
+
+
+# SmolLM2's tokenizer merges across a tag's end (`</calc>=84` is '</', 'calc', '>=', '8', '4'): the first call's
+# closing token holds the result's `=` past the tag, the second's is a bare `>` that a re-tokeniser merges with `=9`
+MERGING = [" <calc>12*7</calc>=", "84", " then <calc>2**3+1</calc>", "=9", " so #### 84"]
+
+
+@pytest.fixture(scope="module")
+def merging(tmp_path_factory):
+    """A real engine on a tiny policy with SmolLM2-135M-Instruct's tokenizer, taught MERGING (greedy repeats it)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if not SMOLLM2.exists():
+        pytest.skip(f"{SMOLLM2} is absent (`bash install.sh` puts it there): no tokenizer that merges across `>=`")
+    tools = load_script(TOOLS)
+    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=64,  # vLLM's CPU attention needs 64
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    folder = tmp_path_factory.mktemp("smollm2")
+    # two prompts and 80 steps: each step's logits span 49,152 tokens, and greedy decoding already repeats the script
+    path = scripted_policy(LlamaForCausalLM(config), tokenizer, MERGING, folder, prompts=2, steps=80)
+    args = tools.Args(
+        model_name_or_path=str(path),
+        engine_device="cpu",
+        learner_device="cpu",
+        kv_cache_gib=0.25,
+        max_prompt_tokens=96,
+        response_length=96,
+        temperature=0.0,
+        num_samples_per_prompt=1,
+    )
+    return tools, args, tools.build_engine(args), tokenizer
+
+
+def test_a_closing_token_that_carries_text_past_the_tag_is_read_as_written_and_never_re_tokenised(merging):
+    """The first call's closing token is `>=`: vLLM's text stops at `</calc>`, its ids do not, so the result goes
+    after the `=` the policy wrote (`</calc>=84`, not `</calc>==84`), and the overrun is counted; each turn goes on
+    from the engine's ids and the result's (re-tokenised, `>` + `=9` would become `>=` + `9`)."""
+    tools, args, llm, tokenizer = merging
+    prompts, recording = prompts_of(tokenizer, 2), Recording(llm)
+    batch = tools.produce_batch(recording, tokenizer, args, prompts, ["84", "84"], step=0)
+    texts = tokenizer.batch_decode(batch["responses"], skip_special_tokens=True)
+    assert texts == ["".join(MERGING)] * 2
+    assert batch["tool_overrun_rate"] == 0.5 and batch["rewards"].tolist() == [1.0, 1.0]
+    results = [tokenizer.encode(piece, add_special_tokens=False) for piece in MERGING[1::2]]
+    for j, sample in enumerate(batch["responses"]):
+        turns = [turn[j] for turn in recording.turns]
+        assert tokenizer.decode(turns[0][1].outputs[0].token_ids[-1]) == ">="  # the overrun this test is about
+        for (prompt, output), result, (next_prompt, _) in zip(turns, results, turns[1:]):
+            assert next_prompt == prompt + list(output.outputs[0].token_ids) + result
+        last_prompt, last = turns[-1]
+        assert last_prompt + list(last.outputs[0].token_ids) == prompts[j] + sample
 
 
 def test_a_run_logs_the_tool_metrics_and_its_logprobs_are_vllms(engine, arithmetic_folder, tmp_path):
@@ -238,7 +300,7 @@ def test_a_run_logs_the_tool_metrics_and_its_logprobs_are_vllms(engine, arithmet
     assert [m["step"] for m in metrics] == [0, 1]
     for m in metrics:  # on these prompts the scripted policy strays from its script: its calls fail more often
         assert m["tools/calls_per_sample"] > 0 and 0 < m["tools/result_tokens_share"] < 1
-        assert 0 <= m["tools/error_rate"] <= 1
+        assert 0 <= m["tools/error_rate"] <= 1 and m["tools/overrun_rate"] == 0  # no tiny token holds `>` and more
         assert m["async/behaviour_learner_logprob_gap"] < 1e-4  # the result tokens kept out of the gap
     assert any(m["tools/error_rate"] > 0 for m in metrics)
     evaluations = (next((tmp_path / "runs").glob("*/eval.jsonl"))).read_text().splitlines()
