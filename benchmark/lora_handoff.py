@@ -20,11 +20,13 @@ Pythia-2.8B and Llama-3.1-8B from their published config.json values. One JSON a
 results/lora_handoff/lora_handoff.json, results/lora_handoff/lora_handoff.md.
 """
 
+import atexit
 import json
 import os
 import platform
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -112,6 +114,7 @@ def measure_mode(args: Args):
 
     if lora:
         run.adapter_dir = tempfile.mkdtemp(prefix="adapters_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        atexit.register(shutil.rmtree, run.adapter_dir, True)  # RAM: given back at exit, a failure's too
         expected = script.save_adapter(policy, 0, probe, run)
         script.push_weights_to_engine(llm, script.adapter_request(run, 0), None)
         guard_state = script.check_weight_sync(llm, expected, None, run, 0, script.adapter_request(run, 0))

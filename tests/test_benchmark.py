@@ -2,6 +2,7 @@
 cannot rot."""
 
 import json
+import os
 import re
 
 import pytest
@@ -383,6 +384,7 @@ def test_lora_handoff_quick_mode_measures_both_hand_offs_and_generation_through_
     result = json.loads((results / "lora_handoff.json").read_text())
     modes = result["modes"]
     assert list(modes) == ["full", "lora-1"]
+    assert not os.path.exists(modes["lora-1"]["adapter_dir"])  # its adapters' folder in /dev/shm (RAM): removed
     assert modes["lora-1"]["rows"][-1]["bytes"] < modes["full"]["rows"][-1]["bytes"] / 10
     for mode in modes.values():
         assert len(mode["rows"]) == 2 and len(mode["generation"]) == 1, mode

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -313,14 +314,14 @@ def test_a_tensor_parallel_engine_serves_the_learners_weights(tiny, tmp_path, mo
     assert metrics[0]["async/behaviour_learner_logprob_gap"] < 1e-4
 
 
-def shm_in_use():
-    """The names in /dev/shm that a live process maps or holds open (on a shared machine, other jobs' too)."""
-    names = set()
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            paths = [m.path for m in process.memory_maps()] + [f.path for f in process.open_files()]
-            names |= {os.path.basename(path) for path in paths if path.startswith("/dev/shm/")}
-    return names
+def shm_inodes(job):
+    """What the job's processes map from /dev/shm, by inode (glibc maps a POSIX semaphore under the temporary name it
+    made it with, then links that file to its sem.* name)."""
+    inodes = set()
+    for process in job:
+        with contextlib.suppress(OSError), open(f"/proc/{process.pid}/maps") as maps:  # OSError: it has ended
+            inodes |= {int(line.split()[4]) for line in maps if " /dev/shm/" in line}
+    return inodes
 
 
 def stop_by_signal(signum, launches, cwd, after_steps: int, every_process: bool = False):
@@ -329,9 +330,11 @@ def stop_by_signal(signum, launches, cwd, after_steps: int, every_process: bool 
     a Ctrl-C in a terminal does, or to every process of the job at once, as a cluster's scheduler does (SLURM's time
     limit, scancel); then wait until every process of the job has ended. Returns the job's output (each launch's
     stdout and stderr), the launches' exit codes, each launch's processes at the signal (their command lines; vLLM
-    titles its engine's "VLLM::EngineCore"), and what it left in /dev/shm (new names there that no live process
-    uses)."""
+    titles its engine's "VLLM::EngineCore"), and what of its own it left in /dev/shm: what its processes mapped there at
+    the signal (vLLM's psm_* buffers, multiprocessing's sem.mp-* semaphores), and its weights' folders (named after a
+    pid of the job); a name another job makes meanwhile, this function's own folder among them, is not the job's."""
     before = set(os.listdir("/dev/shm"))
+    other = tempfile.mkdtemp(prefix="another_job_", dir="/dev/shm")  # made while the job runs
     procs = []
     for n, cmd in enumerate(launches):
         with open(cwd / f"output_{n}", "w") as output:
@@ -352,6 +355,7 @@ def stop_by_signal(signum, launches, cwd, after_steps: int, every_process: bool 
         titles = [[" ".join(command_line(process)) for process in tree] for tree in trees]
         # torchrun or the learner, the engine's processes (and vLLM's helpers); each other node's agent and rank
         assert len(job) >= 1 + 2 * len(launches)
+        held = shm_inodes(job)
         if every_process:
             for process in job:
                 with contextlib.suppress(ProcessLookupError):
@@ -365,9 +369,13 @@ def stop_by_signal(signum, launches, cwd, after_steps: int, every_process: bool 
     finally:
         for p in procs:
             kill_group(p)
-    left = set(os.listdir("/dev/shm")) - before - shm_in_use()
-    pids = [p.pid for p in job]
-    mine = [name for name in left if not name.startswith("clean-async-rlhf-") or int(name.split("-")[3]) in pids]
+        new = {}
+        for name in set(os.listdir("/dev/shm")) - before:
+            with contextlib.suppress(FileNotFoundError):  # gone meanwhile
+                new[name] = os.stat(f"/dev/shm/{name}").st_ino
+        os.rmdir(other)
+    weights = tuple(f"clean-async-rlhf-{process.pid}-" for process in job)  # a weights folder: its maker's pid
+    mine = [name for name, inode in new.items() if inode in held or name.startswith(weights)]
     return output(), returncodes, titles, mine
 
 
@@ -451,24 +459,12 @@ def test_a_signal_to_the_group_or_to_every_process_saves_the_checkpoint_it_annou
         assert (tmp_path / "stopped" / checkpoint / "state.pt").exists()  # the one it announces, complete
         assert int(checkpoint.split("_")[-1]) >= after + 1  # a stop's own, after the steps it waited for
         assert not left, left  # vLLM's shared memory (a TP-2 stop left 2 x 4 MiB) and the weights' folder
-    # an uninterrupted run with the same flags, killed once it has logged as many steps
+    # an uninterrupted run with the same flags, stopped once it has logged as many steps (a SIGKILL to each of its
+    # processes, multiprocessing's resource tracker too, left the TP engine's psm_* buffers and sem.mp-* semaphores)
     steps = int(checkpoint.split("_")[-1])
     (tmp_path / "whole").mkdir()
-    with open(tmp_path / "whole" / "output", "w") as output:
-        proc = subprocess.Popen(cmd, cwd=tmp_path / "whole", env=ENV, stdout=output, stderr=subprocess.STDOUT)
-    try:
-        while (
-            not list((tmp_path / "whole").glob("runs/*/metrics.jsonl")) or len(read_metrics(tmp_path / "whole")) < steps
-        ):
-            assert proc.poll() is None, (tmp_path / "whole" / "output").read_text()[-3000:]
-            time.sleep(0.2)
-    finally:
-        with contextlib.suppress(psutil.NoSuchProcess):  # ended early: the assertion above says how, not psutil
-            job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-            for process in job:
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
-            psutil.wait_procs(job, timeout=30)
+    *_, left = stop_by_signal(signal.SIGINT, [cmd], tmp_path / "whole", steps)
+    assert not left, left
     whole, stopped = read_metrics(tmp_path / "whole")[:steps], read_metrics(tmp_path / "stopped")
     assert [m["step"] for m in stopped] == list(range(steps))
     untimed = [[{k: v for k, v in m.items() if not k.startswith("time/")} for m in run] for run in (whole, stopped)]
