@@ -319,7 +319,7 @@ class Parsed(Exception):
 def parse(module, flags):
     import tyro
 
-    return tyro.cli(module.Args, args=list(flags))
+    return tyro.cli(getattr(module, "RunArgs", module.Args), args=list(flags))  # a core splits its flags in two
 
 
 def write_recording(module, command: Command, folder):

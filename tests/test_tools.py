@@ -60,7 +60,7 @@ def test_the_calculator_computes_arithmetic_and_refuses_the_rest_with_an_error_s
 
 
 def test_a_result_is_the_value_after_the_turns_last_opening_tag(tools):
-    args = tools.Args()
+    args = tools.RunArgs()
     assert tools.tool_result("so <calc>1+1</calc> and <calc>2*3</calc>", args) == "=6"
     assert tools.tool_result("no tag 2*3</calc>", args) == "=error: no opening tag"
     assert tools.tool_result("<calc>hello</calc>", args) == "=error: not arithmetic"
@@ -106,7 +106,7 @@ def engine(tiny, tmp_path_factory):
 
     tools = load_script(TOOLS)
     path = scripted_policy(tiny, tmp_path_factory.mktemp("scripted"))
-    args = tools.Args(
+    args = tools.RunArgs(
         model_name_or_path=str(path),
         engine_device="cpu",
         learner_device="cpu",
