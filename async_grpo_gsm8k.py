@@ -15,7 +15,7 @@ import os
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
 os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
 
 import glob
 import json
@@ -479,7 +479,8 @@ def main():
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers, eval_set = load_problem_sets(args, tokenizer)
     prompt_batches = split_into_steps(prompts, answers, args)  # the problems of learner step i: prompt_batches[i]
-    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
+    probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
         args, args.prompts_per_step * group_size // args.num_mini_batches, max(map(len, prompts)) + args.response_length
     )
@@ -507,17 +508,8 @@ def main():
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
     thread = threading.Thread(
         target=generation_thread,
-        daemon=True,
-        args=(  # daemon: never keeps a crashed run alive
-            llm,
-            tokenizer,
-            args,
-            prompt_batches,
-            eval_set,
-            guard_state,
-            weights_queue,
-            data_queue,
-        ),
+        args=(llm, tokenizer, args, prompt_batches, eval_set, guard_state, weights_queue, data_queue),
+        daemon=True,  # never keeps a crashed run alive
     )
     thread.start()
 
@@ -606,6 +598,7 @@ def main():
 
         # TRY NOT TO MODIFY: logging
         grouped_rewards = batch["rewards"].view(-1, group_size)
+        gap_sum, gap_tokens = token_gap.tolist()
         metrics = {
             "objective/accuracy": batch["rewards"].mean().item(),
             "objective/format_rate": batch["format_rate"],
@@ -620,7 +613,7 @@ def main():
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            "async/behaviour_learner_logprob_gap": gap_sum / gap_tokens,  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/truncated_rate": batch["truncated_rate"],
             "val/response_length": batch["response_length"],
@@ -659,7 +652,7 @@ def main():
             path = save_policy(args, step + 1, policy, tokenizer)
             if stop_signals:
                 sys.exit(f"{stop_signals[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
-    thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
+    thread.join(timeout=60)  # the learner took its last batch: the thread is returning
 
     # the final weights never reached the engine during training; the thread has ended, so the engine is free
     if eval_set.prompts:

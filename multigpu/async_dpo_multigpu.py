@@ -42,7 +42,7 @@ if __name__ == "__mp_main__":  # a process of vLLM's engine: multiprocessing's s
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
 os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
 # but under torchrun (one rank too) in a process of its own, as vLLM would take torchrun's torch.distributed world as
 # its own (the weights then go through shared memory); forced: 0 breaks torchrun
 if "TORCHELASTIC_RUN_ID" in os.environ:
@@ -421,7 +421,8 @@ def main():
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers = load_prompts(args, tokenizer)
     prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
-    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
+    probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
         args,
         2 * args.prompts_per_step // args.num_mini_batches // args.world_size,
@@ -473,8 +474,7 @@ def main():
     pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
     thread = threading.Thread(
         target=generation_thread,
-        daemon=True,
-        args=(  # daemon: never keeps a crashed run alive
+        args=(
             llm,
             reward_model,
             tokenizer,
@@ -485,6 +485,7 @@ def main():
             spare_weights,
             data_queue,
         ),
+        daemon=True,  # never keeps a crashed run alive
     )
     if args.rank == 0 and not args.replay_from:
         thread.start()
@@ -565,6 +566,7 @@ def main():
             del weights  # not needed while training (FSDP2: rank 0's gathered copy); the engine's is in the queue
 
         # TRY NOT TO MODIFY: logging
+        gap_sum, gap_tokens = token_gap.tolist()
         metrics = {
             "objective/scores": batch["scores"].mean().item(),
             "objective/score_margin": batch["score_margin"].mean().item(),
@@ -574,7 +576,7 @@ def main():
             "losses/dpo_loss": float(np.mean(stats["loss"])),
             "policy/chosen_rejected_logratio": float(np.mean(stats["logratio"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            "async/behaviour_learner_logprob_gap": gap_sum / gap_tokens,  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/eos_rate": batch["eos_rate"],
             "val/response_length": batch["response_length"],
@@ -635,7 +637,7 @@ def main():
                     else 1
                 )
     if args.rank == 0 and not args.replay_from:
-        thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
+        thread.join(timeout=60)  # the learner took its last batch: the thread is returning
 
     weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
     if "TORCHELASTIC_RUN_ID" in os.environ:  # the group we joined; plain python's is the engine's own (vLLM's

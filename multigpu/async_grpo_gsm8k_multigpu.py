@@ -44,7 +44,7 @@ if __name__ == "__mp_main__":  # a process of vLLM's engine: multiprocessing's s
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
 os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
 # but under torchrun (one rank too) in a process of its own, as vLLM would take torchrun's torch.distributed world as
 # its own (the weights then go through shared memory); forced: 0 breaks torchrun
 if "TORCHELASTIC_RUN_ID" in os.environ:
@@ -554,7 +554,8 @@ def main():
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers, eval_set = load_problem_sets(args, tokenizer)
     prompt_batches = split_into_steps(prompts, answers, args)  # the problems of learner step i: prompt_batches[i]
-    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
+    probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
         args,
         args.prompts_per_step * group_size // args.num_mini_batches // args.world_size,
@@ -606,18 +607,8 @@ def main():
     pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
     thread = threading.Thread(
         target=generation_thread,
-        daemon=True,
-        args=(  # daemon: never keeps a crashed run alive
-            llm,
-            tokenizer,
-            args,
-            prompt_batches,
-            eval_set,
-            guard_state,
-            weights_queue,
-            spare_weights,
-            data_queue,
-        ),
+        args=(llm, tokenizer, args, prompt_batches, eval_set, guard_state, weights_queue, spare_weights, data_queue),
+        daemon=True,  # never keeps a crashed run alive
     )
     if args.rank == 0 and not args.replay_from:
         thread.start()
@@ -737,6 +728,7 @@ def main():
 
         # TRY NOT TO MODIFY: logging
         grouped_rewards = batch["rewards"].view(-1, group_size)
+        gap_sum, gap_tokens = token_gap.tolist()
         metrics = {
             "objective/accuracy": batch["rewards"].mean().item(),
             "objective/format_rate": batch["format_rate"],
@@ -751,7 +743,7 @@ def main():
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            "async/behaviour_learner_logprob_gap": gap_sum / gap_tokens,  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/truncated_rate": batch["truncated_rate"],
             "val/response_length": batch["response_length"],
@@ -817,7 +809,7 @@ def main():
                     else 1
                 )
     if args.rank == 0 and not args.replay_from:
-        thread.join(timeout=60)  # it has put its last batch, which the learner consumed: it is ending
+        thread.join(timeout=60)  # the learner took its last batch: the thread is returning
 
     # the final weights never reached the engine during training; the thread has ended, so the engine is free
     if eval_set.prompts and not args.replay_from:  # a replay has no engine

@@ -15,7 +15,7 @@ import os
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
 os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
 
 import glob
 import json
@@ -365,7 +365,8 @@ def main():
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers = load_prompts(args, tokenizer)
     prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
-    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
+    probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
         args,
         args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches,
@@ -460,6 +461,7 @@ def main():
         training_time = time.time() - train_start
 
         # TRY NOT TO MODIFY: logging
+        gap_sum, gap_tokens = token_gap.tolist()
         metrics = {
             "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.mean().item(),
@@ -473,7 +475,7 @@ def main():
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            "async/behaviour_learner_logprob_gap": gap_sum / gap_tokens,  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/eos_rate": batch["eos_rate"],
             "val/response_length": batch["response_length"],
