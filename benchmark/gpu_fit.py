@@ -102,7 +102,7 @@ def write_config(folder: Path, name: str) -> Path:
 def choice(variant, path: Path, algo: str, layout: dict):
     """(budget GiB, estimate per sequence GiB, micro-batch or 0 if refused, the rank's sequences per mini-batch) as
     the variant's functions give them on that layout's learner GPU."""
-    args = variant.Args(model_name_or_path=str(path), **layout)
+    args = variant.RunArgs(model_name_or_path=str(path), **layout)
     if layout["world_size"] > 1:
         args.prompts_per_step = 48
     k = 2 if algo == "dpo" else args.num_samples_per_prompt

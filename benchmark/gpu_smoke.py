@@ -283,7 +283,7 @@ def variant_estimate(model_path: str, length: int) -> tuple:
     spec = importlib.util.spec_from_file_location("smoke_variant", REPO / "multigpu" / "async_dpo_multigpu.py")
     variant = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(variant)
-    args = variant.Args(model_name_or_path=model_path, learner_device="cuda:1", engine_device="cuda:0", world_size=1)
+    args = variant.RunArgs(model_name_or_path=model_path, learner_device="cuda:1", engine_device="cuda:0", world_size=1)
     with mock.patch("torch.cuda.mem_get_info", lambda device=None: (80 * GIB, 80 * GIB)):
         fixed = 0.9 * 80 - variant.learner_gpu_budget(args, variant.model_config("--model-name-or-path", model_path), 1)
     printed = io.StringIO()

@@ -82,7 +82,7 @@ def run_group(model: str, dtype: str, rows: list) -> list:
 
     dpo.SET_TORCH_THREADS(1)
     path = str(model_path(model))
-    args = dpo.Args(
+    args = dpo.RunArgs(
         model_name_or_path=path,
         engine_dtype=dtype,
         engine_device="cpu",

@@ -253,7 +253,7 @@ def kv_gap(args: Args):
     from transformers import AutoModelForCausalLM
 
     script = common.load_script(INFLIGHT)
-    flags = script.Args(
+    flags = script.RunArgs(
         model_name_or_path=args.policy,
         dataset_path=args.dataset_path,
         num_samples_per_prompt=4,

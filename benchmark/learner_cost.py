@@ -170,7 +170,7 @@ def measure_rows(args: Args):
     modules = {algo: common.load_script(f"async_{algo}.py") for algo in args.algorithms}
     runs = {}
     for algo, m in modules.items():
-        run = tyro.cli(m.Args, args=script_flags(args, algo))
+        run = tyro.cli(m.RunArgs, args=script_flags(args, algo))
         run.engine_device = run.learner_device = "cpu"
         run.kv_cache_gib, run.gpu_memory_utilization = run.kv_cache_gib or 1.0, run.gpu_memory_utilization or 0.1
         runs[algo] = run

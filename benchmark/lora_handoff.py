@@ -93,7 +93,7 @@ def measure_mode(args: Args):
 
     script.SET_TORCH_THREADS(1)
     flags = dict(lora_rank=int(args.mode.split("-")[1])) if lora else {}
-    run = script.Args(
+    run = script.RunArgs(
         model_name_or_path=policy_path(args), torch_threads=1, max_prompt_tokens=args.max_prompt_tokens, **flags
     )
     run.engine_device = run.learner_device = "cpu"

@@ -282,7 +282,7 @@ def measure(args: Args):
     from transformers import AutoModelForCausalLM
     from vllm import SamplingParams
 
-    run = dpo.Args(
+    run = dpo.RunArgs(
         model_name_or_path=inputs.policy,
         dataset_name=inputs.prompts,
         prompts_per_step=args.prompts_per_step,

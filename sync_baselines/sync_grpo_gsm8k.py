@@ -16,7 +16,7 @@ import os
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
 os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
 
 import glob
 import json
@@ -44,6 +44,7 @@ from vllm import LLM, SamplingParams
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
 
 
+# the flags that teach; the others (engine sizing, memory, logging, saving) are RunArgs's, below the banner
 @dataclass
 class Args:
     # algorithm
@@ -86,71 +87,14 @@ class Args:
     """maximum new tokens per response"""
     engine_dtype: str = "float32"
     """engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster"""
-    gpu_memory_utilization: Optional[float] = None
-    """engine GPU share for vLLM; None: 30% (shared) or 90% of free"""
-    kv_cache_gib: Optional[float] = None
-    """KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU"""
 
     # model & data
     model_name_or_path: str = "realtreetune/rho-1b-sft-GSM8K"
     """initial policy and KL reference: a hub id or a folder"""
     dataset_name: str = "openai/gsm8k"
     """problems: a hub id of a GSM8K-format dataset with splits train and test"""
-    dataset_config: Optional[str] = "main"
-    """config name of the hub dataset"""
     dataset_path: Optional[str] = None
     """a folder with GSM8K-format train/test.jsonl; overrides --dataset-name"""
-    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
-    """the paper's Rho-1B prompt"""
-    require_answer_marker: bool = False
-    """grade only the number after "####", as the paper's code (after OpenAI's grade-school-math): a
-    response without one, such as one cut off by --response-length, scores 0; off: else its last number counts"""
-    chat_template: bool = False
-    """the filled template as a user message in the chat template"""
-    max_prompt_tokens: int = 512
-    """prompts longer than this (in policy tokens) are dropped and counted, never truncated"""
-
-    # learner memory
-    micro_batch_size: Optional[int] = None
-    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
-    CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
-    micro_batch_memory_gib: float = 4.0
-    """GiB one micro-batch's activations may take when --micro-batch-size is None"""
-    gradient_checkpointing: bool = False
-    """recompute activations in the backward pass (less memory, more time)"""
-    learner_dtype: Literal["float32", "bfloat16"] = "float32"
-    """autocast dtype; weights and optimizer stay float32"""
-
-    # run & logging
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """name of this experiment (prefix of the run name)"""
-    seed: int = 1
-    """seed of Python, NumPy, torch, the prompt order and every vLLM sampling request"""
-    track: bool = False
-    """log to Weights & Biases as well as tensorboard"""
-    wandb_project_name: str = "clean-async-rlhf"
-    """wandb project (only with --track)"""
-    output_dir: Optional[str] = None
-    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
-    save_every: int = 0
-    """save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)"""
-    keep_checkpoints: int = 1
-    """newest policy snapshots kept (0: all, as benchmark/staleness.py needs)"""
-    torch_threads: int = 1
-    """CPU threads for each role (learner, engine)"""
-    sample_every: int = 10
-    """log a table of sample completions every this many learner steps"""
-    num_eval_prompts: int = 256
-    """held-out test problems graded greedily; 0 turns evaluation off"""
-    eval_every: int = 32
-    """evaluate every this many policy versions (0 = before training) and at the end"""
-
-    # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
-    run_name: tyro.conf.Suppress[str] = ""
-    learner_device: tyro.conf.Suppress[str] = ""
-    engine_device: tyro.conf.Suppress[str] = ""
-    eos_token_ids: tyro.conf.Suppress[tuple] = ()
-    """the tokenizer's EOS and the generation config's: vLLM stops on all"""
 
 
 # ALGO LOGIC: GRPO (Shao et al., 2024): group-normalised rewards, a clipped token-level surrogate; pure, unit-tested
@@ -302,6 +246,28 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
+def chunks(rows: torch.Tensor, size: int):
+    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def combine_stats(micro_batch_stats):
+    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    return {
+        name: max(s[name] for _, s in micro_batch_stats)
+        if name.endswith("_max")
+        else sum(share * s[name] for share, s in micro_batch_stats)
+        for name in micro_batch_stats[0][1]
+    }
+
+
+def learner_autocast(args: Args):
+    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    return torch.autocast(
+        torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
+    )
+
+
 # REWARD: a verifier, not a model: 1 if a solution's final number is the reference answer (see `extract_answer`), else 0
 # a number as written in solutions: sign (not the minus of "5-3"), $, thousands commas, decimals, exponent (2.5e3)
 NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
@@ -414,8 +380,28 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
     )
 
 
+class WeightCheck(NamedTuple):
+    """What an engine that holds a policy version must show the guard."""
+
+    probe: list  # token ids: any fixed ones
+    logprobs: torch.Tensor  # the learner's, at temperature 1
+    checksums: dict  # name: `bit_checksum` of a tensor
+
+
+@torch.no_grad()
+def weight_check(model, probe, args: Args, state_dict=None):
+    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
+    ids = torch.tensor([probe], device=args.learner_device)
+    dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
+    return WeightCheck(
+        probe,
+        token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
+        {name: bit_checksum(t.detach(), dtype) for name, t in weights.items()},
+    )
+
+
 def main():
-    args = tyro.cli(Args)
+    args = tyro.cli(RunArgs)
     check_args(args)
     num_gpus = torch.cuda.device_count()  # the engine on GPU 0, the learner on GPU 1 if there is one, else beside it
     args.engine_device, args.learner_device = ("cuda:0", f"cuda:{min(num_gpus - 1, 1)}") if num_gpus else ("cpu", "cpu")
@@ -431,7 +417,8 @@ def main():
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers, eval_set = load_problem_sets(args, tokenizer)
     prompt_batches = split_into_steps(prompts, answers, args)  # the problems of learner step i: prompt_batches[i]
-    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
+    probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
         args, args.prompts_per_step * group_size // args.num_mini_batches, max(map(len, prompts)) + args.response_length
     )
@@ -540,6 +527,7 @@ def main():
 
         # TRY NOT TO MODIFY: logging
         grouped_rewards = batch["rewards"].view(-1, group_size)
+        gap_sum, gap_tokens = token_gap.tolist()
         metrics = {
             "objective/accuracy": batch["rewards"].mean().item(),
             "objective/format_rate": batch["format_rate"],
@@ -554,7 +542,7 @@ def main():
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            "async/behaviour_learner_logprob_gap": gap_sum / gap_tokens,  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/truncated_rate": batch["truncated_rate"],
             "val/response_length": batch["response_length"],
@@ -605,7 +593,71 @@ def main():
     print_summary(args, reward_key)
 
 
-# PLUMBING: what a reader may skip: input checks, data files, the engine's set-up and guard, memory, run folder, logs
+# PLUMBING: what a reader may skip: the other flags, input checks, data, the engine's set-up and guard, memory, logs
+@dataclass
+class RunArgs(Args):
+    # engine and hand-off: memory, parallelism, patience
+    gpu_memory_utilization: Optional[float] = None
+    """engine GPU share for vLLM; None: 30% (shared) or 90% of free"""
+    kv_cache_gib: Optional[float] = None
+    """KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU"""
+
+    # data details: split, fields, templates, prompt length
+    dataset_config: Optional[str] = "main"
+    """config name of the hub dataset"""
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
+    """the paper's Rho-1B prompt"""
+    require_answer_marker: bool = False
+    """grade only the number after "####", as the paper's code (after OpenAI's grade-school-math): a
+    response without one, such as one cut off by --response-length, scores 0; off: else its last number counts"""
+    chat_template: bool = False
+    """the filled template as a user message in the chat template"""
+    max_prompt_tokens: int = 512
+    """prompts longer than this (in policy tokens) are dropped and counted, never truncated"""
+
+    # learner memory
+    micro_batch_size: Optional[int] = None
+    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
+    CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
+    micro_batch_memory_gib: float = 4.0
+    """GiB one micro-batch's activations may take when --micro-batch-size is None"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (less memory, more time)"""
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"
+    """autocast dtype; weights and optimizer stay float32"""
+
+    # run & logging
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (prefix of the run name)"""
+    seed: int = 1
+    """seed of Python, NumPy, torch, the prompt order and every vLLM sampling request"""
+    track: bool = False
+    """log to Weights & Biases as well as tensorboard"""
+    wandb_project_name: str = "clean-async-rlhf"
+    """wandb project (only with --track)"""
+    output_dir: Optional[str] = None
+    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    save_every: int = 0
+    """save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)"""
+    keep_checkpoints: int = 1
+    """newest policy snapshots kept (0: all, as benchmark/staleness.py needs)"""
+    torch_threads: int = 1
+    """CPU threads for each role (learner, engine)"""
+    sample_every: int = 10
+    """log a table of sample completions every this many learner steps"""
+    num_eval_prompts: int = 256
+    """held-out test problems graded greedily; 0 turns evaluation off"""
+    eval_every: int = 32
+    """evaluate every this many policy versions (0 = before training) and at the end"""
+
+    # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
+    run_name: tyro.conf.Suppress[str] = ""
+    learner_device: tyro.conf.Suppress[str] = ""
+    engine_device: tyro.conf.Suppress[str] = ""
+    eos_token_ids: tyro.conf.Suppress[tuple] = ()
+    """the tokenizer's EOS and the generation config's: vLLM stops on all"""
+
+
 def check_args(args: Args):
     """Reject bad flag values with one line naming the flag, before any model is loaded."""
     for bad, message in [
@@ -835,31 +887,11 @@ def build_engine(args: Args):
     return llm
 
 
-class WeightCheck(NamedTuple):
-    """What an engine that holds a policy version must show the guard."""
-
-    probe: list  # token ids: any fixed ones
-    logprobs: torch.Tensor  # the learner's, at temperature 1
-    checksums: dict  # name: `bit_checksum` of a tensor
-
-
 class GuardState(NamedTuple):
     """What the guard remembers from one check to the next: the probe's logprobs."""
 
     learner_logprobs: torch.Tensor  # when the engine's last changed
     engine_logprobs: torch.Tensor  # the engine's, at the last check
-
-
-@torch.no_grad()
-def weight_check(model, probe, args: Args, state_dict=None):
-    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
-    ids = torch.tensor([probe], device=args.learner_device)
-    dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
-    return WeightCheck(
-        probe,
-        token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
-        {name: bit_checksum(t.detach(), dtype) for name, t in weights.items()},
-    )
 
 
 def bit_checksum(tensor, dtype):
@@ -992,11 +1024,6 @@ def load_causal_lm(path: str, device: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
 
 
-def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
-    return [rows[i : i + size] for i in range(0, len(rows), size)]
-
-
 def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
     """--micro-batch-size, None resolved: the most of `sequences` (<= `length` tokens) --micro-batch-memory-gib holds,
     at least 1, on CPU and GPU alike (on a GPU the multigpu variant sizes it from free memory; docs/benchmarks.md)."""
@@ -1010,23 +1037,6 @@ def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_mod
         f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})"
     )
     return size
-
-
-def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
-    return {
-        name: max(s[name] for _, s in micro_batch_stats)
-        if name.endswith("_max")
-        else sum(share * s[name] for share, s in micro_batch_stats)
-        for name in micro_batch_stats[0][1]
-    }
-
-
-def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
-    return torch.autocast(
-        torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
-    )
 
 
 def enable_gradient_checkpointing(model):

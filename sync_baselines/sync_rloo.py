@@ -15,7 +15,7 @@ import os
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
 os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # on GPU the V1 runner, which CI runs on CPU; =1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
 
 import glob
 import json
@@ -49,6 +49,7 @@ from vllm import LLM, SamplingParams
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
 
 
+# the flags that teach; the others (engine sizing, memory, logging, saving) are RunArgs's, below the banner
 @dataclass
 class Args:
     # algorithm
@@ -86,10 +87,6 @@ class Args:
     """maximum new tokens per response (53 is the TL;DR setting of the reference code)"""
     engine_dtype: str = "float32"
     """engine weights: float32 keeps its logprobs the learner's, bfloat16 is faster"""
-    gpu_memory_utilization: Optional[float] = None
-    """engine GPU share for vLLM; None: 30% (shared) or 90% of free"""
-    kv_cache_gib: Optional[float] = None
-    """KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU"""
 
     # model & data
     model_name_or_path: str = "mnoukhov/pythia410m-sft-tldr"
@@ -100,62 +97,8 @@ class Args:
     """model: the reward model scores; verifier: 1 if the answer is right"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
-    dataset_split: str = "train"
-    """split of a hub dataset (ignored for local files)"""
-    dataset_config: Optional[str] = None
-    """config name of a hub dataset (GSM8K: main)"""
-    prompt_field: str = "query"
-    """column holding the prompt text (reward model)"""
     dataset_path: Optional[str] = None
     """verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
-    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
-    """verifier: the paper's Rho-1B prompt"""
-    require_answer_marker: bool = False
-    """verifier: grade only the number after "####", as the paper's code (after OpenAI's grade-school-math): a
-    response without one, such as one cut off by --response-length, scores 0; off: else its last number counts"""
-    chat_template: bool = False
-    """verifier: the filled template becomes a user message in the tokenizer's chat template"""
-    max_prompt_tokens: int = 512
-    """prompts longer than this (in policy tokens) are dropped and counted, never truncated"""
-
-    # learner memory
-    micro_batch_size: Optional[int] = None
-    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
-    CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
-    micro_batch_memory_gib: float = 4.0
-    """GiB one micro-batch's activations may take when --micro-batch-size is None"""
-    gradient_checkpointing: bool = False
-    """recompute activations in the backward pass (less memory, more time)"""
-    learner_dtype: Literal["float32", "bfloat16"] = "float32"
-    """autocast dtype; weights and optimizer stay float32"""
-
-    # run & logging
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """name of this experiment (prefix of the run name)"""
-    seed: int = 1
-    """seed of Python, NumPy, torch and every vLLM sampling request"""
-    track: bool = False
-    """log to Weights & Biases as well as tensorboard"""
-    wandb_project_name: str = "clean-async-rlhf"
-    """wandb project (only with --track)"""
-    output_dir: Optional[str] = None
-    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
-    save_every: int = 0
-    """save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)"""
-    keep_checkpoints: int = 1
-    """newest policy snapshots kept (0: all, as benchmark/staleness.py needs)"""
-    torch_threads: int = 1
-    """CPU threads for each role (learner, engine)"""
-    sample_every: int = 10
-    """log a table of sample completions every this many learner steps"""
-
-    # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
-    run_name: tyro.conf.Suppress[str] = ""
-    learner_device: tyro.conf.Suppress[str] = ""
-    engine_device: tyro.conf.Suppress[str] = ""
-    """also the reward model's"""
-    eos_token_ids: tyro.conf.Suppress[tuple] = ()
-    """the tokenizer's EOS and the generation config's: vLLM stops on all"""
 
 
 # ALGO LOGIC: RLOO (Ahmadian et al., 2024). Each of a prompt's k samples is baselined by the mean reward of the other
@@ -280,6 +223,28 @@ def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
+def chunks(rows: torch.Tensor, size: int):
+    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def combine_stats(micro_batch_stats):
+    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    return {
+        name: max(s[name] for _, s in micro_batch_stats)
+        if name.endswith("_max")
+        else sum(share * s[name] for share, s in micro_batch_stats)
+        for name in micro_batch_stats[0][1]
+    }
+
+
+def learner_autocast(args: Args):
+    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    return torch.autocast(
+        torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
+    )
+
+
 # REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
 # final number against the problem's reference answer (--reward verifier); both run in the generation thread
 @torch.no_grad()
@@ -293,32 +258,6 @@ def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
         last = attention_mask[rows].sum(dim=1) - 1
         scores.append(reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float())
     return torch.cat(scores)
-
-
-# a number as written in solutions: sign (not the minus of "5-3"), $, thousands commas, decimals, exponent (2.5e3)
-NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
-
-
-def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
-    last one, canonical."""
-    marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
-    if marked:
-        numbers = [] if marked.group(2) else [marked.group(1)]
-    else:
-        numbers = [] if marker_only else re.findall(NUMBER, text)
-    try:
-        value = Decimal(re.sub(r"[,$ ]", "", numbers[-1]))
-    except (IndexError, InvalidOperation):
-        return None
-    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
-
-
-def verify(text: str, answer: str, marker_only: bool):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
-    `marker_only`: --require-answer-marker."""
-    extracted = extract_answer(text, marker_only)
-    return float(extracted is not None and extracted == answer), extracted is not None
 
 
 def score_responses(reward_model, tokenizer, args: Args, prompts, answers, responses, contains_eos):
@@ -390,8 +329,28 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
     )
 
 
+class WeightCheck(NamedTuple):
+    """What an engine that holds a policy version must show the guard."""
+
+    probe: list  # token ids: any fixed ones
+    logprobs: torch.Tensor  # the learner's, at temperature 1
+    checksums: dict  # name: `bit_checksum` of a tensor
+
+
+@torch.no_grad()
+def weight_check(model, probe, args: Args, state_dict=None):
+    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
+    ids = torch.tensor([probe], device=args.learner_device)
+    dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
+    return WeightCheck(
+        probe,
+        token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
+        {name: bit_checksum(t.detach(), dtype) for name, t in weights.items()},
+    )
+
+
 def main():
-    args = tyro.cli(Args)
+    args = tyro.cli(RunArgs)
     check_args(args)
     num_gpus = torch.cuda.device_count()  # the engine (and reward model) on GPU 0, the learner on GPU 1 if there is one
     args.engine_device, args.learner_device = ("cuda:0", f"cuda:{min(num_gpus - 1, 1)}") if num_gpus else ("cpu", "cpu")
@@ -406,7 +365,8 @@ def main():
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers = load_prompts(args, tokenizer)
     prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
-    probe = (prompt_batches[0][0][0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
+    first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
+    probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
         args,
         args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches,
@@ -501,6 +461,7 @@ def main():
         training_time = time.time() - train_start
 
         # TRY NOT TO MODIFY: logging
+        gap_sum, gap_tokens = token_gap.tolist()
         metrics = {
             "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.mean().item(),
@@ -514,7 +475,7 @@ def main():
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
             "policy/approx_kl": float(np.mean(stats["approx_kl"])),
             "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            "async/behaviour_learner_logprob_gap": gap_sum / gap_tokens,  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "val/eos_rate": batch["eos_rate"],
             "val/response_length": batch["response_length"],
@@ -553,7 +514,72 @@ def main():
     print_summary(args, reward_key)
 
 
-# PLUMBING: what a reader may skip: input checks, data files, the engine's set-up and guard, memory, run folder, logs
+# PLUMBING: what a reader may skip: the other flags, input checks, data, the engine's set-up and guard, memory, logs
+@dataclass
+class RunArgs(Args):
+    # engine and hand-off: memory, parallelism, patience
+    gpu_memory_utilization: Optional[float] = None
+    """engine GPU share for vLLM; None: 30% (shared) or 90% of free"""
+    kv_cache_gib: Optional[float] = None
+    """KV cache in GiB; None: from --gpu-memory-utilization on GPU, 1 GiB on CPU"""
+
+    # data details: split, fields, templates, prompt length
+    dataset_split: str = "train"
+    """split of a hub dataset (ignored for local files)"""
+    dataset_config: Optional[str] = None
+    """config name of a hub dataset (GSM8K: main)"""
+    prompt_field: str = "query"
+    """column holding the prompt text (reward model)"""
+    prompt_template: str = "[MATH_TASK] Problem:\n{question}\n\nSolution:"
+    """verifier: the paper's Rho-1B prompt"""
+    require_answer_marker: bool = False
+    """verifier: grade only the number after "####", as the paper's code (after OpenAI's grade-school-math): a
+    response without one, such as one cut off by --response-length, scores 0; off: else its last number counts"""
+    chat_template: bool = False
+    """verifier: the filled template becomes a user message in the tokenizer's chat template"""
+    max_prompt_tokens: int = 512
+    """prompts longer than this (in policy tokens) are dropped and counted, never truncated"""
+
+    # learner memory
+    micro_batch_size: Optional[int] = None
+    """sequences per forward/backward pass; gradients accumulate over a mini-batch (memory, not the update). None: on
+    CPU the whole mini-batch if its estimated activations fit --micro-batch-memory-gib, else the most that fit; GPU 8"""
+    micro_batch_memory_gib: float = 4.0
+    """GiB one micro-batch's activations may take when --micro-batch-size is None"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (less memory, more time)"""
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"
+    """autocast dtype; weights and optimizer stay float32"""
+
+    # run & logging
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """name of this experiment (prefix of the run name)"""
+    seed: int = 1
+    """seed of Python, NumPy, torch and every vLLM sampling request"""
+    track: bool = False
+    """log to Weights & Biases as well as tensorboard"""
+    wandb_project_name: str = "clean-async-rlhf"
+    """wandb project (only with --track)"""
+    output_dir: Optional[str] = None
+    """where the final policy and tokenizer are saved; None means runs/{run_name}/model"""
+    save_every: int = 0
+    """save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)"""
+    keep_checkpoints: int = 1
+    """newest policy snapshots kept (0: all, as benchmark/staleness.py needs)"""
+    torch_threads: int = 1
+    """CPU threads for each role (learner, engine)"""
+    sample_every: int = 10
+    """log a table of sample completions every this many learner steps"""
+
+    # computed at runtime, not flags (tyro.conf.Suppress keeps them off the command line)
+    run_name: tyro.conf.Suppress[str] = ""
+    learner_device: tyro.conf.Suppress[str] = ""
+    engine_device: tyro.conf.Suppress[str] = ""
+    """also the reward model's"""
+    eos_token_ids: tyro.conf.Suppress[tuple] = ()
+    """the tokenizer's EOS and the generation config's: vLLM stops on all"""
+
+
 def check_args(args: Args):
     """Reject bad flag values with one line naming the flag, before any model is loaded."""
     source = args.dataset_name if args.dataset_path is None else os.path.join(args.dataset_path, "train.jsonl")
@@ -774,6 +800,33 @@ def prompt_order(num_prompts: int, num_needed: int, seed: int) -> np.ndarray:
     return np.concatenate([rng.permutation(num_prompts) for _ in range(passes)])[:num_needed]
 
 
+# VERIFIER (--reward verifier): a response's final number, and a GSM8K answer's, graded as written
+# a number as written in solutions: sign (not the minus of "5-3"), $, thousands commas, decimals, exponent (2.5e3)
+NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
+
+
+def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
+    last one, canonical."""
+    marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
+    if marked:
+        numbers = [] if marked.group(2) else [marked.group(1)]
+    else:
+        numbers = [] if marker_only else re.findall(NUMBER, text)
+    try:
+        value = Decimal(re.sub(r"[,$ ]", "", numbers[-1]))
+    except (IndexError, InvalidOperation):
+        return None
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
+
+
+def verify(text: str, answer: str, marker_only: bool):
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
+    `marker_only`: --require-answer-marker."""
+    extracted = extract_answer(text, marker_only)
+    return float(extracted is not None and extracted == answer), extracted is not None
+
+
 # vLLM: the engine's set-up and the guard, through the public API (LLM, SamplingParams, collective_rpc) of vllm 0.32
 def build_engine(args: Args):
     """The engine; on GPU it takes 30% (the learner beside it) or 90% of the memory the models left free."""
@@ -803,31 +856,11 @@ def build_engine(args: Args):
     return llm
 
 
-class WeightCheck(NamedTuple):
-    """What an engine that holds a policy version must show the guard."""
-
-    probe: list  # token ids: any fixed ones
-    logprobs: torch.Tensor  # the learner's, at temperature 1
-    checksums: dict  # name: `bit_checksum` of a tensor
-
-
 class GuardState(NamedTuple):
     """What the guard remembers from one check to the next: the probe's logprobs."""
 
     learner_logprobs: torch.Tensor  # when the engine's last changed
     engine_logprobs: torch.Tensor  # the engine's, at the last check
-
-
-@torch.no_grad()
-def weight_check(model, probe, args: Args, state_dict=None):
-    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
-    ids = torch.tensor([probe], device=args.learner_device)
-    dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
-    return WeightCheck(
-        probe,
-        token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
-        {name: bit_checksum(t.detach(), dtype) for name, t in weights.items()},
-    )
 
 
 def bit_checksum(tensor, dtype):
@@ -966,11 +999,6 @@ def load_scalar_model(path: str, device: str, trained: bool = False):
     return model.to(device).eval().requires_grad_(trained)
 
 
-def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
-    return [rows[i : i + size] for i in range(0, len(rows), size)]
-
-
 def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):
     """--micro-batch-size, None resolved: the most of `sequences` (<= `length` tokens) --micro-batch-memory-gib holds,
     at least 1, on CPU and GPU alike (on a GPU the multigpu variant sizes it from free memory; docs/benchmarks.md)."""
@@ -984,23 +1012,6 @@ def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_mod
         f"--micro-batch-memory-gib {args.micro_batch_memory_gib:g})"
     )
     return size
-
-
-def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
-    return {
-        name: max(s[name] for _, s in micro_batch_stats)
-        if name.endswith("_max")
-        else sum(share * s[name] for share, s in micro_batch_stats)
-        for name in micro_batch_stats[0][1]
-    }
-
-
-def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
-    return torch.autocast(
-        torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
-    )
 
 
 def enable_gradient_checkpointing(model):

@@ -415,7 +415,7 @@ def test_computed_fields_are_not_flags(flag, monkeypatch, capsys):
         module = load_script(script)
         monkeypatch.setitem(sys.modules, module.__name__, module)  # tyro reads the docstrings for its message
         with pytest.raises(SystemExit):
-            tyro.cli(module.Args, args=[flag, "1"])
+            tyro.cli(module.RunArgs, args=[flag, "1"])
         assert f"Unrecognized options: {flag}" in capsys.readouterr().err
 
 
@@ -454,7 +454,7 @@ def other_family(tiny, tmp_path_factory):
 def engine(other_family):
     """A real engine on the other family's folder: vLLM reads the EOS ids to stop on from the model's own files."""
     rloo = load_script("async_rloo.py")
-    args = rloo.Args(
+    args = rloo.RunArgs(
         model_name_or_path=str(other_family[0]),
         max_prompt_tokens=64,
         response_length=16,
@@ -491,7 +491,7 @@ def test_a_response_ending_in_any_eos_id_counts_as_finished(other_family, engine
     rloo, _, llm = engine
     folder, second_eos = other_family
     # micro_batch_size given: the script resolves its default before the generation thread starts, this test does not
-    args = rloo.Args(
+    args = rloo.RunArgs(
         model_name_or_path=str(folder),
         max_prompt_tokens=64,
         response_length=16,

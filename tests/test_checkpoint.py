@@ -89,7 +89,7 @@ def assert_a_model_folder(script, folder, tiny, arithmetic_folder):
         if script == PPO
         else dict(dataset_path=str(arithmetic_folder), max_prompt_tokens=128)
     )
-    args = variant.Args(model_name_or_path=str(folder), response_length=16, **data)
+    args = variant.RunArgs(model_name_or_path=str(folder), response_length=16, **data)
     variant.check_args(args)
     tokenizer, eos_token_ids = variant.load_tokenizer(args)
     assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(tiny / "policy").get_vocab()
@@ -183,10 +183,10 @@ def test_resuming_with_other_training_flags_is_refused(tiny, tmp_path):
     import torch
 
     torch.save(
-        dict(step=2, args=dict(vars(grpo.Args(run_name="async_grpo_gsm8k_multigpu__1__1")))),
+        dict(step=2, args=dict(vars(grpo.RunArgs(run_name="async_grpo_gsm8k_multigpu__1__1")))),
         run_dir / "checkpoint_2" / "state.pt",
     )
-    changed = grpo.Args(resume_from=str(run_dir), learning_rate=1e-4)
+    changed = grpo.RunArgs(resume_from=str(run_dir), learning_rate=1e-4)
     with pytest.raises(
         SystemExit,
         match=r"error: --resume-from: --learning-rate is 0.0001 here but was 3e-06 in "
@@ -194,7 +194,7 @@ def test_resuming_with_other_training_flags_is_refused(tiny, tmp_path):
     ):
         grpo.load_checkpoint(changed)
     with pytest.raises(SystemExit, match="holds no checkpoint"):
-        grpo.load_checkpoint(grpo.Args(resume_from=str(tmp_path)))
+        grpo.load_checkpoint(grpo.RunArgs(resume_from=str(tmp_path)))
 
 
 def test_resuming_keeps_the_micro_batch_the_default_chose(tmp_path, monkeypatch):
@@ -207,13 +207,13 @@ def test_resuming_keeps_the_micro_batch_the_default_chose(tmp_path, monkeypatch)
     grpo = load_script(GRPO)
     run_dir = tmp_path / "runs" / "async_grpo_gsm8k_multigpu__1__1"
     (run_dir / "checkpoint_2").mkdir(parents=True)
-    saved = vars(grpo.Args(run_name=run_dir.name, micro_batch_size=16))
+    saved = vars(grpo.RunArgs(run_name=run_dir.name, micro_batch_size=16))
     torch.save(dict(step=2, args=dict(saved)), run_dir / "checkpoint_2" / "state.pt")
     monkeypatch.chdir(tmp_path)  # a run is resumed in the folder that holds its runs/
-    default = grpo.Args(resume_from=str(run_dir))
+    default = grpo.RunArgs(resume_from=str(run_dir))
     assert grpo.load_checkpoint(default)["step"] == 2 and default.micro_batch_size == 16
     with pytest.raises(SystemExit, match="--micro-batch-size is 8 here but was 16 in the run"):
-        grpo.load_checkpoint(grpo.Args(resume_from=str(run_dir), micro_batch_size=8))
+        grpo.load_checkpoint(grpo.RunArgs(resume_from=str(run_dir), micro_batch_size=8))
 
 
 def test_another_scripts_a_damaged_or_a_core_s_checkpoint_is_refused_in_one_line(tmp_path):
@@ -227,19 +227,19 @@ def test_another_scripts_a_damaged_or_a_core_s_checkpoint_is_refused_in_one_line
     run_dir = tmp_path / "runs" / "async_dpo_multigpu__1__1"
     (run_dir / "checkpoint_2").mkdir(parents=True)
     state = run_dir / "checkpoint_2" / "state.pt"
-    torch.save(dict(step=2, args=dict(vars(dpo.Args(run_name=run_dir.name)))), state)
+    torch.save(dict(step=2, args=dict(vars(dpo.RunArgs(run_name=run_dir.name)))), state)
     with pytest.raises(
         SystemExit,
         match=r"error: --resume-from .* is a checkpoint of async_dpo_multigpu, not of "
         r"async_rloo_multigpu: resume it with the script",
     ):
-        rloo.load_checkpoint(rloo.Args(resume_from=str(run_dir)))
+        rloo.load_checkpoint(rloo.RunArgs(resume_from=str(run_dir)))
     state.write_bytes(state.read_bytes()[:200])
     with pytest.raises(SystemExit, match=f"error: --resume-from: {re.escape(str(state))} cannot be read"):
-        dpo.load_checkpoint(dpo.Args(resume_from=str(run_dir)))
+        dpo.load_checkpoint(dpo.RunArgs(resume_from=str(run_dir)))
     # a core's run folder, or one of its policy snapshots (save_policy: checkpoint_<step>/policy, nothing else)
     core_run = tmp_path / "runs" / "async_rloo__1__1"
     (core_run / "checkpoint_4" / "policy").mkdir(parents=True)
     for given in (core_run, core_run / "checkpoint_4"):
         with pytest.raises(SystemExit, match=r"holds no checkpoint \(--save-every's; a core script saves none\)$"):
-            rloo.load_checkpoint(rloo.Args(resume_from=str(given)))
+            rloo.load_checkpoint(rloo.RunArgs(resume_from=str(given)))

@@ -319,7 +319,7 @@ class Parsed(Exception):
 def parse(module, flags):
     import tyro
 
-    return tyro.cli(module.Args, args=list(flags))
+    return tyro.cli(getattr(module, "RunArgs", module.Args), args=list(flags))  # a core splits its flags in two
 
 
 def write_recording(module, command: Command, folder):
@@ -356,7 +356,7 @@ def check_algorithm_command(command: Command, workdir, monkeypatch):
 
 def check_other_command(command: Command, monkeypatch):
     """A benchmark or tool script: tyro's Args, else the script runs as __main__ until its argparse parser returns."""
-    if "tyro.cli(Args" in (REPO / command.script).read_text():
+    if re.search(r"tyro\.cli\((Run)?Args\)", (REPO / command.script).read_text()):
         module = script_module(command.script)
         monkeypatch.setitem(sys.modules, module.__name__, module)
         parse(module, command.flags)

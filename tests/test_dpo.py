@@ -98,7 +98,7 @@ def check_weight_sync(policy_dir: str, script: str = ASYNC):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dpo = load_script(script)
-    args = dpo.Args(
+    args = dpo.RunArgs(
         model_name_or_path=policy_dir,
         engine_device="cpu",
         learner_device="cpu",
@@ -204,7 +204,7 @@ def test_the_guard_stops_skipped_stuck_and_partial_pushes_and_passes_healthy_one
     from transformers import AutoModelForCausalLM
 
     dpo = load_script(ASYNC)
-    args = dpo.Args(
+    args = dpo.RunArgs(
         model_name_or_path=str(tiny / "policy"),
         engine_device="cpu",
         learner_device="cpu",
@@ -314,7 +314,7 @@ def guard_on_a_stale_body(policy_dir: str):
     from transformers import AutoModelForCausalLM
 
     dpo = load_script(ASYNC)
-    args = dpo.Args(
+    args = dpo.RunArgs(
         model_name_or_path=policy_dir,
         engine_device="cpu",
         learner_device="cpu",
@@ -570,7 +570,7 @@ def test_sigterm_saves_the_policy_before_the_run_exits(tiny, tmp_path):
     # failed with a traceback asking for sentencepiece): the script's own checks take it, with the run's tokenizer
     # and EOS ids (the tiny tokenizer's EOS is id 0)
     dpo = load_script(ASYNC)
-    args = dpo.Args(
+    args = dpo.RunArgs(
         model_name_or_path=str(saved / "policy"),
         reward_model_path=str(tiny / "rm"),
         dataset_name=str(tiny / "prompts.jsonl"),
@@ -579,7 +579,7 @@ def test_sigterm_saves_the_policy_before_the_run_exits(tiny, tmp_path):
     )
     dpo.check_args(args)
     tokenizer, eos_token_ids = dpo.load_tokenizer(args)
-    initial, _ = dpo.load_tokenizer(dpo.Args(model_name_or_path=str(tiny / "policy")))
+    initial, _ = dpo.load_tokenizer(dpo.RunArgs(model_name_or_path=str(tiny / "policy")))
     assert tokenizer.get_vocab() == initial.get_vocab() and eos_token_ids == (0,)
     assert (saved / "policy" / "generation_config.json").exists()
 

@@ -203,7 +203,7 @@ def test_difficulty_changes_the_problems_and_the_eval_split_is_disjoint(grpo, ar
     assert any("doubles" in p["question"] or "triples" in p["question"] for p in hard)
     assert not any("doubles" in p["question"] or "triples" in p["question"] for p in easy)
     # the files the command line wrote, read as the GRPO script reads a --dataset-path folder
-    args = grpo.Args(dataset_path=str(arithmetic_folder))
+    args = grpo.RunArgs(dataset_path=str(arithmetic_folder))
     train, test = grpo.load_problems(args, "train"), grpo.load_problems(args, "test")
     assert (train, test) == arithmetic.make_splits(1, 7473, 1319)
     assert len(test) > 256 and not {p["question"] for p in train} & {p["question"] for p in test}

@@ -201,7 +201,7 @@ def engine(tiny):
 
     inflight = load_script(INFLIGHT)
     policy = str(tiny / "policy")
-    args = inflight.Args(
+    args = inflight.RunArgs(
         model_name_or_path=policy,
         engine_device="cpu",
         learner_device="cpu",
@@ -365,7 +365,7 @@ def test_an_in_flight_guard_failure_quotes_no_logprob_gap_it_did_not_measure(tin
     from transformers import AutoModelForCausalLM
 
     inflight = load_script(INFLIGHT)
-    args = inflight.Args(
+    args = inflight.RunArgs(
         model_name_or_path=str(tiny / "policy"),
         engine_device="cpu",
         learner_device="cpu",

@@ -83,7 +83,7 @@ def test_bfloat16_autocast_runs_the_learner_in_bfloat16_with_float32_weights(dpo
     tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
     model = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
     ids, attn, resp = batch(tokenizer, ["Natalia sold clips"], [" to 48 of her friends"], dpo)
-    args = dpo.Args(learner_device="cpu", learner_dtype="bfloat16")
+    args = dpo.RunArgs(learner_device="cpu", learner_dtype="bfloat16")
     with dpo.learner_autocast(args):
         low = dpo.token_logprobs(model, ids, attn, resp, 0.7)
     full = dpo.token_logprobs(model, ids, attn, resp, 0.7)
@@ -97,7 +97,7 @@ def test_the_default_micro_batch_is_the_whole_mini_batch_when_it_fits_the_memory
     one (at least 1), on CPU and GPU alike; an explicit size always wins. One printed line gives the choice and the estimate."""
 
     def choose(sequences=16, length=100, **flags):
-        args = dpo.Args(model_name_or_path=str(tiny / "policy"), learner_device=flags.pop("device", "cpu"), **flags)
+        args = dpo.RunArgs(model_name_or_path=str(tiny / "policy"), learner_device=flags.pop("device", "cpu"), **flags)
         args.micro_batch_size = dpo.choose_micro_batch_size(args, sequences, length)
         return args.micro_batch_size, capsys.readouterr().out.strip()
 
@@ -130,7 +130,7 @@ def test_the_multigpu_variant_sizes_the_gpu_micro_batch_from_free_memory_less_th
     config = variant.model_config("--model-name-or-path", str(tiny / "policy"))
 
     def budget(**flags):
-        args = variant.Args(
+        args = variant.RunArgs(
             model_name_or_path=str(tiny / "policy"), **{"engine_device": "cuda:0", "learner_device": "cuda:1", **flags}
         )
         return variant.learner_gpu_budget(args, config, 1) * 2**30
@@ -144,7 +144,7 @@ def test_the_multigpu_variant_sizes_the_gpu_micro_batch_from_free_memory_less_th
         0.9 * free - 24 * size - 0.5 * total
     )
     per_sequence = 100 * (2 * 1.27 * (48 * 128 + 16 * 256) + 16 * 512)  # bytes, as in the test above
-    args = variant.Args(model_name_or_path=str(tiny / "policy"), engine_device="cuda:0", learner_device="cuda:1")
+    args = variant.RunArgs(model_name_or_path=str(tiny / "policy"), engine_device="cuda:0", learner_device="cuda:1")
     assert variant.choose_micro_batch_size(args, 10**9, 100) == int(budget() / per_sequence)
     assert variant.choose_micro_batch_size(args, 16, 100) == 16  # the whole mini-batch when it fits
     assert "of --micro-batch-memory-gib 71.1)" in capsys.readouterr().out  # the budget it resolved, in GiB
@@ -160,7 +160,7 @@ def test_the_multigpu_variant_sizes_the_gpu_micro_batch_from_free_memory_less_th
         variant.choose_micro_batch_size(args, 16, 100)
     args.micro_batch_size = 1  # an explicit size is the user's call
     assert variant.choose_micro_batch_size(args, 16, 100) == 1
-    args = variant.Args(model_name_or_path=str(tiny / "policy"), learner_device="cpu", micro_batch_size=None)
+    args = variant.RunArgs(model_name_or_path=str(tiny / "policy"), learner_device="cpu", micro_batch_size=None)
     assert variant.choose_micro_batch_size(args, 16, 100) == 16  # on CPU: 4 GiB, as the core
 
 

@@ -49,7 +49,7 @@ def lora(request):
 
 
 def learner_and_engine(lora, tiny, tmp_path):
-    args = lora.Args(
+    args = lora.RunArgs(
         model_name_or_path=str(tiny / "policy"),
         engine_device="cpu",
         learner_device="cpu",
@@ -68,7 +68,7 @@ def test_the_reference_is_the_base_with_the_adapter_disabled(lora, tiny, tmp_pat
     rounding, and the optimizer's parameters are the adapter's alone."""
     from transformers import AutoModelForCausalLM
 
-    args = lora.Args(model_name_or_path=str(tiny / "policy"), learner_device="cpu", lora_rank=4)
+    args = lora.RunArgs(model_name_or_path=str(tiny / "policy"), learner_device="cpu", lora_rank=4)
     policy = lora.load_lora_policy(args)
     trained = [n for n, p in policy.named_parameters() if p.requires_grad]
     assert trained and all("lora_A" in n or "lora_B" in n for n in trained)

@@ -12,9 +12,9 @@ def test_an_output_dir_that_is_the_initial_model_or_cannot_be_written_is_refused
         SystemExit,
         match="error: --output-dir is --model-name-or-path: the trained policy would overwrite the initial one",
     ):
-        ppo.check_args(ppo.Args(model_name_or_path=model, output_dir=model + "/"))
+        ppo.check_args(ppo.RunArgs(model_name_or_path=model, output_dir=model + "/"))
     (tmp_path / "a_file").write_text("")
     with pytest.raises(SystemExit, match=r"error: --output-dir '.*a_file/out' is not a folder this run can write to"):
-        ppo.check_args(ppo.Args(model_name_or_path=model, output_dir=str(tmp_path / "a_file" / "out")))
+        ppo.check_args(ppo.RunArgs(model_name_or_path=model, output_dir=str(tmp_path / "a_file" / "out")))
     with pytest.raises(SystemExit, match=r"error: --weights-dir '.*nowhere': no such folder"):
-        ppo.check_args(ppo.Args(model_name_or_path=model, weights_dir=str(tmp_path / "nowhere")))
+        ppo.check_args(ppo.RunArgs(model_name_or_path=model, weights_dir=str(tmp_path / "nowhere")))

@@ -234,9 +234,9 @@ def test_bad_correction_flags_are_rejected(script, flags, message):
 
     if message is None:  # not one of the choices: tyro names the flag and the choices
         with pytest.raises(SystemExit):
-            tyro.cli(script.Args, args=flags)
+            tyro.cli(script.RunArgs, args=flags)
         return
-    args = tyro.cli(script.Args, args=flags)
+    args = tyro.cli(script.RunArgs, args=flags)
     with pytest.raises(SystemExit, match=re.escape(f"error: {message}")):
         script.check_args(args)
 
@@ -244,9 +244,9 @@ def test_bad_correction_flags_are_rejected(script, flags, message):
 def test_defaults_are_the_papers_loss_without_dual_clip(script):
     import tyro
 
-    args = tyro.cli(script.Args, args=[])
+    args = tyro.cli(script.RunArgs, args=[])
     assert (args.off_policy_correction, args.importance_weight_cap, args.dual_clip) == ("paper", 2.0, None)
-    assert tyro.cli(script.Args, args=["--dual-clip", "3"]).dual_clip == 3.0
+    assert tyro.cli(script.RunArgs, args=["--dual-clip", "3"]).dual_clip == 3.0
 
 
 @pytest.mark.parametrize("gradient_checkpointing", [False, True], ids=["eager", "checkpointed"])
@@ -285,7 +285,7 @@ def test_the_first_mini_batch_anchor_taken_from_its_training_forward_is_a_no_gra
     prompts = [tokenizer(f"Natalia sold {n} clips").input_ids for n in range(6)]
     responses = [tokenizer(" to her friends" * (1 + n % 3)).input_ids for n in range(6)]
     ids, attn, resp = script.pad_sequences(prompts, responses, tokenizer.pad_token_id, "cpu")
-    args = script.Args(
+    args = script.RunArgs(
         learner_device="cpu",
         learner_dtype=learner_dtype,
         micro_batch_size=4,

@@ -333,7 +333,7 @@ def test_bad_input_fails_with_one_message_before_the_engine_starts(runs, index):
 )
 def test_check_args_names_the_flag(tiny, script, overrides, message):
     module = load_script(script)
-    args = module.Args(
+    args = module.RunArgs(
         model_name_or_path=str(tiny / "policy"),
         reward_model_path=str(tiny / "rm"),
         dataset_name=str(tiny / "prompts.jsonl"),

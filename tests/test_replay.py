@@ -198,7 +198,7 @@ def test_a_replay_that_cannot_be_the_recorded_run_is_refused_in_one_line(recorde
     """check_args refuses first (check_replay), before it reads any model's config."""
     rloo = load_script(RLOO)
     paths = {"NEOX": tiny / "neox_policy", "NEOX_RM": tiny / "neox_rm", "NO_SAMPLES": tmp_path / "no_samples"}
-    args = tyro.cli(rloo.Args, args=cli_flags(tiny, recorded[RLOO], *(str(paths.get(f, f)) for f in change)))
+    args = tyro.cli(rloo.RunArgs, args=cli_flags(tiny, recorded[RLOO], *(str(paths.get(f, f)) for f in change)))
     with pytest.raises(SystemExit, match=f"^error: {message}"):
         rloo.check_args(args)
 
@@ -207,7 +207,7 @@ def test_a_replay_without_micro_batch_size_takes_the_recorded_one(recorded, tiny
     rloo = load_script(RLOO)
     flags_ = cli_flags(tiny, recorded[RLOO])
     i = flags_.index("--micro-batch-size")
-    args = tyro.cli(rloo.Args, args=flags_[:i] + flags_[i + 2 :])
+    args = tyro.cli(rloo.RunArgs, args=flags_[:i] + flags_[i + 2 :])
     assert args.micro_batch_size is None
     rloo.check_replay(args)
     assert args.micro_batch_size == 4

@@ -277,7 +277,7 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_p
 )
 def test_bad_flag_values_are_rejected_with_a_message_naming_the_flag(rloo, tiny, flags, message):
     # `check_args` is the same function in both files (checked above); the subprocess test below shows it runs first
-    args = rloo.Args(
+    args = rloo.RunArgs(
         model_name_or_path=str(tiny / "policy"),
         reward_model_path=str(tiny / "rm"),
         dataset_name=str(tiny / "prompts.jsonl"),

@@ -62,7 +62,7 @@ def test_the_calculator_computes_arithmetic_and_refuses_the_rest_with_an_error_s
 
 
 def test_a_result_is_the_value_after_the_turns_last_opening_tag(tools):
-    args = tools.Args()
+    args = tools.RunArgs()
     assert tools.tool_result("so <calc>1+1</calc> and <calc>2*3</calc>", args) == "=6"
     assert tools.tool_result("no tag 2*3</calc>", args) == "=error: no opening tag"
     assert tools.tool_result("<calc>hello</calc>", args) == "=error: not arithmetic"
@@ -107,7 +107,7 @@ def engine(tiny, tmp_path_factory):
     tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
     policy = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32)
     path = scripted_policy(policy, tokenizer, SCRIPT, tmp_path_factory.mktemp("scripted"))
-    args = tools.Args(
+    args = tools.RunArgs(
         model_name_or_path=str(path),
         engine_device="cpu",
         learner_device="cpu",
@@ -251,7 +251,7 @@ def merging(tmp_path_factory):
     folder = tmp_path_factory.mktemp("smollm2")
     # two prompts and 80 steps: each step's logits span 49,152 tokens, and greedy decoding already repeats the script
     path = scripted_policy(LlamaForCausalLM(config), tokenizer, MERGING, folder, prompts=2, steps=80)
-    args = tools.Args(
+    args = tools.RunArgs(
         model_name_or_path=str(path),
         engine_device="cpu",
         learner_device="cpu",

@@ -134,7 +134,7 @@ def test_the_evaluation_tool_grades_saved_policies_as_the_grpo_run_graded_them(t
 )
 def test_bad_verifier_flags_are_rejected_naming_the_flag(algo, tiny, flags, message):
     module = load_script(f"async_{algo}.py")
-    args = module.Args(
+    args = module.RunArgs(
         model_name_or_path=str(tiny / "policy"), reward="verifier", reward_model_path="./no/such/rm", **flags
     )
     with pytest.raises(SystemExit, match=re.escape(f"error: {message}")):

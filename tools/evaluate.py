@@ -73,7 +73,7 @@ def main():
     from transformers import AutoModelForCausalLM
 
     gpu = torch.cuda.is_available()
-    args = grpo.Args(
+    args = grpo.RunArgs(
         model_name_or_path=tokenizer_path,
         dataset_path=flags.dataset_path,
         prompt_template=flags.prompt_template,

@@ -93,7 +93,8 @@ def loops():
 
 # where the two documents hold them
 MARKERS = ("<!-- tools/layout.py: begin -->", "<!-- tools/layout.py: end -->")
-README_LOOPS = r"(the learner loop \(in the cores it starts at line )[0-9]+–[0-9]+(\))"
+# the README wraps its lines anywhere
+README_LOOPS = r"(the\s+learner\s+loop\s+\(in\s+the\s+cores\s+it\s+starts\s+at\s+line\s+)[0-9]+–[0-9]+(\))"
 
 
 def documented():
