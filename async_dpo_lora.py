@@ -40,7 +40,6 @@ import torch
 import torch.nn.functional as F
 import tyro
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
-from safetensors.torch import load_file
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 from transformers import (
@@ -305,13 +304,15 @@ class WeightCheck(NamedTuple):
 @torch.no_grad()
 def save_adapter(policy, version: int, probe, args: Args):
     """The learner's side of the hand-off: version `version`'s adapter in its folder (safetensors), and what an engine
-    serving it answers: the probe's logprobs at temperature 1 and the bit checksums of every adapter tensor."""
+    serving it answers: the probe's logprobs at temperature 1 and the bit checksums of the tensors vLLM holds."""
     policy.save_pretrained(adapter_request(args, version).lora_path)
     ids = torch.tensor([probe], device=args.learner_device)
     ones = torch.ones_like(ids)  # every probe token attended to and scored
     logprobs = token_logprobs(policy, ids, ones, ones, 1.0)[0].cpu()
+    # as vLLM holds them: in --engine-dtype, B times alpha / r
+    dtype, scaling = getattr(torch, args.engine_dtype), args.lora_alpha / args.lora_rank
     trained = get_peft_model_state_dict(policy)  # A and B, named as in the file
-    checksums = {n: bit_checksum(t, torch.float32) for n, t in trained.items()}
+    checksums = {n: bit_checksum(t.to(dtype) * (scaling if "lora_B" in n else 1), dtype) for n, t in trained.items()}
     return WeightCheck(probe, logprobs, checksums)
 
 
@@ -401,16 +402,14 @@ def main():
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
     keep_models_eager(policy, reward_model)
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # tmpfs: the engine reads each adapter from RAM
-    args.adapter_dir = tempfile.mkdtemp(prefix=f"adapters_{args.run_name}_", dir=shm)
-    atexit.register(shutil.rmtree, args.adapter_dir, True)  # a stop, a guard's exit, a crash: none leaves RAM held
+    args.adapter_dir = make_adapter_dir(args, trained)
     expected = save_adapter(policy, 0, probe, args)  # version 0: B = 0, the base itself
     first = adapter_request(args, 0)
     push_weights_to_engine(llm, first, None)
     guard_state = check_weight_sync(llm, expected, None, args, 0, first)
 
     # ASYNC: the generation thread runs ahead by at most K policy versions
-    weights_queue = queue.Queue()  # PolicyVersions from the learner (the adapter in its folder): at most K+1 wait
+    weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
     thread = threading.Thread(
         target=generation_thread,
@@ -593,7 +592,7 @@ class RunArgs(Args):
     eos_token_ids: tyro.conf.Suppress[tuple] = ()
     """the tokenizer's EOS and the generation config's: vLLM stops on all"""
     adapter_dir: tyro.conf.Suppress[str] = ""
-    """where the learner saves each version's adapter for the engine (tmpfs where there is one)"""
+    """where the learner saves each version's adapter for the engine (`make_adapter_dir`)"""
 
 
 # the linear layers vLLM 0.32 applies adapters to, by the base's model_type (its packed qkv_proj / gate_up_proj take
@@ -636,6 +635,10 @@ def check_args(args: Args):
             f"--prompts-per-step {args.prompts_per_step} is not divisible by --num-mini-batches {args.num_mini_batches}",
         ),
         (args.temperature <= 0, "--temperature must be > 0 (logprobs are computed at the sampling temperature)"),
+        (
+            args.engine_dtype not in ("float32", "bfloat16", "float16"),  # "auto" too: the guard needs the dtype
+            f"--engine-dtype must be float32, bfloat16 or float16, got {args.engine_dtype!r}",
+        ),
         (
             min(args.num_learner_steps, args.prompts_per_step, args.response_length, args.max_prompt_tokens) < 1,
             "--num-learner-steps, --prompts-per-step, --response-length and --max-prompt-tokens must be >= 1",
@@ -889,6 +892,18 @@ def build_engine(args: Args):
     return llm
 
 
+def make_adapter_dir(args: Args, trained):
+    """The hand-off folder: in RAM (/dev/shm) if the adapters fit, else on disk."""
+    versions = args.async_steps + 2  # at most: the engine's, and K+1 saved ahead
+    need = versions * sum(p.numel() * p.element_size() for p in trained)
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > need else None
+    folder = tempfile.mkdtemp(prefix=f"adapters_{args.run_name}_", dir=shm)
+    atexit.register(shutil.rmtree, folder, True)  # a stop, a crash: none leaves it held
+    if shm is None:
+        print(f"note: /dev/shm cannot hold {versions} adapters ({need / 2**20:.0f} MiB): using {folder}")
+    return folder
+
+
 class GuardState(NamedTuple):
     """What the guard remembers from one check to the next: the probe's logprobs."""
 
@@ -914,29 +929,41 @@ def bit_checksum(tensor, dtype):
     return tuple(tensor.shape), tensor.numel(), total, weighted
 
 
+def engine_adapter_checksums(model, shapes):
+    """In an engine worker: the `bit_checksum` of each learner tensor (`shapes`: name: shape) as the engine
+    holds it, in vLLM 0.32's LoRA layers: `lora_a_stacked` / `lora_b_stacked`, one per fused part."""
+    modules = dict(model.named_modules())
+    fused = {p: (f, i) for f, parts in model.packed_modules_mapping.items() for i, p in enumerate(parts)}
+    held = {}
+    for name, shape in shapes.items():
+        parent, leaf, matrix, _ = name.removeprefix("base_model.model.").rsplit(".", 3)
+        layer, part = fused.get(leaf, (leaf, 0))  # q_proj: part 0 of qkv_proj
+        stacked = getattr(modules.get(f"{parent}.{layer}"), f"{matrix.lower()}_stacked", None)
+        if stacked is not None:
+            slot = stacked[part][0, 0, : shape[0], : shape[1]]  # max_loras=1: slot 0
+            held[name] = bit_checksum(slot, slot.dtype)
+    return held
+
+
 def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int, adapter: LoRARequest):
-    """The guard for adapters (docs/dpo.md#lora): the adapter file holds every tensor the learner saved, bit for bit;
-    the engine holds that adapter and no other; and, through it, answers the probe as the learner does, and anew once
-    the learner's answer has moved since the engine's answer last changed (`previous`)."""
+    """The guard for adapters (docs/dpo.md#lora): the engine holds that adapter alone, its slot every tensor the
+    learner trained, bit for bit, and through it the engine answers the probe as the learner does, and anew once the
+    learner's answer has moved since the engine's last changed (`previous`)."""
     probe, learner, checksums = expected.probe, expected.logprobs, expected.checksums
-    written = {
-        n: bit_checksum(t, torch.float32)
-        for n, t in load_file(f"{adapter.lora_path}/adapter_model.safetensors").items()
-    }
-    missing = sorted(set(checksums) - set(written))
-    differ = [n for n in checksums if n in written and written[n] != checksums[n]]
-    if missing or differ or llm.llm_engine.list_loras() != {adapter.lora_int_id}:
-        if missing:
-            why = f"{len(missing)} adapter tensors missing, e.g. {missing[0]}"
-        elif differ:
-            why = f"{len(differ)} adapter tensors differ, e.g. {differ[0]}"
-        else:
-            served = sorted(llm.llm_engine.list_loras())
-            why = f"the engine holds adapters {served}, not {adapter.lora_int_id}"
-        raise RuntimeError(f"weight sync failed: the engine does not serve policy version {version} ({why})")
+    if llm.llm_engine.list_loras() != {adapter.lora_int_id}:
+        ids = sorted(llm.llm_engine.list_loras())
+        raise RuntimeError(
+            f"weight sync failed: the engine does not serve policy version {version} (it holds adapters "
+            f"{ids}, not {adapter.lora_int_id})"
+        )
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False, lora_request=adapter)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
+    # after the probe: it has put the adapter in the engine's slot
+    shapes = {n: c[0] for n, c in checksums.items()}
+    rpc = lambda w: engine_adapter_checksums(w.get_model(), shapes)
+    held = llm.collective_rpc(rpc)[0]
+    differ = [n for n, c in checksums.items() if held.get(n) != c]
     gap = (engine - learner).abs().mean().item()
     tolerance = 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
     # the learner's answer when the engine's last changed: the learner has moved from it since, the engine has not
@@ -944,11 +971,13 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int, ad
         learner_at_change = learner
     else:
         learner_at_change = previous.learner_logprobs
-    unchanged = (learner - learner_at_change).abs().mean().item() > 1e-3
-    if not gap <= tolerance or unchanged:
+    stuck = (learner - learner_at_change).abs().mean().item() > 1e-3
+    if differ or not gap <= tolerance or stuck:
         why = (
-            "it answers as it did for an earlier version"
-            if unchanged
+            f"{len(differ)} of {len(checksums)} tensors differ from the learner's, e.g. {differ[0]}"
+            if differ
+            else "it answers as it did for an earlier version"
+            if stuck
             else f"the tolerance of --engine-dtype is {tolerance:g}"
         )
         raise RuntimeError(

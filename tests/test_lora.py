@@ -1,15 +1,18 @@
 """async_dpo_lora.py and async_grpo_gsm8k_lora.py: online DPO and GRPO with LoRA adapters that reach a real vLLM engine
-version by version. The reference is the base with the adapter disabled; the guard stops a dropped adapter push, an
-engine that serves an old adapter and an adapter file that lacks a module, and passes a healthy run; flags vLLM would
-ignore are refused before any load. The LoRA helpers are the same in both variants (tests/test_twins.py, LORA_COMMON):
-the tests of those run on each variant's module, the runs on each variant's own loop."""
+version by version. The reference is the base with the adapter disabled; the guard reads the adapter the engine holds
+and stops each fault at the version it happens, at the default learning rate, and passes a healthy run; flags vLLM
+would ignore, and --engine-dtype auto, are refused before any load. The LoRA helpers are the same in both variants
+(tests/test_twins.py, LORA_COMMON): the tests of those run on each variant's module, the runs on each variant's own
+loop."""
 
 import glob
 import json
 import os
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from conftest import load_script, read_metrics, run_script, run_until_sigterm
 
@@ -56,9 +59,9 @@ def learner_and_engine(lora, tiny, tmp_path):
         kv_cache_gib=0.25,
         max_prompt_tokens=96,
         response_length=16,
-        lora_rank=4,
     )
     args.adapter_dir = str(tmp_path / "adapters")
+    torch.manual_seed(0)  # PEFT draws A at random
     policy = lora.load_lora_policy(args)
     return args, policy, lora.build_engine(args)
 
@@ -89,49 +92,90 @@ def test_the_reference_is_the_base_with_the_adapter_disabled(lora, tiny, tmp_pat
     assert torch.allclose(reference, separate, atol=1e-5, rtol=0)
 
 
-def test_the_guard_passes_healthy_adapters_and_stops_dropped_stale_and_partial_pushes(lora, tiny, tmp_path):
-    """Twelve healthy versions pass (the engine answers the probe through each adapter as the learner does). A push
-    that never reaches the engine, an engine that serves an old adapter under the new version's id, and an adapter
-    file without one module's tensors each stop with one line."""
+def test_the_guard_reads_the_adapter_the_engine_holds_and_stops_each_fault_at_its_version(lora, tiny, tmp_path):
+    """Twenty versions at the default learning rate, decayed over 20 steps, trained by DPO on random pairs: the probe
+    (a prompt, as the scripts') moves as in a run, less than 1e-4 a version late in it, so only what the engine holds
+    can tell. Healthy versions pass; each fault put into the engine stops at the very version it happens: a push that
+    never reaches it (v4); one module's A and B left at the previous version's (v6); a file without one module's A and
+    B (v8); an engine stuck on v11's adapter, loading it under each new id (v12, v13); v15's under v16's id (v16)."""
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
     args, policy, llm = learner_and_engine(lora, tiny, tmp_path)
-    probe = list(range(5, 37))
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
-    batch = torch.randint(5, 500, (8, 24), generator=torch.Generator().manual_seed(0))
+    text = json.loads((tiny / "prompts.jsonl").read_text().splitlines()[0])["query"]
+    probe = AutoTokenizer.from_pretrained(tiny / "policy")(text)["input_ids"][:32]
+    trained = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / 20)
+    down = llm.collective_rpc(lambda w: w.get_model())[0].get_submodule("model.layers.1.mlp.down_proj")
 
-    def learner_step(version):  # next-token loss on a fixed batch that is not the probe, then the adapter saved
-        optimizer.zero_grad()
-        policy(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-        return lora.save_adapter(policy, version, probe, args)
+    def slot():  # the A and B that the engine's adapter slot holds for one module
+        return [down.lora_a_stacked[0][0], down.lora_b_stacked[0][0]]
 
-    adapter = lora.adapter_request(args, 0)
+    def serve(folder):  # the engine loads `folder` under the new version's id
+        wrong = type(new)(new.lora_name, new.lora_int_id, str(shutil.copytree(folder, tmp_path / f"copy{version}")))
+        lora.push_weights_to_engine(llm, wrong, served)
+        return wrong
+
+    served = lora.adapter_request(args, 0)  # what the engine holds; its folder goes with it
     check = lora.save_adapter(policy, 0, probe, args)
-    lora.push_weights_to_engine(llm, adapter, None)
-    last = lora.check_weight_sync(llm, check, None, args, 0, adapter)
-    for version in range(1, 13):
-        check = learner_step(version)
+    lora.push_weights_to_engine(llm, served, None)
+    last = lora.check_weight_sync(llm, check, None, args, 0, served)
+    for version in range(1, 21):
+        pairs = torch.randint(5, 500, (8, 24), generator=torch.Generator().manual_seed(version))
+        ones = torch.ones_like(pairs)
+        with torch.no_grad(), policy.disable_adapter():
+            reference = lora.token_logprobs(policy, pairs, ones, ones, 1.0).sum(1)
+        logratio = lora.token_logprobs(policy, pairs, ones, ones, 1.0).sum(1) - reference
+        optimizer.zero_grad()
+        (-torch.nn.functional.logsigmoid(0.1 * (logratio[:4] - logratio[4:]))).mean().backward()
+        optimizer.step()
+        scheduler.step()
+        check = lora.save_adapter(policy, version, probe, args)
         new = lora.adapter_request(args, version)
+        stop = f"does not serve policy version {version} .*"
         if version == 4:  # dropped: the thread names the new version, but the engine never got it
-            with pytest.raises(RuntimeError, match="does not serve policy version 4 .*holds adapters \\[4\\], not 5"):
+            with pytest.raises(RuntimeError, match=stop + "holds adapters \\[4\\], not 5"):
                 lora.check_weight_sync(llm, check, last, args, version, new)
-        if version == 7:  # stale: the new adapter under the old one's id, which vLLM has cached
-            stale = type(new)(new.lora_name, adapter.lora_int_id, new.lora_path)
-            with pytest.raises(RuntimeError, match="does not serve policy version 7 .*earlier version"):
-                lora.check_weight_sync(llm, check, last, args, version, stale)
-        if version == 10:  # partial: one module's A and B missing from the file the engine reads
+        if version == 6:  # loaded and in its slot, but for one module's A and B, which are v5's
+            stale = [t.clone() for t in slot()]
+            lora.push_weights_to_engine(llm, new, served)
+            llm.generate([{"prompt_token_ids": probe}], SamplingParams(max_tokens=1), lora_request=new, use_tqdm=False)
+            fresh = [t.clone() for t in slot()]
+            assert not any(map(torch.equal, stale, fresh))
+            for held, old in zip(slot(), stale):
+                held.copy_(old)
+            with pytest.raises(RuntimeError, match=stop + "2 of 28 tensors differ .*layers.1.mlp.down_proj.lora_A"):
+                lora.check_weight_sync(llm, check, last, args, version, new)
+            for held, now in zip(slot(), fresh):  # mended
+                held.copy_(now)
+            served = new
+        if version == 8:  # partial: the file the engine reads lacks one module's A and B
             path = os.path.join(new.lora_path, "adapter_model.safetensors")
-            from safetensors.torch import load_file, save_file
-
             tensors = load_file(path)
             save_file({n: t for n, t in tensors.items() if "layers.1.mlp.down_proj" not in n}, path)
-            with pytest.raises(RuntimeError, match="does not serve policy version 10 .*2 adapter tensors missing"):
+            served = serve(new.lora_path)
+            with pytest.raises(RuntimeError, match=stop + "2 of 28 tensors differ .*layers.1.mlp.down_proj.lora_A"):
                 lora.check_weight_sync(llm, check, last, args, version, new)
-            policy.save_pretrained(new.lora_path)  # the push done right
-        lora.push_weights_to_engine(llm, new, adapter)
-        last = lora.check_weight_sync(llm, check, last, args, version, new)  # healthy: passes
-        assert not os.path.exists(adapter.lora_path)  # the old adapter is dropped: no batch needs it again
-        adapter = new
-    assert llm.llm_engine.list_loras() == {13}
+            save_file(tensors, path)  # then the push done right
+        if version in (11, 15):  # kept for the faults that serve them later
+            shutil.copytree(new.lora_path, tmp_path / f"v{version}")
+        if version in (12, 13):  # stuck on v11's adapter; the guard's last pass was v11's
+            served = serve(tmp_path / "v11")
+            with pytest.raises(RuntimeError, match=stop + "28 of 28 tensors differ"):
+                lora.check_weight_sync(llm, check, last, args, version, new)
+            if version == 12:
+                continue
+        if version == 16:  # v15's adapter under v16's id, late in the run: the rate has decayed
+            served = serve(tmp_path / "v15")
+            with pytest.raises(RuntimeError, match=stop + "28 of 28 tensors differ"):
+                lora.check_weight_sync(llm, check, last, args, version, new)
+        if served is not new:  # healthy
+            lora.push_weights_to_engine(llm, new, served)
+            assert not os.path.exists(served.lora_path)  # the old adapter is dropped: no batch needs it again
+        last = lora.check_weight_sync(llm, check, last, args, version, new)
+        served = new
+    assert llm.llm_engine.list_loras() == {21}
 
 
 def test_a_run_trains_the_adapter_the_engine_serves_and_saves_adapter_and_merged_model(tiny, tmp_path):
@@ -173,6 +217,30 @@ def adapters_left(cwd):
     """The hand-off folders in /dev/shm (RAM) that the run in `cwd` left: they are named after its run."""
     (run,) = (cwd / "runs").iterdir()
     return glob.glob(f"/dev/shm/adapters_{run.name}_*")
+
+
+def test_the_hand_off_goes_to_disk_where_dev_shm_cannot_hold_the_adapters(lora, tmp_path, capsys):
+    """/dev/shm (RAM) takes the hand-off folder where the K+2 adapters that may exist at once fit; where they do not
+    (Docker's default 64 MiB holds no two rank-16 adapters of an 8B model), a temporary folder on disk, said once."""
+    args = lora.RunArgs(async_steps=1)
+    args.run_name = tmp_path.name
+    small, huge = [torch.zeros(2**18)], [torch.empty(2**50, device="meta")]  # 1 MiB and 4 PiB of adapter tensors
+    folders = [lora.make_adapter_dir(args, trained) for trained in (small, huge)]
+    assert folders[0].startswith("/dev/shm/") and os.path.isdir(folders[1]) and not folders[1].startswith("/dev/shm")
+    assert capsys.readouterr().out == f"note: /dev/shm cannot hold 3 adapters ({3 * 2**32} MiB): using {folders[1]}\n"
+    for folder in folders:
+        shutil.rmtree(folder)
+
+
+def test_engine_dtype_auto_is_refused_as_in_the_cores(lora, tiny):
+    """The guard compares the adapter in the dtype the engine holds it and sets its tolerance by it: "auto" names
+    none, so it stops before any model loads, as in async_dpo.py and async_grpo_gsm8k.py."""
+    flags = dict(model_name_or_path=str(tiny / "policy"), max_prompt_tokens=64, response_length=16)
+    if hasattr(lora.Args, "reward_model_path"):  # DPO's
+        flags["reward_model_path"] = str(tiny / "rm")
+    lora.check_args(lora.RunArgs(**flags))  # good flags
+    with pytest.raises(SystemExit, match="--engine-dtype must be float32, bfloat16 or float16, got 'auto'"):
+        lora.check_args(lora.RunArgs(**flags, engine_dtype="auto"))
 
 
 def test_a_stopped_run_leaves_no_adapters_in_shared_memory(tiny, tmp_path):
@@ -232,7 +300,7 @@ def test_a_grpo_run_hands_over_eleven_adapters_and_saves_a_model_the_core_trains
         "4",
     )
     flags += ("--num-eval-prompts", "8", "--eval-every", "5", "--save-merged", "--output-dir", str(tmp_path / "model"))
-    proc, _ = run_script(GRPO_LORA, tmp_path, *grpo_flags(tiny, arithmetic_folder, *flags))
+    proc, _ = run_script(GRPO_LORA, tmp_path, *grpo_flags(tiny, arithmetic_folder, *flags, "--save-every", "5"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = read_metrics(tmp_path)
     assert [m["async/actor_version"] for m in metrics] == list(range(11))
@@ -251,6 +319,17 @@ def test_a_grpo_run_hands_over_eleven_adapters_and_saves_a_model_the_core_trains
         logits["adapter"] = PeftModel.from_pretrained(base, tmp_path / "model").eval()(input_ids=ids).logits
     assert (logits["adapter"] - logits["base"]).abs().max() > 1e-3  # the adapter is not the base
     assert torch.allclose(logits["merged"], logits["adapter"], atol=1e-5, rtol=0)
+    # tools/evaluate.py grades the run's last adapter snapshot and the final adapter, each as its merged model
+    (run,) = (tmp_path / "runs").iterdir()
+    folders = [run, tmp_path / "model", tmp_path / "model" / "merged"]
+    flags = ("--dataset-path", str(arithmetic_folder), "--num-eval-prompts", "8", "--kv-cache-gib", "0.25")
+    flags += ("--max-prompt-tokens", "256", "--response-length", "16")  # as the run's
+    proc, _ = run_script("tools/evaluate.py", tmp_path, *map(str, folders), *flags)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["policy"] for r in results] == [str(run / "checkpoint_10" / "policy"), *map(str, folders[1:])]
+    graded = [{k: v for k, v in r.items() if k.startswith("eval/")} for r in results]
+    assert len(graded[0]) == 2 and graded[1] == graded[2]  # the adapter graded as its merged model
     core = tmp_path / "core"
     core.mkdir()
     flags = (

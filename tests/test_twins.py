@@ -84,15 +84,17 @@ LORA_CHANGES = {
 # and in the GRPO core: greedy evaluation through the version's adapter, and the final hand-off after the thread ended
 GRPO_LORA_CHANGES = LORA_CHANGES | {"evaluate", "sync_engine"}
 # the LoRA code with nothing algorithm-specific in it, letter for letter the same in both LoRA variants: the flags'
-# check, the engine's adapters, sampling with one, the adapter hand-off and its guard, the policy, the merged save
+# check, the engine's adapters, sampling with one, the hand-off, its folder and its guard, the policy, the merged save
 LORA_COMMON = (
     "PolicyVersion",
     "check_lora_args",
     "build_engine",
     "generate",
     "push_weights_to_engine",
+    "make_adapter_dir",
     "adapter_request",
     "save_adapter",
+    "engine_adapter_checksums",
     "check_weight_sync",
     "load_lora_policy",
     "save_merged",
@@ -407,7 +409,7 @@ def test_the_grpo_lora_variant_is_the_grpo_core_plus_the_same_adapters():
     for constant in ("LORA_MODULES = {", "VLLM_LORA_RANKS = ("):
         blocks = [(REPO / path).read_text().split(constant)[1].split("\n\n")[0] for path in (LORA, GRPO_LORA)]
         assert blocks[0] == blocks[1], constant
-    assert not re.search(r"reload_weights|collective_rpc\(|reset_prefix_cache", (REPO / GRPO_LORA).read_text())
+    assert not re.search(r"reload_weights|reset_prefix_cache", (REPO / GRPO_LORA).read_text())
     lines = {path: len((REPO / path).read_text().splitlines()) for path in (PAIRS["grpo_gsm8k"][0], GRPO_LORA)}
     assert lines[GRPO_LORA] <= lines[PAIRS["grpo_gsm8k"][0]] + 130, lines  # as the DPO variant's budget
 

@@ -5,10 +5,11 @@
 
 The reward-model scripts trained with `--reward verifier` do not evaluate while they train (their cores stay small);
 this is their evaluation, after the fact. A run folder stands for its policy snapshots (`--save-every`,
-checkpoint_*/policy, oldest first) and then its final model; a model folder stands for itself. One vLLM engine is
-built once and each policy's weights are loaded into it, then `async_grpo_gsm8k.py`'s own `evaluate` (temperature 0,
-`verify` on the final number) grades the first --num-eval-prompts test problems, so the numbers compare with a GRPO
-run's eval.jsonl. One JSON line per policy goes to stdout and, with --output, to a file.
+checkpoint_*/policy, oldest first) and then its final model; a model folder stands for itself, a LoRA adapter folder
+(the LoRA variants save these) for its base with the adapter merged in. One vLLM engine is built once and each
+policy's weights are loaded into it, then `async_grpo_gsm8k.py`'s own `evaluate` (temperature 0, `verify` on the final
+number) grades the first --num-eval-prompts test problems, so the numbers compare with a GRPO run's eval.jsonl. One
+JSON line per policy goes to stdout and, with --output, to a file.
 """
 
 import argparse
@@ -22,20 +23,29 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def base_of(folder):
+    """The model a policy folder builds on: a model folder itself, a LoRA adapter folder its base, else None."""
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return folder
+    if os.path.isfile(os.path.join(folder, "adapter_config.json")):  # PEFT's, as the LoRA variants save
+        with open(os.path.join(folder, "adapter_config.json")) as f:
+            return json.load(f)["base_model_name_or_path"]
+
+
 def policy_folders(paths):
     """Each path as the policy folders it stands for: a run folder's snapshots by step, then its final model."""
     folders = []
     for path in paths:
-        if os.path.isfile(os.path.join(path, "config.json")):
+        if base_of(path):
             folders.append(path)
             continue
         snapshots = sorted(
             glob.glob(os.path.join(path, "checkpoint_*[0-9]", "policy")),
             key=lambda p: int(Path(p).parent.name.rsplit("_", 1)[1]),
         )
-        final = [os.path.join(path, "model")] if os.path.isfile(os.path.join(path, "model", "config.json")) else []
+        final = [os.path.join(path, "model")] if base_of(os.path.join(path, "model")) else []
         if not snapshots + final:
-            sys.exit(f"error: {path} is neither a model folder nor a run folder with checkpoint_*/policy or model/")
+            sys.exit(f"error: {path} is no model, adapter or run folder with checkpoint_*/policy or model/")
         folders += snapshots + final
     return folders
 
@@ -70,11 +80,12 @@ def main():
     grpo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(grpo)  # its functions, not its run: __name__ is not "__main__"
     import torch
+    from peft import AutoPeftModelForCausalLM
     from transformers import AutoModelForCausalLM
 
     gpu = torch.cuda.is_available()
     args = grpo.RunArgs(
-        model_name_or_path=tokenizer_path,
+        model_name_or_path=base_of(tokenizer_path),  # the engine's model; an adapter folder's tokenizer is its base's
         dataset_path=flags.dataset_path,
         prompt_template=flags.prompt_template,
         chat_template=flags.chat_template,
@@ -91,7 +102,11 @@ def main():
     eval_set = (prompts[: flags.num_eval_prompts], answers[: flags.num_eval_prompts])
     llm = grpo.build_engine(args)
     for folder in folders:
-        weights = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+        if base_of(folder) == folder:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        else:  # an adapter: its base with the adapter merged in, as --save-merged saves it
+            model = AutoPeftModelForCausalLM.from_pretrained(folder, dtype=torch.float32).merge_and_unload()
+        weights = model.state_dict()
         grpo.push_weights_to_engine(llm, {name: t.to(args.engine_device) for name, t in weights.items()})
         result = {
             "policy": folder,
