@@ -25,6 +25,25 @@ GSM8K_DIR = REPO / "data" / "gsm8k"
 ENV = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
 
+# The fast tier (`python -m pytest tests -m "not slow"`, README: Test) runs each algorithm script end to end once; the
+# rest is marked slow. Where a script's one run is a case of a parametrized test, the test's other cases are marked
+# here: a decorator marks every case.
+FAST_CASES = {
+    "test_two_learner_processes_train_like_one": {  # each multigpu variant once under torchrun
+        "multigpu/async_dpo_multigpu.py",
+        "multigpu/async_rloo_multigpu.py",
+        "multigpu/async_ppo_multigpu.py --fsdp",
+        "multigpu/async_grpo_gsm8k_multigpu.py --async-steps 0",
+    },
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.originalname in FAST_CASES and item.callspec.id not in FAST_CASES[item.originalname]:
+            item.add_marker(pytest.mark.slow)
+
+
 def load_script(relative_path: str):
     """Import a script as a module (its `if __name__ == "__main__":` body does not run)."""
     path = REPO / relative_path
@@ -36,8 +55,19 @@ def load_script(relative_path: str):
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    """tools/make_tiny_models.py's models (the guard benchmark builds the same ones)."""
-    return load_script("tools/make_tiny_models.py").build_tiny_models(tmp_path_factory.mktemp("tiny"))
+    """tools/make_tiny_models.py's models (the guard benchmark builds the same ones), built once per session: under
+    pytest-xdist the first worker to need them builds them in the session's folder and the others wait for it, rather
+    than each spend a minute of CPU time on a copy of its own."""
+    build = load_script("tools/make_tiny_models.py").build_tiny_models
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(tmp_path_factory.mktemp("tiny"))
+    from filelock import FileLock  # a dependency of transformers
+
+    shared = tmp_path_factory.getbasetemp().parent  # the session's folder; each worker's own folders are inside it
+    with FileLock(shared / "tiny.lock"):
+        if not (shared / "tiny").is_dir():
+            build(shared / "tiny.partial").rename(shared / "tiny")
+    return shared / "tiny"
 
 
 @pytest.fixture(scope="session")

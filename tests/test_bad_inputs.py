@@ -468,6 +468,7 @@ def engine(other_family):
     return rloo, args, rloo.build_engine(args)
 
 
+@pytest.mark.slow
 def test_vllm_seeds_sample_c_with_seed_plus_c_so_requests_are_strided(engine):
     """Why the seeds are strided: vLLM gives sample c of an n-sample request the seed of request seed + c."""
     from vllm import SamplingParams
@@ -487,6 +488,7 @@ def test_vllm_seeds_sample_c_with_seed_plus_c_so_requests_are_strided(engine):
     assert len(set(responses)) == len(responses) == 16
 
 
+@pytest.mark.slow
 def test_a_response_ending_in_any_eos_id_counts_as_finished(other_family, engine, tiny, capsys):
     rloo, _, llm = engine
     folder, second_eos = other_family

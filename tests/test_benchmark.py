@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO, run_script
 
 
+@pytest.mark.slow
 def test_speed_benchmark_quick_mode_writes_table_and_plot(tiny, tmp_path):
     results = tmp_path / "results"
     flags = (
@@ -61,6 +62,7 @@ def test_speed_benchmark_quick_mode_writes_table_and_plot(tiny, tmp_path):
     assert all(float(x) > 0 for x in cells[1].split(" / ")), row
 
 
+@pytest.mark.slow
 def test_memory_benchmark_quick_mode_writes_table_breakdown_and_plot(tiny, arithmetic_folder, tmp_path):
     results = tmp_path / "results"
     flags = (
@@ -95,6 +97,7 @@ def test_memory_benchmark_quick_mode_writes_table_breakdown_and_plot(tiny, arith
     assert again.returncode == 0 and again.stdout.count("done already") == 2
 
 
+@pytest.mark.slow
 def test_overheads_benchmark_quick_mode_times_every_piece(tiny, tmp_path):
     import torch
 
@@ -155,6 +158,7 @@ def test_overheads_benchmark_quick_mode_times_every_piece(tiny, tmp_path):
             assert float(re.search(r"gap to that mix ([\d.e+-]+)", paths[model, "(c) in-place copy_"][8])[1]) < 1e-4
 
 
+@pytest.mark.slow
 def test_learner_cost_quick_mode_gives_every_algorithm_a_finite_ratio(tiny, arithmetic_folder, tmp_path):
     import json
     import math
@@ -205,6 +209,7 @@ def test_learner_cost_quick_mode_gives_every_algorithm_a_finite_ratio(tiny, arit
     assert table.count("- minimal work per measured step's batch") == table.count("- worktree: loop body per") == 4
 
 
+@pytest.mark.slow
 def test_corrections_toy_gradient_is_exact_and_its_report_is_written(tmp_path):
     """benchmark/corrections_toy.py: its J and grad J equal brute-force enumeration on a toy small enough to list every
     sequence, its per-term gradient formula sums to grad J, and a short run writes the table."""
@@ -261,6 +266,7 @@ def test_corrections_toy_gradient_is_exact_and_its_report_is_written(tmp_path):
     assert value("behaviour", 3) > 0.1 and value("paper", 3) == 0.0  # the clip drops whole sequences
 
 
+@pytest.mark.slow
 def test_inflight_benchmark_runs_pairs_resumes_and_refuses_a_mixed_table(tiny, arithmetic_folder, tmp_path):
     """benchmark/inflight.py on the tiny policy: the core and `fixed` for one seed, then a rerun that runs nothing, and
     one with other flags, which must refuse rather than mix its runs into the table."""
@@ -351,6 +357,7 @@ def test_inflight_benchmark_refuses_bad_flags_in_one_line_before_any_run(tmp_pat
     assert not work.exists() and not results.exists()
 
 
+@pytest.mark.slow
 def test_gpu_fit_table_is_what_the_variants_compute_and_every_paper_config_fits_under_fsdp2(tmp_path):
     """Issue 44: benchmark/results/gpu_fit/gpu_fit.md is the variants' own choice of micro-batch on an 80 GiB card (the
     tool re-run gives the committed table, to the character), and each paper configuration fits some 1 + 3 layout: every
@@ -373,6 +380,7 @@ def test_gpu_fit_table_is_what_the_variants_compute_and_every_paper_config_fits_
     assert ppo_28b[3].startswith("**refused**") and ppo_28b[5].startswith("**refused**")  # 1 GPU, 1 + 3 DDP
 
 
+@pytest.mark.slow
 def test_lora_handoff_quick_mode_measures_both_hand_offs_and_generation_through_the_adapter(tiny, tmp_path):
     """benchmark/lora_handoff.py on the tiny Llama from the working tree: one row per mode with the bytes each hands
     over (the adapter fewer), the generation table with tokens from every mode, the calculation's tables."""

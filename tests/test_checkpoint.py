@@ -97,6 +97,7 @@ def assert_a_model_folder(script, folder, tiny, arithmetic_folder):
 
 
 @pytest.mark.parametrize("script", list(LOSSES))
+@pytest.mark.slow
 def test_a_run_stopped_by_sigterm_and_resumed_logs_what_an_uninterrupted_run_logs(
     tiny, arithmetic_folder, tmp_path, script
 ):

@@ -189,6 +189,7 @@ def run_nodes(launches, cwd, timeout: float = 900):
     return "".join(stdout for stdout, _ in outputs)
 
 
+@pytest.mark.slow
 def test_two_nodes_on_one_machine_train_like_one_process_and_stop_and_resume_exactly(tiny, arithmetic_folder, tmp_path):
     """Two nodes on one machine (node_launches) train like one process. A scheduler's SIGTERM to every process of
     both nodes mid-run saves the one checkpoint it announces and ends both nodes cleanly, leaving nothing in
@@ -258,6 +259,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_fsdp2_reduce_scatters_every_micro_batch_so_no_rank_holds_an_unsharded_gradient(tiny, tmp_path):
     """Issue 44: under --fsdp the gradients of a mini-batch's first micro-batch are already reduce-scattered into each
     rank's shard (with gradient sync off until the last one, FSDP2 would hold an unsharded float32 gradient, 4 bytes a
@@ -271,6 +273,7 @@ def test_fsdp2_reduce_scatters_every_micro_batch_so_no_rank_holds_an_unsharded_g
     assert proc.stdout.count("gradients in shards") == 4, proc.stdout
 
 
+@pytest.mark.slow
 def test_a_crash_on_another_rank_ends_the_job_with_its_traceback(tiny, tmp_path):
     """Rank 1 raises in its first optimizer step; rank 0 must not wait in a collective until --collective-timeout."""
     wrapper = tmp_path / "crash_rank_1.py"
@@ -290,6 +293,7 @@ def test_a_crash_on_another_rank_ends_the_job_with_its_traceback(tiny, tmp_path)
     assert seconds < 150  # start-up included; --collective-timeout is 300
 
 
+@pytest.mark.slow
 def test_a_tensor_parallel_engine_serves_the_learners_weights(tiny, tmp_path, monkeypatch):
     """--engine-tensor-parallel-size 2: the engine's two workers run in processes of their own, so the weights reach
     them through shared memory; the weight-sync guard checks every version, and the first batch's logprobs match."""
@@ -386,6 +390,7 @@ def command_line(process: psutil.Process):
     return []
 
 
+@pytest.mark.slow
 def test_a_sigterm_without_save_every_ends_the_engine_process_and_the_weights_folder_with_the_job(tiny, tmp_path):
     """Issue 30: a SIGTERM to a torchrun job without --save-every stops it at once, yet through `finally` and atexit:
     the engine's own process ends with the job (not 8-40 s later) and no copy of the weights stays in --weights-dir."""
@@ -410,6 +415,7 @@ def test_a_sigterm_without_save_every_ends_the_engine_process_and_the_weights_fo
 
 
 @pytest.mark.parametrize("launch", ["torchrun", "tensor-parallel"])
+@pytest.mark.slow
 def test_a_signal_to_the_group_or_to_every_process_saves_the_checkpoint_it_announces_and_resumes_exactly(
     tiny, tmp_path, monkeypatch, launch
 ):

@@ -191,11 +191,13 @@ def check_weight_sync(policy_dir: str, script: str = ASYNC):
 
 
 @pytest.mark.parametrize("script", [ASYNC, MULTIGPU])
+@pytest.mark.slow
 def test_weight_sync_makes_engine_logprobs_equal_learner_logprobs(tiny, script):
     check_weight_sync(str(tiny / "policy"), script)
 
 
 @pytest.mark.parametrize("engine_dtype", ["float32", "bfloat16"])
+@pytest.mark.slow
 def test_the_guard_stops_skipped_stuck_and_partial_pushes_and_passes_healthy_ones(tiny, engine_dtype):
     """Issue 42's table on the tiny model at learning rate 1e-5, where the old guard let a skipped push through in
     float32 and bfloat16: ten healthy versions pass; a skipped push (versions 3 and 6), a push without the layer
@@ -400,6 +402,7 @@ def guard_on_a_stale_body(policy_dir: str):
 
 
 @pytest.mark.parametrize("policy", ["policy", "neox_policy"])
+@pytest.mark.slow
 def test_the_guard_compares_every_tensor_a_gpu_engine_shows_and_stops_a_stale_body_in_bfloat16(tiny, policy):
     """`guard_on_a_stale_body`, on the tiny Llama and the tiny GPT-NeoX, each in a fresh interpreter (a GPT-NeoX
     engine patches the class of the process that builds it)."""
@@ -411,6 +414,7 @@ def test_the_guard_compares_every_tensor_a_gpu_engine_shows_and_stops_a_stale_bo
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+@pytest.mark.slow
 def test_weight_sync_on_gpt_neox_in_a_process_of_its_own(tiny):
     """GPT-NeoX as in Pythia. vLLM patches Hugging Face's GPTNeoXModel class in the process that builds a GPT-NeoX
     engine, after which that process cannot build GPT-NeoX models (the scripts load theirs first): the check runs in a
@@ -442,6 +446,7 @@ def async_runs(tiny, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_async_run_writes_metrics_and_a_loadable_model(async_runs, tiny):
     from transformers import AutoModelForCausalLM
 
@@ -473,6 +478,7 @@ def test_async_run_writes_metrics_and_a_loadable_model(async_runs, tiny):
 
 
 @pytest.mark.parametrize("name,k", [("k1_a", 1), ("k2", 2)])
+@pytest.mark.slow
 def test_async_batches_come_from_exactly_version_step_minus_k(async_runs, name, k):
     metrics = async_runs[name][2]
     assert [m["async/actor_version"] for m in metrics] == [max(0, m["step"] - k) for m in metrics]
@@ -482,6 +488,7 @@ def test_async_batches_come_from_exactly_version_step_minus_k(async_runs, name, 
     assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
 
 
+@pytest.mark.slow
 def test_async_runs_with_the_same_seed_are_identical(async_runs):
     a, b = async_runs["k1_a"][2], async_runs["k1_b"][2]
     assert [m["losses/dpo_loss"] for m in a] == [m["losses/dpo_loss"] for m in b]
@@ -489,6 +496,7 @@ def test_async_runs_with_the_same_seed_are_identical(async_runs):
     assert len({m["losses/dpo_loss"] for m in a}) > 1, "the loss never changed: the test would prove nothing"
 
 
+@pytest.mark.slow
 def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_path):
     proc, _ = run_script(
         SYNC,
@@ -507,6 +515,7 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_p
     assert (tmp_path / "model" / "config.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["", "neox_"])
 def test_a_bfloat16_engine_passes_the_guard_at_every_sync_of_a_run(tiny, tmp_path, family):
     """The guard's second rule (the engine's answer must change when the learner's does) never fires on a correct
@@ -538,6 +547,7 @@ def test_a_bfloat16_engine_passes_the_guard_at_every_sync_of_a_run(tiny, tmp_pat
 
 
 # ---------------------------------------------------------------- failures
+@pytest.mark.slow
 def test_sigterm_saves_the_policy_before_the_run_exits(tiny, tmp_path):
     """Nothing the user trained is lost: a real SIGTERM mid-run saves the policy after the current step."""
     proc = subprocess.Popen(
@@ -584,6 +594,7 @@ def test_sigterm_saves_the_policy_before_the_run_exits(tiny, tmp_path):
     assert (saved / "policy" / "generation_config.json").exists()
 
 
+@pytest.mark.slow
 def test_exception_in_generation_thread_stops_the_run_with_its_traceback(tiny, tmp_path):
     # fault injection, not a mock: the real engine runs, and its second generate call raises inside the thread
     (tmp_path / "inject.py").write_text(f"""
@@ -617,6 +628,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 @pytest.mark.parametrize("script,version", [(ASYNC, 1), (SYNC, 1)])
+@pytest.mark.slow
 def test_weights_that_never_reach_the_engine_stop_the_run_naming_the_version(tiny, tmp_path, script, version):
     # fault injection: the engine is real, but the reload call that should bring it new weights does nothing (the
     # silent failure other projects shipped); without the guard the run would finish on the initial weights

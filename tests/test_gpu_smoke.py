@@ -4,6 +4,8 @@ test cannot rot before the first GPU runs it."""
 import importlib.util
 import subprocess
 
+import pytest
+
 from conftest import ENV, REPO, kill_group
 
 TORCH_CHECKS = [
@@ -22,6 +24,7 @@ RUNS = [
 ]
 
 
+@pytest.mark.slow
 def test_gpu_smoke_cpu_mode_passes_every_check(tmp_path):
     proc = subprocess.Popen(
         ["bash", str(REPO / "benchmark" / "gpu_smoke.sh"), "--cpu", "--work-dir", str(tmp_path / "work")],
@@ -89,6 +92,7 @@ def test_random_weight_configs_are_the_hub_models_shapes(tmp_path):
             assert count is None or sum(p.numel() for p in model.parameters()) == count, name
 
 
+@pytest.mark.slow
 def test_gpu_smoke_random_weight_mode_needs_no_model_files(tmp_path):
     """The torch part from written configs alone (the device's command: --only torch --random-weights; here with
     --cpu's tiny configs): every torch check passes with model paths that do not exist, and the flag without

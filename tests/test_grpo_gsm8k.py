@@ -230,6 +230,7 @@ def async_runs(tiny, arithmetic_folder, gsm8k_folder, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_async_run_logs_metrics_evaluates_and_learns(async_runs, tiny):
     from transformers import AutoModelForCausalLM
 
@@ -267,6 +268,7 @@ def test_async_run_logs_metrics_evaluates_and_learns(async_runs, tiny):
     assert not torch.equal(trained.model.embed_tokens.weight, initial.model.embed_tokens.weight)
 
 
+@pytest.mark.slow
 def test_async_run_on_gsm8k_lines(async_runs):
     proc, metrics, evals, _ = async_runs["gsm8k_k2"]
     assert "16 training problems, 0 dropped" in proc.stdout and "8 held-out problems" in proc.stdout
@@ -275,6 +277,7 @@ def test_async_run_on_gsm8k_lines(async_runs):
 
 
 @pytest.mark.parametrize("name,k", [("arith_k1", 1), ("gsm8k_k2", 2)])
+@pytest.mark.slow
 def test_async_batches_come_from_exactly_version_step_minus_k(async_runs, name, k):
     metrics = async_runs[name][1]
     assert [m["async/actor_version"] for m in metrics] == [max(0, m["step"] - k) for m in metrics]
@@ -285,6 +288,7 @@ def test_async_batches_come_from_exactly_version_step_minus_k(async_runs, name, 
         assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
 
 
+@pytest.mark.slow
 def test_paper_mode_ratio_is_exactly_one_at_the_first_update_however_stale(async_runs):
     metrics = async_runs["arith_k1"][1]  # the default correction, N = 1: each step's only update is its first
     assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
@@ -298,6 +302,7 @@ def test_paper_mode_ratio_is_exactly_one_at_the_first_update_however_stale(async
     "name,data",
     [("arith", ("--dataset-path", "ARITHMETIC", "--num-mini-batches", "2")), ("gsm8k", ("--dataset-path", "GSM8K"))],
 )
+@pytest.mark.slow
 def test_sync_baseline_generates_every_batch_with_the_current_policy(
     tiny, arithmetic_folder, gsm8k_folder, tmp_path, name, data
 ):
@@ -341,6 +346,7 @@ def test_bad_input_fails_with_one_message_before_the_engine_starts(
     assert "Initializing a V1 LLM engine" not in proc.stderr + proc.stdout
 
 
+@pytest.mark.slow
 def test_the_run_ends_with_a_summary_naming_real_files_and_the_plot_command_works(async_runs):
     """The quickstart path: the summary's numbers come from the run's logs; every path or command it prints works."""
     proc, metrics, evals, cwd = async_runs["arith_k1"]

@@ -126,6 +126,7 @@ def test_off_is_the_core_step_by_step(runs):
     assert same_weights(folder / "core", folder / "off")
 
 
+@pytest.mark.slow
 def test_fixed_is_reproducible_at_two_cache_sizes_and_takes_versions_in_flight(runs):
     """The same seed at --kv-cache-gib 0.25 and 0.016 (65 blocks: the batch's 64 and vLLM's null block): the same
     samples (rewards, losses, logprob gaps), evaluations and weights, bit for bit."""
@@ -143,6 +144,7 @@ def test_fixed_is_reproducible_at_two_cache_sizes_and_takes_versions_in_flight(r
     assert all(m["async/token_staleness_max"] <= m["async/staleness"] for m in first)
 
 
+@pytest.mark.slow
 def test_the_summary_gives_mode_chunk_versions_taken_mid_batch_and_token_staleness(runs):
     metrics, folder = runs
     for name, expected in (("fixed", "fixed (chunk 4), 2 versions"), ("off", "off, 0 versions")):
@@ -155,6 +157,7 @@ def test_the_summary_gives_mode_chunk_versions_taken_mid_batch_and_token_stalene
     assert 0 < stale < most == 1  # `off` at K = 1: version 0 twice, then 1, each one behind
 
 
+@pytest.mark.slow
 def test_fixed_refuses_a_kv_cache_that_cannot_hold_a_batch(tiny, arithmetic_folder, tmp_path):
     """At 0.0012 GiB (4 blocks of 128 tokens for 64 sequences) the cache would decide who runs at each decoding step,
     and so which tokens come after the swap: before issue 55 it changed 12-21 of 32 sequences of a batch."""
@@ -185,6 +188,7 @@ def test_fixed_refuses_a_kv_cache_that_cannot_hold_a_batch(tiny, arithmetic_fold
     assert not list((tmp_path / "runs").iterdir())  # no run folder left
 
 
+@pytest.mark.slow
 def test_asap_with_recomputed_kv_runs_and_reports_consistent_provenance(runs):
     """asap swaps whenever a version has arrived (timing decides where): only what holds in any case is asserted."""
     asap = runs[0]["asap"]
@@ -220,6 +224,7 @@ def engine(tiny):
     return inflight, args, llm, tokenizer, model
 
 
+@pytest.mark.slow
 def test_each_token_records_the_version_that_sampled_it_and_the_kv_it_kept(engine):
     """One batch on the real engine, version 1 loaded after decoding step 4: tokens 0-3 of every sequence are version
     0's (their logprobs the learner's under version 0), the rest version 1's, as vLLM's own labels say too. With
@@ -281,6 +286,7 @@ def test_each_token_records_the_version_that_sampled_it_and_the_kv_it_kept(engin
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.slow
 def test_batch_i_starts_with_version_i_minus_k_and_takes_only_the_next_in_flight(engine, k):
     """generation_thread under `fixed` on the real engine, fed as main() feeds it: batch i starts with exactly version
     max(0, i-K) (the rule, which the thread also checks) and its tokens after decoding step 4 are version i-K+1's,
@@ -358,6 +364,7 @@ def test_bad_in_flight_flags_fail_with_one_message_before_the_engine_starts(
     assert "Initializing a V1 LLM engine" not in proc.stderr + proc.stdout
 
 
+@pytest.mark.slow
 def test_an_in_flight_guard_failure_quotes_no_logprob_gap_it_did_not_measure(tiny):
     """In flight the guard compares the checksums only (the probe is a request of its own, which needs an idle
     engine): a push that missed the layer norms stops it, and the message says what was compared (issue 55: it

@@ -230,6 +230,7 @@ STEP_RUNS = {
 
 
 @pytest.mark.parametrize("algo", STEP_RUNS)
+@pytest.mark.slow
 def test_one_optimizer_step_does_not_depend_on_the_micro_batch_size(tiny, arithmetic_folder, tmp_path, algo):
     from transformers import AutoModelForCausalLM
 
@@ -267,6 +268,7 @@ def test_one_optimizer_step_does_not_depend_on_the_micro_batch_size(tiny, arithm
 @pytest.mark.parametrize(
     "script", ["sync_baselines/sync_dpo.py", "sync_baselines/sync_rloo.py", "sync_baselines/sync_ppo.py"]
 )
+@pytest.mark.slow
 def test_sync_twins_train_gpt_neox_with_the_engine_in_step(tiny, tmp_path, script):
     proc, _ = run_script(
         script,

@@ -66,6 +66,7 @@ def learner_and_engine(lora, tiny, tmp_path):
     return args, policy, lora.build_engine(args)
 
 
+@pytest.mark.slow
 def test_the_reference_is_the_base_with_the_adapter_disabled(lora, tiny, tmp_path):
     """After a few updates the adapter moves the policy; disabled, it gives a separate frozen copy's logprobs to float32
     rounding, and the optimizer's parameters are the adapter's alone."""
@@ -92,6 +93,7 @@ def test_the_reference_is_the_base_with_the_adapter_disabled(lora, tiny, tmp_pat
     assert torch.allclose(reference, separate, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_the_guard_reads_the_adapter_the_engine_holds_and_stops_each_fault_at_its_version(lora, tiny, tmp_path):
     """Twenty versions at the default learning rate, decayed over 20 steps, trained by DPO on random pairs: the probe
     (a prompt, as the scripts') moves as in a run, less than 1e-4 a version late in it, so only what the engine holds
@@ -219,6 +221,7 @@ def adapters_left(cwd):
     return glob.glob(f"/dev/shm/adapters_{run.name}_*")
 
 
+@pytest.mark.slow
 def test_the_hand_off_goes_to_disk_where_dev_shm_cannot_hold_the_adapters(lora, tmp_path, capsys):
     """/dev/shm (RAM) takes the hand-off folder where the K+2 adapters that may exist at once fit; where they do not
     (Docker's default 64 MiB holds no two rank-16 adapters of an 8B model), a temporary folder on disk, said once."""

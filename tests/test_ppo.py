@@ -208,6 +208,7 @@ def metrics_of(runs, name):
     return read_metrics(cwd)
 
 
+@pytest.mark.slow
 def test_async_run_writes_metrics_and_a_loadable_model(runs, tiny):
     from transformers import AutoModelForCausalLM
 
@@ -254,6 +255,7 @@ def test_async_run_writes_metrics_and_a_loadable_model(runs, tiny):
 
 
 @pytest.mark.parametrize("name,k", [("k1", 1), ("k2", 2)])
+@pytest.mark.slow
 def test_async_batches_come_from_exactly_version_step_minus_k(runs, name, k):
     metrics = metrics_of(runs, name)
     assert [m["async/actor_version"] for m in metrics] == [max(0, m["step"] - k) for m in metrics]
@@ -266,6 +268,7 @@ def test_async_batches_come_from_exactly_version_step_minus_k(runs, name, k):
     assert metrics[0]["policy/approx_kl"] < 1e-6
 
 
+@pytest.mark.slow
 def test_behaviour_mode_ratio_and_kl_are_those_of_the_policy_that_sampled(runs):
     metrics = metrics_of(runs, "k1")
     # batches 0..K come from version 0 = the reference, so their KL (with vLLM's log pi) is 0
@@ -276,6 +279,7 @@ def test_behaviour_mode_ratio_and_kl_are_those_of_the_policy_that_sampled(runs):
 
 
 @pytest.mark.parametrize("name", ["k2", "k2_multigpu"])
+@pytest.mark.slow
 def test_decoupled_mode_clips_around_the_learner_and_weights_by_the_staleness(runs, name):
     metrics = metrics_of(runs, name)
     # two micro-batches: the core takes pi_old of both from no-grad passes, the multigpu variant that of the first from
@@ -293,6 +297,7 @@ def test_decoupled_mode_clips_around_the_learner_and_weights_by_the_staleness(ru
     assert abs(metrics[1]["objective/kl"]) > 1e-3
 
 
+@pytest.mark.slow
 def test_sync_baseline_generates_every_batch_with_the_current_policy(runs):
     metrics = metrics_of(runs, "sync")
     assert [m["async/actor_version"] for m in metrics] == [0, 1, 2, 3]
@@ -312,6 +317,7 @@ def test_sync_baseline_generates_every_batch_with_the_current_policy(runs):
 
 
 @pytest.mark.parametrize("index", range(len(BAD_INPUTS)), ids=[" ".join(flags) for _, flags, _ in BAD_INPUTS])
+@pytest.mark.slow
 def test_bad_input_fails_with_one_message_before_the_engine_starts(runs, index):
     _, returncode, stdout, stderr = runs[f"bad{index}"]
     assert returncode != 0

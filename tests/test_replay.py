@@ -15,6 +15,8 @@ from test_distributed import torchrun
 
 from conftest import ENV, REPO, load_script, read_metrics, run_script
 
+pytestmark = pytest.mark.slow  # every test here needs the recordings: two runs on the engine
+
 RLOO, DPO = "multigpu/async_rloo_multigpu.py", "multigpu/async_dpo_multigpu.py"
 STEPS = 4
 # what vLLM logs at INFO level when it builds an engine (vllm/v1/engine/core.py): the recordings log it, a replay not

@@ -121,6 +121,7 @@ KEYS = (
 )
 
 
+@pytest.mark.slow
 def test_async_run_writes_metrics_and_a_loadable_model(async_runs, tiny):
     from transformers import AutoModelForCausalLM
 
@@ -136,6 +137,7 @@ def test_async_run_writes_metrics_and_a_loadable_model(async_runs, tiny):
     assert metrics[-1]["episodes"] == 5 * 4 * 2
 
 
+@pytest.mark.slow
 def test_reward_is_score_minus_the_kl_penalty_of_the_anchor_policy(async_runs):
     for name, k in (("k1", 1), ("k2", 2)):
         metrics = async_runs[name][2]
@@ -152,6 +154,7 @@ def test_reward_is_score_minus_the_kl_penalty_of_the_anchor_policy(async_runs):
 
 
 @pytest.mark.parametrize("name,k", [("k1", 1), ("k2", 2)])
+@pytest.mark.slow
 def test_async_batches_come_from_exactly_version_step_minus_k(async_runs, name, k):
     metrics = async_runs[name][2]
     assert [m["async/actor_version"] for m in metrics] == [max(0, m["step"] - k) for m in metrics]
@@ -161,6 +164,7 @@ def test_async_batches_come_from_exactly_version_step_minus_k(async_runs, name, 
     assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
 
 
+@pytest.mark.slow
 def test_behaviour_mode_takes_the_ratio_to_the_policy_that_sampled(async_runs):
     metrics = async_runs["k1"][2]  # (on-policy the ratio is 1: see the sync test, which runs in behaviour mode)
     # later batches are a version old (lr 3e-3 moves the tiny policy a lot): the ratio is far from 1
@@ -168,6 +172,7 @@ def test_behaviour_mode_takes_the_ratio_to_the_policy_that_sampled(async_runs):
     assert all(m["policy/importance_weight_mean"] == 1.0 for m in metrics)
 
 
+@pytest.mark.slow
 def test_paper_mode_ratio_is_exactly_one_at_the_first_update_however_stale(async_runs):
     metrics = async_runs["k2"][2]  # N=1: each step's only update is its first
     # pi_old from a no-grad pass, pi from the update's forwards, both in two micro-batches: the ratio is 1 only if the
@@ -180,6 +185,7 @@ def test_paper_mode_ratio_is_exactly_one_at_the_first_update_however_stale(async
         assert m["policy/clipfrac"] == 0.0 and m["policy/zero_gradient_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_the_multigpu_variant_s_shortcut_trains_exactly_as_the_core(async_runs):
     """multigpu/async_rloo_multigpu.py takes pi_old of the first micro-batch from its training forward, the core from a
     no-grad pass over every row (in the loop's micro-batches: bit for bit the same): as one process, with the same flags
@@ -196,6 +202,7 @@ def test_the_multigpu_variant_s_shortcut_trains_exactly_as_the_core(async_runs):
     assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
 
 
+@pytest.mark.slow
 def test_decoupled_mode_weights_each_token_of_stale_steps_only(tiny, tmp_path):
     """--off-policy-correction decoupled at K = 2: the weights min(pi_old / mu, cap) are per token; at step 0 the engine
     and the learner hold the same weights, so they are all 1 up to the float gap; later they spread, within the cap.
@@ -238,6 +245,7 @@ def test_decoupled_mode_weights_each_token_of_stale_steps_only(tiny, tmp_path):
     assert metrics[-1]["async/behaviour_learner_logprob_gap"] > 1e-3
 
 
+@pytest.mark.slow
 def test_sync_baseline_generates_every_batch_with_the_current_policy(tiny, tmp_path):
     # N=1 and fresh weights every step: the data is on-policy, so even vLLM's logprobs give a ratio of 1
     proc, _ = run_script(

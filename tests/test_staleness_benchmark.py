@@ -12,6 +12,7 @@ import pytest
 from conftest import load_script, run_script
 
 
+@pytest.mark.slow
 def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     results, work = tmp_path / "results", tmp_path / "work"
     flags = ("--quick", "--algorithms", "dpo", "--results-dir", str(results), "--work-dir", str(work))

@@ -20,6 +20,7 @@ def quick_work(tmp_path_factory):
     return tmp_path_factory.mktemp("quick_work")
 
 
+@pytest.mark.slow
 def test_paper_protocol_quick_mode_trains_on_the_proxy_and_reports_win_rate_against_kl(tmp_path, quick_work):
     results, work = tmp_path / "results", quick_work
     flags = ("--quick", "--algorithms", "rloo", "--results-dir", str(results), "--work-dir", str(work))
@@ -74,6 +75,7 @@ def test_paper_protocol_quick_mode_trains_on_the_proxy_and_reports_win_rate_agai
     assert (results / "staleness_paper" / "first.md").read_text() == table
 
 
+@pytest.mark.slow
 def test_gate_sweep_quick_mode_runs_on_the_candidates_miniature(tmp_path, quick_work):
     """--gate NAME (issue 41): the sweep on a gate candidate's miniature, with its proxy and the flag override RLOO
     reads, in its own result folder and report; --quick's tiny run length replaces the candidate's."""

@@ -146,6 +146,7 @@ def prompts_of(tokenizer, n):
     return [tokenizer(f"Problem: what is {a} times {a + 3}?\n\nSolution:").input_ids for a in range(n)]
 
 
+@pytest.mark.slow
 def test_greedy_decoding_makes_the_scripted_calls_each_turn_continuing_the_last_ones_tokens(engine):
     """The three known calls, in four turns; each turn's prompt is the previous turn's prompt, its sampled ids and
     the result's ids, nothing re-tokenised; the result tokens are the tool's, flagged; the text is the script."""
@@ -176,6 +177,7 @@ def test_greedy_decoding_makes_the_scripted_calls_each_turn_continuing_the_last_
     assert "=84 then <calc>2**3+1</calc>" in tokenizer.decode(one[0].tokens)  # what follows is the policy's
 
 
+@pytest.mark.slow
 def test_the_learners_logprobs_of_the_policys_tokens_are_vllms_on_multi_call_samples(engine):
     """Sampled at temperature 1 through `generate`, laid out as main() lays them out: the learner's logprobs of the
     policy's tokens equal vLLM's (the core's gap check), with the result tokens read as context and masked out."""
@@ -201,6 +203,7 @@ def test_the_learners_logprobs_of_the_policys_tokens_are_vllms_on_multi_call_sam
     print(f"{sum(a != p + r for a, p, r in zip(retokenised, repeated, responses))} of 8 re-tokenise differently")
 
 
+@pytest.mark.slow
 def test_without_calls_the_variant_samples_the_cores_tokens_bit_for_bit(engine):
     """--max-tool-calls 0: no stop string, one turn, the core's SamplingParams: the same ids and logprobs."""
     tools, args, llm, tokenizer, model = engine
@@ -213,6 +216,7 @@ def test_without_calls_the_variant_samples_the_cores_tokens_bit_for_bit(engine):
     assert any("</calc>" in tokenizer.decode(r) for r in responses), "the policy wrote no tag: this would prove little"
 
 
+@pytest.mark.slow
 def test_the_budget_counts_result_tokens_and_cuts_a_result_at_it(engine):
     tools, args, llm, tokenizer, model = engine
     for length in (17, 30, 60):  # inside the first result, the second turn, the error string

@@ -569,6 +569,7 @@ PINNED = {
 
 
 @pytest.mark.parametrize("script", ["async_dpo.py", MULTIGPU["dpo"]])
+@pytest.mark.slow
 def test_process_wide_vllm_settings_are_pinned_before_vllm_reads_them(script):
     """docs/async.md, design decision 17: in a real import, with the opposite values inherited, vLLM reads the bytecode
     hook off, float32 matmuls at "highest" (both forced), the V1 model runner and IEEE Triton float32 (defaults), and

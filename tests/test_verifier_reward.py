@@ -44,6 +44,7 @@ def verifier_flags(tiny, arithmetic_folder, *extra):
 
 
 @pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.slow
 def test_async_run_with_the_verifier_reward_trains_on_0_1_scores(algo, tiny, arithmetic_folder, tmp_path):
     proc, _ = run_script(
         f"async_{algo}.py",
@@ -64,6 +65,7 @@ def test_async_run_with_the_verifier_reward_trains_on_0_1_scores(algo, tiny, ari
     assert (tmp_path / "model" / "config.json").exists()
 
 
+@pytest.mark.slow
 def test_the_evaluation_tool_grades_saved_policies_as_the_grpo_run_graded_them(tiny, arithmetic_folder, tmp_path):
     """A sync GRPO run evaluates its initial and its final policy in-run; tools/evaluate.py, given the same two
     folders afterwards, must find the same accuracies (same engine, same greedy decoding, same grader)."""
