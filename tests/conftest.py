@@ -25,23 +25,13 @@ GSM8K_DIR = REPO / "data" / "gsm8k"
 ENV = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
 
-# The fast tier (`python -m pytest tests -m "not slow"`, README: Test) runs each algorithm script end to end once; the
-# rest is marked slow. Where a script's one run is a case of a parametrized test, the test's other cases are marked
-# here: a decorator marks every case.
-FAST_CASES = {
-    "test_two_learner_processes_train_like_one": {  # each multigpu variant once under torchrun
-        "multigpu/async_dpo_multigpu.py",
-        "multigpu/async_rloo_multigpu.py",
-        "multigpu/async_ppo_multigpu.py --fsdp",
-        "multigpu/async_grpo_gsm8k_multigpu.py --async-steps 0",
-    },
-}
+def pytest_configure(config):
+    """One torch thread per pytest-xdist worker, as in the runs it starts (OMP_NUM_THREADS above): two workers of two
+    threads each on two cores made in-process training 3-4x slower (OpenMP threads spin while they wait)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        import torch
 
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if item.originalname in FAST_CASES and item.callspec.id not in FAST_CASES[item.originalname]:
-            item.add_marker(pytest.mark.slow)
+        torch.set_num_threads(1)
 
 
 def load_script(relative_path: str):

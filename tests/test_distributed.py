@@ -116,6 +116,7 @@ def torchrun(target, cwd, *args, nproc: int = 2, timeout: float = 900):
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), time.time() - start
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_learner_processes_train_like_one(tiny, arithmetic_folder, tmp_path, case):
     args = [*flags(case, tiny, arithmetic_folder)]

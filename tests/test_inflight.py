@@ -56,7 +56,8 @@ def same_weights(a, b):
 def runs(tiny, arithmetic_folder, tmp_path_factory):
     """The core and `off` (same flags, the core's correction); `fixed` twice (K = 1, the swap after decoding step 4,
     so batches 1 and 2 take a version mid-batch), once with a KV cache 16x smaller that still holds a batch (64 blocks
-    of 128 tokens for 64 sequences of <= 128); `asap` with recomputed KV. Three learner steps of two mini-batches."""
+    of 128 tokens for 64 sequences of <= 128); `asap` with recomputed KV. Three learner steps of two mini-batches.
+    Each test asks for the runs it reads (`runs("core", "off")`), so the fast tier starts only those."""
     tmp_path = tmp_path_factory.mktemp("inflight")
     flags = (
         "--model-name-or-path",
@@ -91,24 +92,27 @@ def runs(tiny, arithmetic_folder, tmp_path_factory):
         "0.25",
     )
     fixed = ("--in-flight", "fixed", "--in-flight-chunk", "4", "--async-steps", "1")
-    metrics = run_side_by_side(
-        tmp_path,
-        {
-            "core": (CORE, ()),
-            "off": (INFLIGHT, ("--in-flight", "off", "--off-policy-correction", "paper")),
-            "fixed": (INFLIGHT, fixed),
-            "fixed_again": (INFLIGHT, (*fixed, "--kv-cache-gib", "0.016")),
-            "asap": (INFLIGHT, ("--in-flight", "asap", "--in-flight-kv", "recompute")),
-        },
-        flags,
-    )
-    return metrics, tmp_path
+    configs = {
+        "core": (CORE, ()),
+        "off": (INFLIGHT, ("--in-flight", "off", "--off-policy-correction", "paper")),
+        "fixed": (INFLIGHT, fixed),
+        "fixed_again": (INFLIGHT, (*fixed, "--kv-cache-gib", "0.016")),
+        "asap": (INFLIGHT, ("--in-flight", "asap", "--in-flight-kv", "recompute")),
+    }
+    metrics = {}
+
+    def run(*names):
+        todo = {name: configs[name] for name in names if name not in metrics}
+        metrics.update(run_side_by_side(tmp_path, todo, flags) if todo else {})
+        return metrics, tmp_path
+
+    return run
 
 
 def test_off_is_the_core_step_by_step(runs):
     """The variant decodes step by step (vLLM's add_request/step) where the core calls LLM.generate; with no swap the
     samples, losses, evaluations and saved weights are the core's, bit for bit."""
-    metrics, folder = runs
+    metrics, folder = runs("core", "off")
     core, off = untimed(metrics["core"]), untimed(metrics["off"])
     assert len({m["losses/policy_loss"] for m in core}) > 1, "the loss never changed: the test would prove nothing"
     for step, (c, o) in enumerate(zip(core, off, strict=True)):
@@ -130,7 +134,7 @@ def test_off_is_the_core_step_by_step(runs):
 def test_fixed_is_reproducible_at_two_cache_sizes_and_takes_versions_in_flight(runs):
     """The same seed at --kv-cache-gib 0.25 and 0.016 (65 blocks: the batch's 64 and vLLM's null block): the same
     samples (rewards, losses, logprob gaps), evaluations and weights, bit for bit."""
-    metrics, folder = runs
+    metrics, folder = runs("fixed", "fixed_again")
     first, again = untimed(metrics["fixed"]), untimed(metrics["fixed_again"])
     assert first == again
     assert evaluations(folder / "fixed") == evaluations(folder / "fixed_again")
@@ -146,7 +150,7 @@ def test_fixed_is_reproducible_at_two_cache_sizes_and_takes_versions_in_flight(r
 
 @pytest.mark.slow
 def test_the_summary_gives_mode_chunk_versions_taken_mid_batch_and_token_staleness(runs):
-    metrics, folder = runs
+    metrics, folder = runs("fixed", "off")
     for name, expected in (("fixed", "fixed (chunk 4), 2 versions"), ("off", "off, 0 versions")):
         lines = (folder / name / "stdout.txt").read_text().splitlines()
         (line,) = [line for line in lines if line.startswith("in flight:")]
@@ -191,7 +195,7 @@ def test_fixed_refuses_a_kv_cache_that_cannot_hold_a_batch(tiny, arithmetic_fold
 @pytest.mark.slow
 def test_asap_with_recomputed_kv_runs_and_reports_consistent_provenance(runs):
     """asap swaps whenever a version has arrived (timing decides where): only what holds in any case is asserted."""
-    asap = runs[0]["asap"]
+    asap = runs("asap")[0]["asap"]
     assert [m["step"] for m in asap] == [0, 1, 2]
     for m in asap:
         assert 0 <= m["async/token_staleness_mean"] <= m["async/token_staleness_max"] <= m["async/staleness"]

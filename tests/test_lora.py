@@ -221,7 +221,6 @@ def adapters_left(cwd):
     return glob.glob(f"/dev/shm/adapters_{run.name}_*")
 
 
-@pytest.mark.slow
 def test_the_hand_off_goes_to_disk_where_dev_shm_cannot_hold_the_adapters(lora, tmp_path, capsys):
     """/dev/shm (RAM) takes the hand-off folder where the K+2 adapters that may exist at once fit; where they do not
     (Docker's default 64 MiB holds no two rank-16 adapters of an 8B model), a temporary folder on disk, said once."""
@@ -246,6 +245,7 @@ def test_engine_dtype_auto_is_refused_as_in_the_cores(lora, tiny):
         lora.check_args(lora.RunArgs(**flags, engine_dtype="auto"))
 
 
+@pytest.mark.slow
 def test_a_stopped_run_leaves_no_adapters_in_shared_memory(tiny, tmp_path):
     """A SIGTERM stop ends the run through sys.exit, as a guard stop does: the adapters in /dev/shm go with it."""
     flags = common_flags(tiny, "--num-learner-steps", "40", "--output-dir", str(tmp_path / "model"))

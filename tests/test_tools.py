@@ -77,7 +77,7 @@ def test_the_policy_mask_drops_exactly_the_result_tokens(tools):
     assert torch.equal(response_mask[0], torch.tensor([0, 0, 1, 1, 1, 1, 1, 0]))  # the input is left as it was
 
 
-def scripted_policy(policy, tokenizer, script, folder, prompts=16, steps=120):
+def scripted_policy(policy, tokenizer, script, folder, prompts=4, steps=120):
     """`policy` taught `script` after `prompts` prompts, with the tokens laid out as the variant lays them: each
     turn's text and each result encoded on its own (as the tool appends them), then EOS."""
     eos = tokenizer.eos_token_id
@@ -99,16 +99,24 @@ def scripted_policy(policy, tokenizer, script, folder, prompts=16, steps=120):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny, tmp_path_factory):
+def scripted(tiny, tmp_path_factory):
+    """The tiny policy taught SCRIPT: its folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
+    policy = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32)
+    return scripted_policy(policy, tokenizer, SCRIPT, tmp_path_factory.mktemp("scripted"))
+
+
+@pytest.fixture(scope="module")
+def engine(scripted):
     """One real engine on the scripted policy: (the script as a module, its Args, the engine, tokenizer, policy)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tools = load_script(TOOLS)
-    tokenizer = AutoTokenizer.from_pretrained(tiny / "policy")
-    policy = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32)
-    path = scripted_policy(policy, tokenizer, SCRIPT, tmp_path_factory.mktemp("scripted"))
+    tokenizer = AutoTokenizer.from_pretrained(scripted)
     args = tools.RunArgs(
-        model_name_or_path=str(path),
+        model_name_or_path=str(scripted),
         engine_device="cpu",
         learner_device="cpu",
         kv_cache_gib=0.25,
@@ -119,7 +127,7 @@ def engine(tiny, tmp_path_factory):
         prompts_per_step=4,
         seed=0,
     )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(scripted, dtype=torch.float32).eval()
     llm = tools.build_engine(args)
     tools.keep_models_eager(model)
     return tools, args, llm, tokenizer, model
@@ -268,6 +276,7 @@ def merging(tmp_path_factory):
     return tools, args, tools.build_engine(args), tokenizer
 
 
+@pytest.mark.slow
 def test_a_closing_token_that_carries_text_past_the_tag_is_read_as_written_and_never_re_tokenised(merging):
     """The first call's closing token is `>=`: vLLM's text stops at `</calc>`, its ids do not, so the result goes
     after the `=` the policy wrote (`</calc>=84`, not `</calc>==84`), and the overrun is counted; each turn goes on
@@ -288,13 +297,12 @@ def test_a_closing_token_that_carries_text_past_the_tag_is_read_as_written_and_n
         assert last_prompt + list(last.outputs[0].token_ids) == prompts[j] + sample
 
 
-def test_a_run_logs_the_tool_metrics_and_its_logprobs_are_vllms(engine, arithmetic_folder, tmp_path):
+def test_a_run_logs_the_tool_metrics_and_its_logprobs_are_vllms(scripted, arithmetic_folder, tmp_path):
     """Two learner steps of the script at --async-steps 0 (so the gap is the sync's, ~0) on the scripted policy."""
-    tools, args, *_ = engine
     proc, _ = run_script(
         TOOLS,
         tmp_path,
-        *("--model-name-or-path", args.model_name_or_path, "--dataset-path", str(arithmetic_folder)),
+        *("--model-name-or-path", str(scripted), "--dataset-path", str(arithmetic_folder)),
         *("--max-prompt-tokens", "128", "--response-length", "96", "--prompts-per-step", "4"),
         *("--num-samples-per-prompt", "2", "--temperature", "1.0", "--num-learner-steps", "2", "--async-steps", "0"),
         *("--num-eval-prompts", "4", "--kv-cache-gib", "0.25", "--output-dir", str(tmp_path / "model")),

@@ -319,11 +319,18 @@ def twin_flags(algo, tiny, arithmetic_folder):
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_the_async_core_with_zero_async_steps_is_its_sync_twin(algo, tiny, arithmetic_folder, tmp_path):
+def test_the_async_core_with_zero_async_steps_is_its_sync_twin_and_its_multigpu_variant(
+    algo, tiny, arithmetic_folder, tmp_path
+):
     """--async-steps 0: the generation thread hands over each batch made with the learner's current weights, which is
-    what the sync twin does in line; with the same flags and seed the two log the same numbers at every step (but
-    the times), bit for bit, evaluate alike (GRPO) and save the same policy. The two runs go side by side."""
-    runs = {"async": (PAIRS[algo][0], ("--async-steps", "0")), "sync": (PAIRS[algo][1], ())}
+    what the sync twin does in line; with the same flags and seed the core, the twin and the multigpu variant in one
+    process (test_distributed.py runs it under torchrun) log the same numbers at every step (but the times), bit for
+    bit, evaluate alike (GRPO) and save the same policy. The three runs go side by side."""
+    runs = {
+        "async": (PAIRS[algo][0], ("--async-steps", "0")),
+        "sync": (PAIRS[algo][1], ()),
+        "multigpu": (MULTIGPU[algo], ("--async-steps", "0")),
+    }
     for name in runs:
         (tmp_path / name).mkdir()
     with ThreadPoolExecutor(len(runs)) as pool:
@@ -342,27 +349,30 @@ def test_the_async_core_with_zero_async_steps_is_its_sync_twin(algo, tiny, arith
     for name, future in done.items():
         proc, _ = future.result()
         assert proc.returncode == 0, f"{name}: {proc.stderr[-4000:]}"
-    core, twin = (read_metrics(tmp_path / name) for name in runs)
-    assert [m["step"] for m in core] == [m["step"] for m in twin] == [0, 1, 2]
+    core, *others = (read_metrics(tmp_path / name) for name in runs)
+    assert [m["step"] for m in core] == [0, 1, 2]
     assert [m["async/actor_version"] for m in core] == [0, 1, 2]  # K = 0 indeed: every batch from the current policy
     loss = "losses/dpo_loss" if algo == "dpo" else "losses/policy_loss"
     assert len({m[loss] for m in core}) > 1, "the loss never changed: the test would prove nothing"
-    for step, (c, t) in enumerate(zip(core, twin)):
-        assert set(c) == set(t), step
-        differ = sorted(key for key in c if not key.startswith("time/") and c[key] != t[key])
-        assert not differ, f"step {step}: " + ", ".join(f"{key} {c[key]!r} != {t[key]!r}" for key in differ)
+    for name, other in zip(list(runs)[1:], others):
+        assert [m["step"] for m in other] == [0, 1, 2], name
+        for step, (c, t) in enumerate(zip(core, other)):
+            assert set(c) == set(t), (name, step)
+            differ = sorted(key for key in c if not key.startswith("time/") and c[key] != t[key])
+            assert not differ, f"{name}, step {step}: " + ", ".join(f"{key} {c[key]!r} != {t[key]!r}" for key in differ)
     if algo == "grpo_gsm8k":  # the evaluations of policy versions 0, 2 and the final 3
-        core, twin = (
+        core, *others = (
             [
                 {k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
                 for line in next((tmp_path / name / "runs").glob("*/eval.jsonl")).read_text().splitlines()
             ]
             for name in runs
         )
-        assert [e["policy_version"] for e in core] == [0, 2, 3] and core == twin
+        assert [e["policy_version"] for e in core] == [0, 2, 3] and all(core == other for other in others)
     weights = [load_file(tmp_path / name / "model" / "model.safetensors") for name in runs]
-    assert weights[0].keys() == weights[1].keys()
-    assert all(weights[0][key].equal(weights[1][key]) for key in weights[0])
+    for other in weights[1:]:
+        assert weights[0].keys() == other.keys()
+        assert all(weights[0][key].equal(other[key]) for key in weights[0])
 
 
 @pytest.mark.parametrize("algo", ALGOS)
