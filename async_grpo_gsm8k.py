@@ -179,12 +179,12 @@ def grpo_policy_loss(
     with torch.no_grad():
         tokens = mask.bool()
         stats = {
-            "importance_ratio_mean": ratio[tokens].mean().item(),
-            "importance_ratio_max": ratio[tokens].max().item(),
-            "clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
-            "zero_gradient_frac": no_gradient[tokens].float().mean().item(),
-            "importance_weight_mean": importance_weights[tokens].mean().item(),
-            "approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
+            "policy/importance_ratio_mean": ratio[tokens].mean().item(),
+            "policy/importance_ratio_max": ratio[tokens].max().item(),
+            "policy/clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
+            "policy/zero_gradient_frac": no_gradient[tokens].float().mean().item(),
+            "policy/importance_weight_mean": importance_weights[tokens].mean().item(),
+            "policy/approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
         }
     return aggregate(importance_weights * per_token, mask, aggregation, length), stats
 
@@ -371,18 +371,18 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
     generation_time = time.time() - start
     rewards, found = score_responses(tokenizer, args, answers, responses)
     truncated = float(np.mean([len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]))
-    return dict(
-        prompts=prompts,
-        answers=answers,
-        responses=responses,
-        behaviour_logprobs=logprobs,
-        rewards=rewards,
-        format_rate=float(np.mean(found)),
-        truncated_rate=truncated,
-        response_length=float(np.mean([len(r) for r in responses])),
-        time_generation=generation_time,
-        time_labeling=time.time() - start - generation_time,
-    )
+    return {
+        "prompts": prompts,
+        "answers": answers,
+        "responses": responses,
+        "behaviour_logprobs": logprobs,
+        "rewards": rewards,
+        "objective/format_rate": float(np.mean(found)),
+        "val/truncated_rate": truncated,
+        "val/response_length": float(np.mean([len(r) for r in responses])),
+        "time/generation": generation_time,
+        "time/reward_labeling": time.time() - start - generation_time,
+    }
 
 
 class WeightCheck(NamedTuple):
@@ -436,15 +436,9 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guar
             if eval_set.prompts and version % args.eval_every == 0 and version > last_evaluated:
                 evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
             batch = produce_batch(llm, tokenizer, args, prompts, answers, step)
-            data_queue.put(
-                dict(
-                    batch,
-                    actor_version=version,
-                    time_weight_sync=weight_sync_time,
-                    time_actor_waiting=waiting_time,
-                    evaluation=evaluation,
-                )
-            )  # blocks while K batches wait
+            times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": waiting_time}
+            batch = {**batch, **times, "async/actor_version": version, "evaluation": evaluation}
+            data_queue.put(batch)  # blocks while K batches wait
     except BaseException as e:  # a thread must never die silently
         data_queue.put(e)
 
@@ -550,7 +544,7 @@ def main():
                     new_logprobs = token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
-                if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
                     token_gap = token_gap + logprob_gap(
                         new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
                     )  # every micro-batch's
@@ -572,18 +566,18 @@ def main():
                     args.loss_aggregation,
                     args.response_length,
                 )
-                micro_stats = dict(loss=loss.item(), **policy_stats)
+                micro_stats = {"losses/policy_loss": loss.item(), **policy_stats}
                 if ref_policy is not None:
                     kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask, args.loss_aggregation, args.response_length)
                     loss = loss + args.kl_coef * kl
-                    micro_stats["kl"] = kl.item()
+                    micro_stats["objective/kl"] = kl.item()
                 share = micro_batch_share(rows, mini_batch, response_mask, args.loss_aggregation)
                 (loss * share).backward()
                 micro_batch_stats.append((share, micro_stats))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
-            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
+            for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
         # the ESS is the whole batch's: its weights again, from every row's pi_old and mu (the loop's: a micro-batch's)
@@ -598,39 +592,22 @@ def main():
 
         # TRY NOT TO MODIFY: logging
         grouped_rewards = batch["rewards"].view(-1, group_size)
-        gap_sum, gap_tokens = token_gap.tolist()
         metrics = {
+            **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
             "objective/accuracy": batch["rewards"].mean().item(),
-            "objective/format_rate": batch["format_rate"],
             "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
             "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
-            "losses/policy_loss": float(np.mean(stats["loss"])),
-            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
-            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
-            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
-            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
-            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
-            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
-            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": gap_sum / gap_tokens,  # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
-            "val/truncated_rate": batch["truncated_rate"],
-            "val/response_length": batch["response_length"],
-            "time/generation": batch["time_generation"],
-            "time/reward_labeling": batch["time_labeling"],
             "time/training": training_time,
-            "time/weight_sync": batch["time_weight_sync"],
             "time/learner_waiting": learner_waiting,
-            "time/actor_waiting": batch["time_actor_waiting"],
             "time/elapsed": time.time() - start_time,
-            "async/actor_version": batch["actor_version"],
             "async/learner_version": step,
-            "async/staleness": step - batch["actor_version"],
+            "async/staleness": step - batch["async/actor_version"],
             "episodes": (step + 1) * args.prompts_per_step * group_size,
         }
-        if ref_policy is not None:  # the KL to the reference exists only when the reference is loaded
-            metrics["objective/kl"] = float(np.mean(stats["kl"]))
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
             log_samples(

@@ -195,12 +195,12 @@ def grpo_policy_loss(
     with torch.no_grad():
         tokens = mask.bool()
         stats = {
-            "importance_ratio_mean": ratio[tokens].mean().item(),
-            "importance_ratio_max": ratio[tokens].max().item(),
-            "clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
-            "zero_gradient_frac": no_gradient[tokens].float().mean().item(),
-            "importance_weight_mean": importance_weights[tokens].mean().item(),
-            "approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
+            "policy/importance_ratio_mean": ratio[tokens].mean().item(),
+            "policy/importance_ratio_max": ratio[tokens].max().item(),
+            "policy/clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
+            "policy/zero_gradient_frac": no_gradient[tokens].float().mean().item(),
+            "policy/importance_weight_mean": importance_weights[tokens].mean().item(),
+            "policy/approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
         }
     return aggregate(importance_weights * per_token, mask, aggregation, length), stats
 
@@ -419,19 +419,19 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int, betwe
     generation_time = time.time() - start
     rewards, found = score_responses(tokenizer, args, answers, responses)
     truncated = float(np.mean([len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]))
-    return dict(
-        prompts=prompts,
-        answers=answers,
-        responses=responses,
-        behaviour_logprobs=logprobs,
-        versions=versions,
-        rewards=rewards,
-        format_rate=float(np.mean(found)),
-        truncated_rate=truncated,
-        response_length=float(np.mean([len(r) for r in responses])),
-        time_generation=generation_time,
-        time_labeling=time.time() - start - generation_time,
-    )
+    return {
+        "prompts": prompts,
+        "answers": answers,
+        "responses": responses,
+        "behaviour_logprobs": logprobs,
+        "versions": versions,
+        "rewards": rewards,
+        "objective/format_rate": float(np.mean(found)),
+        "val/truncated_rate": truncated,
+        "val/response_length": float(np.mean([len(r) for r in responses])),
+        "time/generation": generation_time,
+        "time/reward_labeling": time.time() - start - generation_time,
+    }
 
 
 class WeightCheck(NamedTuple):
@@ -477,7 +477,7 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guar
         # the PolicyVersion loaded in flight (its weights dropped), its probe pending
         unprobed = None
         for step, (prompts, answers) in enumerate(prompt_batches):
-            times = dict(time_weight_sync=0.0, time_actor_waiting=0.0)
+            times = {"time/weight_sync": 0.0, "time/actor_waiting": 0.0}
 
             def load(in_flight: bool):
                 """The next version the learner sent into the engine."""
@@ -485,13 +485,13 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guar
                 start = time.time()
                 incoming = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
                 version = incoming.version
-                times["time_actor_waiting"] += time.time() - start
+                times["time/actor_waiting"] += time.time() - start
                 start = time.time()
                 push_weights_to_engine(llm, incoming.weights, args.in_flight_kv if in_flight else None)
                 llm.llm_engine.set_weight_version(str(version))
                 guard_state = check_weight_sync(llm, incoming.expected, guard_state, args, version, in_flight)
                 unprobed = incoming._replace(weights=None) if in_flight else None
-                times["time_weight_sync"] += time.time() - start
+                times["time/weight_sync"] += time.time() - start
 
             def between_steps(decoding_steps: int):
                 """Batch `step` may take version step-K+1 (which exists: K >= 1)."""
@@ -509,7 +509,7 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guar
                 push_weights_to_engine(llm, None)
                 guard_state = check_weight_sync(llm, unprobed.expected, guard_state, args, unprobed.version)
                 unprobed = None
-                times["time_weight_sync"] += time.time() - start
+                times["time/weight_sync"] += time.time() - start
             while version < step - args.async_steps:  # the i-K rule
                 load(in_flight=False)
             start_version = version
@@ -524,10 +524,9 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guar
             if eval_set.prompts and due:
                 evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
             batch = produce_batch(llm, tokenizer, args, prompts, answers, step, between_steps)
-            # in-flight loads and waits count as theirs
-            batch["time_generation"] -= sum(times.values()) - loading
-            # blocks at K
-            data_queue.put(dict(batch, actor_version=start_version, **times, evaluation=evaluation))
+            batch["time/generation"] -= sum(times.values()) - loading  # in-flight loads and waits count as theirs
+            batch = {**batch, **times, "async/actor_version": start_version, "evaluation": evaluation}
+            data_queue.put(batch)  # blocks while K batches wait
     except BaseException as e:  # a thread must never die silently
         data_queue.put(e)
 
@@ -589,8 +588,7 @@ def main():
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
     if args.in_flight == "fixed":
-        # the swap is the same decoding step for every sequence only if none
-        # waits for KV blocks: the cache holds a whole batch (vLLM keeps 1 block)
+        # one swap step for every sequence only if none waits for KV blocks: the cache holds a batch (vLLM keeps 1)
         cache = llm.llm_engine.vllm_config.cache_config
         size, held = cache.block_size, cache.num_gpu_blocks - 1
         need = max(
@@ -653,7 +651,7 @@ def main():
                     new_logprobs = token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
-                if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
                     token_gap = token_gap + logprob_gap(
                         new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
                     )  # every micro-batch's
@@ -675,18 +673,18 @@ def main():
                     args.loss_aggregation,
                     args.response_length,
                 )
-                micro_stats = dict(loss=loss.item(), **policy_stats)
+                micro_stats = {"losses/policy_loss": loss.item(), **policy_stats}
                 if ref_policy is not None:
                     kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask, args.loss_aggregation, args.response_length)
                     loss = loss + args.kl_coef * kl
-                    micro_stats["kl"] = kl.item()
+                    micro_stats["objective/kl"] = kl.item()
                 share = micro_batch_share(rows, mini_batch, response_mask, args.loss_aggregation)
                 (loss * share).backward()
                 micro_batch_stats.append((share, micro_stats))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
-            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
+            for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
         # the ESS is the whole batch's: its weights again, from every row's pi_old and mu (the loop's: a micro-batch's)
@@ -694,8 +692,7 @@ def main():
             args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
         )[1]
 
-        # ASYNC: version step+1 to the generator if a future batch needs it (in flight: batch step+K, or mid-batch
-        # step+K-1)
+        # ASYNC: version step+1 to the generator if a later batch needs it (in flight: batch step+K, mid-batch step+K-1)
         ahead = args.async_steps - (args.in_flight != "off")
         if step + 1 + ahead < args.num_learner_steps:
             weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.state_dict().items()}
@@ -705,45 +702,28 @@ def main():
         # provenance, per token
         token_staleness = [step - v for versions in batch["versions"] for v in versions]
         grouped_rewards = batch["rewards"].view(-1, group_size)
-        gap_sum, gap_tokens = token_gap.tolist()
         metrics = {
+            **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
             "objective/accuracy": batch["rewards"].mean().item(),
-            "objective/format_rate": batch["format_rate"],
             "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
             "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
-            "losses/policy_loss": float(np.mean(stats["loss"])),
-            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
-            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
-            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
-            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
-            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
-            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
-            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": gap_sum / gap_tokens,  # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
-            "val/truncated_rate": batch["truncated_rate"],
-            "val/response_length": batch["response_length"],
-            "time/generation": batch["time_generation"],
-            "time/reward_labeling": batch["time_labeling"],
             "time/training": training_time,
-            "time/weight_sync": batch["time_weight_sync"],
             "time/learner_waiting": learner_waiting,
-            "time/actor_waiting": batch["time_actor_waiting"],
             "time/elapsed": time.time() - start_time,
-            "async/actor_version": batch["actor_version"],
             "async/learner_version": step,
             # of the batch's first tokens; per token below
-            "async/staleness": step - batch["actor_version"],
+            "async/staleness": step - batch["async/actor_version"],
             "async/token_staleness_mean": float(np.mean(token_staleness)),
             "async/token_staleness_max": int(np.max(token_staleness)),
             "async/mixed_version_share": float(np.mean([len(set(v)) > 1 for v in batch["versions"]])),
             # versions that sampled tokens after the batch's first one
-            "async/versions_in_flight": len(set(token_staleness) - {step - batch["actor_version"]}),
+            "async/versions_in_flight": len(set(token_staleness) - {step - batch["async/actor_version"]}),
             "episodes": (step + 1) * args.prompts_per_step * group_size,
         }
-        if ref_policy is not None:  # the KL to the reference exists only when the reference is loaded
-            metrics["objective/kl"] = float(np.mean(stats["kl"]))
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
             log_samples(

@@ -390,7 +390,7 @@ def measure_algorithm(args: Args, algo: str, m, run, llm, reward_model):
         sequences=whole,
         padded_tokens=[x["ids"].numel() for x in batches],
         widths=[x["ids"].shape[1] for x in batches],
-        response_length=[b["response_length"] for b in produced],
+        response_length=[b["val/response_length"] for b in produced],
         torch_threads=torch.get_num_threads(),
         off_policy_correction=getattr(run, "off_policy_correction", None),
         kl_coef=getattr(run, "kl_coef", None),

@@ -248,18 +248,18 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     scores = score_responses(reward_model, tokenizer, args, prompts, answers, responses, contains_eos)
     chosen, rejected = select_pairs(scores, args.num_samples_per_prompt)
-    return dict(
-        prompts=prompts,
-        chosen=[responses[i] for i in chosen],
-        rejected=[responses[i] for i in rejected],
-        behaviour_logprobs=[logprobs[i] for i in chosen] + [logprobs[i] for i in rejected],
-        scores=scores,
-        score_margin=scores[chosen] - scores[rejected],
-        eos_rate=contains_eos.float().mean().item(),
-        response_length=float(np.mean([len(r) for r in responses])),
-        time_generation=generation_time,
-        time_labeling=time.time() - start - generation_time,
-    )
+    return {
+        "prompts": prompts,
+        "chosen": [responses[i] for i in chosen],
+        "rejected": [responses[i] for i in rejected],
+        "behaviour_logprobs": [logprobs[i] for i in chosen] + [logprobs[i] for i in rejected],
+        "scores": scores,
+        "score_margin": scores[chosen] - scores[rejected],
+        "val/eos_rate": contains_eos.float().mean().item(),
+        "val/response_length": float(np.mean(list(map(len, responses)))),
+        "time/generation": generation_time,
+        "time/reward_labeling": time.time() - start - generation_time,
+    }
 
 
 class WeightCheck(NamedTuple):
@@ -333,7 +333,8 @@ def main():
         weight_sync_time = time.time() - wait_start
         batch = produce_batch(llm, reward_model, tokenizer, args, step_prompts, step_answers, step)
         # the engine idled while the learner trained the previous step
-        batch.update(actor_version=step, time_weight_sync=weight_sync_time, time_actor_waiting=training_time)
+        times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": training_time}
+        batch = {**batch, **times, "async/actor_version": step}
         learner_waiting = time.time() - wait_start
 
         # ALGO LOGIC: DPO on the pairs, in N sequential mini-batches, each accumulated over micro-batches
@@ -354,7 +355,7 @@ def main():
                     per_token = token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
-                if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
                     token_gap = token_gap + logprob_gap(
                         per_token, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
                     )  # every micro-batch's
@@ -364,55 +365,40 @@ def main():
                 share = len(pairs) / len(mini_batch)  # gradients of share-weighted means add up to the mini-batch's
                 (loss * share).backward()
                 chosen_rejected = (logprobs[: len(pairs)] - logprobs[len(pairs) :]).mean().item()
-                kl = logratio.mean().item()  # the sequence-level KL estimate, before this update
-                micro_batch_stats.append((share, dict(loss=loss.item(), logratio=chosen_rejected, kl=kl)))
+                stat = {"losses/dpo_loss": loss.item(), "policy/chosen_rejected_logratio": chosen_rejected}
+                micro_batch_stats.append((share, {**stat, "objective/kl": logratio.mean().item()}))  # before the update
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
-            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
+            for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
 
         # TRY NOT TO MODIFY: logging
-        gap_sum, gap_tokens = token_gap.tolist()
         metrics = {
+            **{key: float(np.mean(values)) for key, values in stats.items()},  # the mini-batches' means
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
             "objective/scores": batch["scores"].mean().item(),
             "objective/score_margin": batch["score_margin"].mean().item(),
             # all k samples scored alike (common with a 0/1 verifier): chosen = rejected, a pair without gradient
             "objective/tied_pairs": (batch["score_margin"] == 0).float().mean().item(),
-            "objective/kl": float(np.mean(stats["kl"])),
-            "losses/dpo_loss": float(np.mean(stats["loss"])),
-            "policy/chosen_rejected_logratio": float(np.mean(stats["logratio"])),
-            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": gap_sum / gap_tokens,  # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
-            "val/eos_rate": batch["eos_rate"],
-            "val/response_length": batch["response_length"],
-            "time/generation": batch["time_generation"],
-            "time/reward_labeling": batch["time_labeling"],
             "time/training": training_time,
-            "time/weight_sync": batch["time_weight_sync"],
             "time/learner_waiting": learner_waiting,
-            "time/actor_waiting": batch["time_actor_waiting"],
             "time/elapsed": time.time() - start_time,
-            "async/actor_version": batch["actor_version"],
             "async/learner_version": step,
-            "async/staleness": step - batch["actor_version"],
+            "async/staleness": step - batch["async/actor_version"],
             "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
-            log_samples(
-                writer,
-                step,
-                ["prompt", "chosen", "rejected", "score margin"],
-                [
-                    [tokenizer.decode(p)[-200:], tokenizer.decode(c), tokenizer.decode(r), f"{m:.3f}"]
-                    for p, c, r, m in list(
-                        zip(batch["prompts"], batch["chosen"], batch["rejected"], batch["score_margin"])
-                    )[:4]
-                ],
-            )
+            rows = list(zip(batch["prompts"], batch["chosen"], batch["rejected"], batch["score_margin"]))[:4]
+            table = [
+                [tokenizer.decode(p)[-200:], tokenizer.decode(c), tokenizer.decode(r), f"{m:.3f}"]
+                for p, c, r, m in rows
+            ]
+            log_samples(writer, step, ["prompt", "chosen", "rejected", "score margin"], table)
         save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
         if stop_signals or save_due:
             path = save_policy(args, step + 1, policy, tokenizer)

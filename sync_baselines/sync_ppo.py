@@ -187,14 +187,14 @@ def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advan
     pg_losses, no_gradient = clipped_surrogate(ratio, advantages, cliprange, dual_clip)
     loss = masked_mean(importance_weights * pg_losses, mask)
     with torch.no_grad():
-        stats = dict(
-            importance_ratio_mean=masked_mean(ratio, mask).item(),
-            importance_ratio_max=ratio[mask.bool()].max().item(),
-            clipfrac=masked_mean(((ratio - 1).abs() > cliprange).float(), mask).item(),
-            zero_gradient_frac=masked_mean(no_gradient.float(), mask).item(),
-            importance_weight_mean=masked_mean(importance_weights, mask).item(),
-            approx_kl=masked_mean((ratio - 1) - log_ratio, mask).item(),  # k3 estimator, always >= 0
-        )
+        stats = {
+            "policy/importance_ratio_mean": masked_mean(ratio, mask).item(),
+            "policy/importance_ratio_max": ratio[mask.bool()].max().item(),
+            "policy/clipfrac": masked_mean(((ratio - 1).abs() > cliprange).float(), mask).item(),
+            "policy/zero_gradient_frac": masked_mean(no_gradient.float(), mask).item(),
+            "policy/importance_weight_mean": masked_mean(importance_weights, mask).item(),
+            "policy/approx_kl": masked_mean((ratio - 1) - log_ratio, mask).item(),  # k3 estimator, always >= 0
+        }
     return loss, stats
 
 
@@ -375,16 +375,16 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
     generation_time = time.time() - start
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     scores = score_responses(reward_model, tokenizer, args, prompts, answers, responses, contains_eos)
-    return dict(
-        prompts=[p for p in prompts for _ in range(args.num_samples_per_prompt)],  # one per sample
-        responses=responses,
-        behaviour_logprobs=logprobs,
-        scores=scores,
-        eos_rate=contains_eos.float().mean().item(),
-        response_length=float(np.mean(list(map(len, responses)))),
-        time_generation=generation_time,
-        time_labeling=time.time() - start - generation_time,
-    )
+    return {
+        "prompts": [p for p in prompts for _ in range(args.num_samples_per_prompt)],  # one per sample
+        "responses": responses,
+        "behaviour_logprobs": logprobs,
+        "scores": scores,
+        "val/eos_rate": contains_eos.float().mean().item(),
+        "val/response_length": float(np.mean(list(map(len, responses)))),
+        "time/generation": generation_time,
+        "time/reward_labeling": time.time() - start - generation_time,
+    }
 
 
 class WeightCheck(NamedTuple):
@@ -472,7 +472,8 @@ def main():
         weight_sync_time = time.time() - wait_start
         batch = produce_batch(llm, reward_model, tokenizer, args, step_prompts, step_answers, step)
         # the engine idled while the learner trained the previous step
-        batch.update(actor_version=step, time_weight_sync=weight_sync_time, time_actor_waiting=training_time)
+        times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": training_time}
+        batch = {**batch, **times, "async/actor_version": step}
         learner_waiting = time.time() - wait_start
 
         # ALGO LOGIC: rewards, values and advantages of the whole batch, then PPO in N mini-batches per epoch
@@ -521,7 +522,7 @@ def main():
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
                     new_values = get_values(value_model, input_ids[rows], attention_mask[rows])
-                if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
                     token_gap = token_gap + logprob_gap(
                         new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
                     )  # every micro-batch's
@@ -543,13 +544,13 @@ def main():
                 micro_batch_stats.append(
                     (
                         share,
-                        dict(
-                            pg_loss=pg_loss.item(),
-                            vf_loss=vf_loss.item(),
-                            vf_clipfrac=vf_clipfrac,
-                            entropy=masked_mean(entropy, mask[rows]).item(),
+                        {
+                            "losses/policy_loss": pg_loss.item(),
+                            "losses/value_loss": vf_loss.item(),
+                            "value/clipfrac": vf_clipfrac,
+                            "policy/entropy": masked_mean(entropy, mask[rows]).item(),
                             **policy_stats,
-                        ),
+                        },
                     )
                 )
             grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -557,58 +558,35 @@ def main():
             )
             optimizer.step()
             scheduler.step()
-            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
+            for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
 
         # TRY NOT TO MODIFY: logging
         non_score_reward = (-args.kl_coef * kl).sum(1)
-        gap_sum, gap_tokens = token_gap.tolist()
         metrics = {
+            **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
             "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.sum(1).mean().item(),
             "objective/non_score_reward": non_score_reward.mean().item(),
             "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
-            "losses/policy_loss": float(np.mean(stats["pg_loss"])),
-            "losses/value_loss": float(np.mean(stats["vf_loss"])),
-            "policy/entropy": float(np.mean(stats["entropy"])),
-            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
-            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
-            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
-            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[mask.bool()]),  # the batch's
-            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
-            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
-            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": gap_sum / gap_tokens,  # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
-            "value/clipfrac": float(np.mean(stats["vf_clipfrac"])),
             "value/mean": masked_mean(values, mask).item(),
-            "val/eos_rate": batch["eos_rate"],
-            "val/response_length": batch["response_length"],
-            "time/generation": batch["time_generation"],
-            "time/reward_labeling": batch["time_labeling"],
             "time/training": training_time,
-            "time/weight_sync": batch["time_weight_sync"],
             "time/learner_waiting": learner_waiting,
-            "time/actor_waiting": batch["time_actor_waiting"],
             "time/elapsed": time.time() - start_time,
-            "async/actor_version": batch["actor_version"],
             "async/learner_version": step,
-            "async/staleness": step - batch["actor_version"],
+            "async/staleness": step - batch["async/actor_version"],
             "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
-            log_samples(
-                writer,
-                step,
-                ["prompt", "response", "score"],
-                [
-                    [tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}"]
-                    for p, r, s in list(zip(batch["prompts"], batch["responses"], batch["scores"]))[:4]
-                ],
-            )
+            rows = list(zip(batch["prompts"], batch["responses"], batch["scores"]))[:4]
+            table = [[tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}"] for p, r, s in rows]
+            log_samples(writer, step, ["prompt", "response", "score"], table)
         save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
         if stop_signals or save_due:
             path = save_policy(args, step + 1, policy, tokenizer)

@@ -158,14 +158,14 @@ def clipped_policy_loss(
     losses, no_gradient = clipped_surrogate(ratio, advantages, cliprange, dual_clip)
     loss, weights = losses.mean(), importance_weights[mask.bool()]
     with torch.no_grad():
-        return loss, dict(
-            importance_ratio_mean=ratio.mean().item(),
-            importance_ratio_max=ratio.max().item(),
-            clipfrac=((ratio - 1.0).abs() > cliprange).float().mean().item(),
-            zero_gradient_frac=no_gradient.float().mean().item(),
-            importance_weight_mean=weights.mean().item(),
-            approx_kl=((ratio - 1.0) - log_ratio).mean().item(),
-        )  # k3 estimate of KL(anchor || pi)
+        return loss, {
+            "policy/importance_ratio_mean": ratio.mean().item(),
+            "policy/importance_ratio_max": ratio.max().item(),
+            "policy/clipfrac": ((ratio - 1.0).abs() > cliprange).float().mean().item(),
+            "policy/zero_gradient_frac": no_gradient.float().mean().item(),
+            "policy/importance_weight_mean": weights.mean().item(),
+            "policy/approx_kl": ((ratio - 1.0) - log_ratio).mean().item(),
+        }  # k3 estimate of KL(anchor || pi)
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
@@ -317,16 +317,16 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
     generation_time = time.time() - start
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     scores = score_responses(reward_model, tokenizer, args, prompts, answers, responses, contains_eos)
-    return dict(
-        prompts=[p for p in prompts for _ in range(args.num_samples_per_prompt)],  # one per sample
-        responses=responses,
-        behaviour_logprobs=logprobs,
-        scores=scores,
-        eos_rate=contains_eos.float().mean().item(),
-        response_length=float(np.mean(list(map(len, responses)))),
-        time_generation=generation_time,
-        time_labeling=time.time() - start - generation_time,
-    )
+    return {
+        "prompts": [p for p in prompts for _ in range(args.num_samples_per_prompt)],  # one per sample
+        "responses": responses,
+        "behaviour_logprobs": logprobs,
+        "scores": scores,
+        "val/eos_rate": contains_eos.float().mean().item(),
+        "val/response_length": float(np.mean(list(map(len, responses)))),
+        "time/generation": generation_time,
+        "time/reward_labeling": time.time() - start - generation_time,
+    }
 
 
 class WeightCheck(NamedTuple):
@@ -402,7 +402,8 @@ def main():
         weight_sync_time = time.time() - wait_start
         batch = produce_batch(llm, reward_model, tokenizer, args, step_prompts, step_answers, step)
         # the engine idled while the learner trained the previous step
-        batch.update(actor_version=step, time_weight_sync=weight_sync_time, time_actor_waiting=training_time)
+        times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": training_time}
+        batch = {**batch, **times, "async/actor_version": step}
         learner_waiting = time.time() - wait_start
 
         # ALGO LOGIC: RLOO rewards and advantages for the whole batch, then N sequential clipped updates
@@ -437,7 +438,7 @@ def main():
                     per_token = token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
-                if not stats.get("grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
                     token_gap = token_gap + logprob_gap(
                         per_token, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
                     )  # every micro-batch's
@@ -452,56 +453,36 @@ def main():
                 )
                 share = len(rows) / len(mini_batch)  # gradients of share-weighted means add up to the mini-batch's
                 (loss * share).backward()
-                micro_batch_stats.append((share, dict(loss=loss.item(), **policy_stats)))
+                micro_batch_stats.append((share, {"losses/policy_loss": loss.item(), **policy_stats}))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
-            for key, value in (*combine_stats(micro_batch_stats).items(), ("grad_norm", grad_norm.item())):
+            for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
 
         # TRY NOT TO MODIFY: logging
-        gap_sum, gap_tokens = token_gap.tolist()
         metrics = {
+            **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
             "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.mean().item(),
             "objective/rlhf_reward": rlhf_reward.mean().item(),
-            "losses/policy_loss": float(np.mean(stats["loss"])),
-            "policy/importance_ratio_mean": float(np.mean(stats["importance_ratio_mean"])),
-            "policy/importance_ratio_max": float(np.max(stats["importance_ratio_max"])),
-            "policy/clipfrac": float(np.mean(stats["clipfrac"])),
-            "policy/zero_gradient_frac": float(np.mean(stats["zero_gradient_frac"])),
-            "policy/importance_weight_mean": float(np.mean(stats["importance_weight_mean"])),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
-            "policy/approx_kl": float(np.mean(stats["approx_kl"])),
-            "policy/grad_norm": float(np.mean(stats["grad_norm"])),
-            "async/behaviour_learner_logprob_gap": gap_sum / gap_tokens,  # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
             "policy/learning_rate": scheduler.get_last_lr()[0],
-            "val/eos_rate": batch["eos_rate"],
-            "val/response_length": batch["response_length"],
-            "time/generation": batch["time_generation"],
-            "time/reward_labeling": batch["time_labeling"],
             "time/training": training_time,
-            "time/weight_sync": batch["time_weight_sync"],
             "time/learner_waiting": learner_waiting,
-            "time/actor_waiting": batch["time_actor_waiting"],
             "time/elapsed": time.time() - start_time,
-            "async/actor_version": batch["actor_version"],
             "async/learner_version": step,
-            "async/staleness": step - batch["actor_version"],
+            "async/staleness": step - batch["async/actor_version"],
             "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
-            log_samples(
-                writer,
-                step,
-                ["prompt", "response", "score", "advantage"],
-                [
-                    [tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}", f"{a:.3f}"]
-                    for p, r, s, a in list(zip(batch["prompts"], batch["responses"], batch["scores"], advantages))[:4]
-                ],
-            )
+            rows = list(zip(batch["prompts"], batch["responses"], batch["scores"], advantages))[:4]
+            table = [[tokenizer.decode(p)[-200:], tokenizer.decode(r), f"{s:.3f}", f"{a:.3f}"] for p, r, s, a in rows]
+            log_samples(writer, step, ["prompt", "response", "score", "advantage"], table)
         save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
         if stop_signals or save_due:
             path = save_policy(args, step + 1, policy, tokenizer)

@@ -525,7 +525,7 @@ def test_a_response_ending_in_any_eos_id_counts_as_finished(other_family, engine
     assert any(r[-1] == second_eos for r in batch["responses"]), "no response stopped on the second EOS id"
     # vLLM stopped every short response on one of the EOS ids, and each of those counts as finished (no penalty)
     assert all(r[-1] in args.eos_token_ids for r, s in zip(batch["responses"], stopped) if s)
-    assert batch["eos_rate"] == pytest.approx(sum(stopped) / len(stopped))
+    assert batch["val/eos_rate"] == pytest.approx(sum(stopped) / len(stopped))
     unfinished = [not s for s in stopped]
     assert all(score == args.missing_eos_penalty for score, u in zip(batch["scores"].tolist(), unfinished) if u)
     # and the padded batch the learner builds pads with EOS

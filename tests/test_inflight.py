@@ -320,7 +320,7 @@ def test_batch_i_starts_with_version_i_minus_k_and_takes_only_the_next_in_flight
     starts, taken, expected = [], [], []
     for step in range(len(batches)):
         batch = inflight.receive(data_queue, 300, f"the batch of step {step}")
-        starts.append(batch["actor_version"])
+        starts.append(batch["async/actor_version"])
         taken.append(sorted({v for versions in batch["versions"] for v in versions}))
         swap = step >= k and any(len(r) > 4 for r in batch["responses"])  # a token after the swap exists
         expected.append([max(0, step - k)] + [step - k + 1] * swap)

@@ -75,9 +75,9 @@ def test_each_mode_on_a_hand_computed_stale_example(script, mode):
         expected_loss = EXPECTED["paper"][0]
     assert loss.item() == pytest.approx(expected_loss, abs=1e-5)
     assert new.grad.flatten().tolist() == pytest.approx(expected_grad, abs=1e-5)
-    assert stats["zero_gradient_frac"] == pytest.approx(zero_gradient_frac)
-    assert stats["clipfrac"] == pytest.approx(clipfrac)
-    assert stats["importance_weight_mean"] == pytest.approx(weight_mean)
+    assert stats["policy/zero_gradient_frac"] == pytest.approx(zero_gradient_frac)
+    assert stats["policy/clipfrac"] == pytest.approx(clipfrac)
+    assert stats["policy/importance_weight_mean"] == pytest.approx(weight_mean)
 
 
 def test_the_dual_clip_bounds_a_negative_advantage_and_cuts_its_gradient(script):
@@ -88,7 +88,7 @@ def test_the_dual_clip_bounds_a_negative_advantage_and_cuts_its_gradient(script)
     # term 2 (A = -1, r = 4.4 > 3) now loses -A * 3 = 3 instead of 4.4, with no gradient: (-1.2 + 3 - 1.3 + 0.4) / 4
     assert loss.item() == pytest.approx(0.225, abs=1e-5)
     assert new.grad.flatten().tolist() == pytest.approx([0.0, 0.0, -0.325, 0.0], abs=1e-5)
-    assert stats["zero_gradient_frac"] == pytest.approx(0.75)
+    assert stats["policy/zero_gradient_frac"] == pytest.approx(0.75)
 
 
 def test_on_policy_the_three_modes_give_the_same_loss_and_gradient(script):
@@ -101,8 +101,8 @@ def test_on_policy_the_three_modes_give_the_same_loss_and_gradient(script):
         anchor, weights = script.off_policy_anchor(mode, None if mode == "behaviour" else logprobs, logprobs, 2.0)
         loss, stats = policy_loss(script, new, anchor, weights, advantages)
         loss.backward()
-        assert stats["importance_ratio_max"] == 1.0 and stats["importance_weight_mean"] == 1.0
-        assert stats["zero_gradient_frac"] == 0.0
+        assert stats["policy/importance_ratio_max"] == 1.0 and stats["policy/importance_weight_mean"] == 1.0
+        assert stats["policy/zero_gradient_frac"] == 0.0
         results.append((loss.item(), new.grad.tolist()))
     assert results[0] == results[1] == results[2]
     assert results[0][0] == pytest.approx(-advantages.mean().item(), abs=1e-6)  # ratio 1: plain policy gradient
@@ -152,11 +152,11 @@ def test_rloo_weights_each_token_and_clips_each_sequence_by_hand():
     loss.backward()
     assert loss.item() == pytest.approx(-1.6)
     assert new.grad.flatten().tolist() == pytest.approx([-1.5, -2.0, -0.5, 0.0, 0.0, 0.0])
-    assert stats["importance_ratio_max"] == pytest.approx(1.5)
-    assert stats["clipfrac"] == stats["zero_gradient_frac"] == 0.5
+    assert stats["policy/importance_ratio_max"] == pytest.approx(1.5)
+    assert stats["policy/clipfrac"] == stats["policy/zero_gradient_frac"] == 0.5
     # the weight statistics are over the five response tokens: mean 7 / 5, ESS 7^2 / (5 * 11.5) (which the scripts log
     # for the whole batch, from its weights, not per micro-batch)
-    assert stats["importance_weight_mean"] == pytest.approx(1.4) and "importance_weight_ess" not in stats
+    assert stats["policy/importance_weight_mean"] == pytest.approx(1.4) and "policy/importance_weight_ess" not in stats
     assert rloo.effective_sample_size(weights[mask.bool()]) == pytest.approx(49 / 57.5)
 
 
@@ -206,7 +206,7 @@ def test_rloo_gradient_is_the_per_token_weighted_policy_gradient():
     with torch.no_grad():
         ratio = torch.exp((logprobs(theta) - anchor).sum(1))
         clipped = ((advantages > 0) & (ratio > 1.2)) | ((advantages < 0) & (ratio < 0.8))
-        assert 0 < clipped.sum() < batch and stats["zero_gradient_frac"] == pytest.approx(clipped.float().mean())
+        assert 0 < clipped.sum() < batch and stats["policy/zero_gradient_frac"] == pytest.approx(clipped.float().mean())
         expected = torch.zeros_like(theta)
         probs = torch.softmax(theta, -1)
         for i in range(batch):

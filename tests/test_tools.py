@@ -286,7 +286,7 @@ def test_a_closing_token_that_carries_text_past_the_tag_is_read_as_written_and_n
     batch = tools.produce_batch(recording, tokenizer, args, prompts, ["84", "84"], step=0)
     texts = tokenizer.batch_decode(batch["responses"], skip_special_tokens=True)
     assert texts == ["".join(MERGING)] * 2
-    assert batch["tool_overrun_rate"] == 0.5 and batch["rewards"].tolist() == [1.0, 1.0]
+    assert batch["tools/overrun_rate"] == 0.5 and batch["rewards"].tolist() == [1.0, 1.0]
     results = [tokenizer.encode(piece, add_special_tokens=False) for piece in MERGING[1::2]]
     for j, sample in enumerate(batch["responses"]):
         turns = [turn[j] for turn in recording.turns]
