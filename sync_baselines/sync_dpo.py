@@ -824,6 +824,7 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
     names = list(checksums)
     rpc = lambda w: engine_checksums(w.get_model(), names, getattr(torch, args.engine_dtype))
     held, parts = llm.collective_rpc(rpc)[0]
+    held = {t: (tuple(c[0]), *c[1:]) for t, c in held.items()}  # an engine process answers lists (msgpack)
     mine = {}
     for target, part_names in parts.items():
         if target in held:
