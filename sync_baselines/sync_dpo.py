@@ -376,7 +376,7 @@ def main():
 
         # TRY NOT TO MODIFY: logging
         metrics = {
-            **{key: float(np.mean(values)) for key, values in stats.items()},  # the mini-batches' means
+            **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
             **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
             "objective/scores": batch["scores"].mean().item(),
             "objective/score_margin": batch["score_margin"].mean().item(),
