@@ -35,7 +35,12 @@ def pytest_configure(config):
 
 
 def load_script(relative_path: str):
-    """Import a script as a module (its `if __name__ == "__main__":` body does not run)."""
+    """Import a script as a module (its `if __name__ == "__main__":` body does not run), as a fresh process would: an
+    engine built earlier in this process left `torch.set_num_threads` a no-op (vLLM's CPU worker does that), and a
+    script that saved the no-op would leave its generation thread's OpenMP threads unlike the engine's."""
+    import torch
+
+    torch.set_num_threads = torch._C.set_num_threads  # the original, which vLLM's patch leaves in place
     path = REPO / relative_path
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)

@@ -299,6 +299,8 @@ def test_batch_i_starts_with_version_i_minus_k_and_takes_only_the_next_in_flight
     import dataclasses
 
     inflight, args, llm, tokenizer, model = engine
+    # a test that failed with a batch in flight leaves its requests in the shared engine: fail here, never hang on them
+    assert not llm.llm_engine.has_unfinished_requests(), "an earlier test left requests in the engine"
     args = dataclasses.replace(
         args, in_flight="fixed", in_flight_chunk=4, in_flight_kv="keep", async_steps=k, queue_timeout=300
     )
