@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -186,11 +187,15 @@ def test_a_run_trains_the_adapter_the_engine_serves_and_saves_adapter_and_merged
     and no adapter is left in the hand-off folder."""
     from transformers import AutoModelForCausalLM
 
-    for k in ("0", "1"):
+    def run(k):
         cwd = tmp_path / f"k{k}"
         cwd.mkdir()
         flags = ("--num-learner-steps", "5", "--async-steps", k, "--save-merged", "--output-dir", str(cwd / "model"))
-        proc, _ = run_script(LORA, cwd, *common_flags(tiny, *flags))
+        return cwd, run_script(LORA, cwd, *common_flags(tiny, *flags))[0]
+
+    with ThreadPoolExecutor(2) as pool:  # side by side
+        runs = dict(zip("01", pool.map(run, "01")))
+    for k, (cwd, proc) in runs.items():
         assert proc.returncode == 0, proc.stderr[-4000:]
         metrics = read_metrics(cwd)
         assert [m["async/actor_version"] for m in metrics] == ([0, 1, 2, 3, 4] if k == "0" else [0, 0, 1, 2, 3])
@@ -281,76 +286,71 @@ def grpo_flags(tiny, arithmetic_folder, *extra):
     )
 
 
-def test_a_grpo_run_hands_over_eleven_adapters_and_saves_a_model_the_core_trains_on(tiny, arithmetic_folder, tmp_path):
-    """--async-steps 0, 11 learner steps of 2 mini-batches, with a KL term: versions 0-10 reach the engine as adapters
-    through the thread and version 11 for the final evaluation, each passing the guard; every batch is sampled by the
-    learner's current adapter (logprob gap at float32 rounding) while the KL to the base, the adapter disabled, grows
-    from 0. The adapter folder and --save-merged's model folder are the same policy, and the GRPO core trains on the
-    merged folder as its --model-name-or-path (its own guard and gap check that its engine serves it)."""
+@pytest.fixture(scope="module")
+def grpo_lora_run(tiny, arithmetic_folder, tmp_path_factory):
+    """--async-steps 0, 11 learner steps of 2 mini-batches with a KL term, snapshots every 5, merged model saved."""
+    folder = tmp_path_factory.mktemp("grpo_lora")
+    flags = ("--num-learner-steps", "11", "--async-steps", "0", "--num-mini-batches", "2", "--kl-coef", "0.05")
+    flags += ("--lora-rank", "4", "--num-eval-prompts", "8", "--eval-every", "5", "--save-every", "5")
+    flags += ("--save-merged", "--output-dir", str(folder / "model"))
+    proc, _ = run_script(GRPO_LORA, folder, *grpo_flags(tiny, arithmetic_folder, *flags))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return folder
+
+
+def test_a_grpo_run_hands_over_eleven_adapters_and_saves_the_adapter_as_a_merged_model(tiny, grpo_lora_run):
+    """Versions 0-10 reach the engine as adapters through the thread and version 11 for the final evaluation, each
+    passing the guard; every batch is sampled by the learner's current adapter (logprob gap at float32 rounding) while
+    the KL to the base, the adapter disabled, grows from 0. The adapter folder and --save-merged's model folder are the
+    same policy."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    flags = (
-        "--num-learner-steps",
-        "11",
-        "--async-steps",
-        "0",
-        "--num-mini-batches",
-        "2",
-        "--kl-coef",
-        "0.05",
-        "--lora-rank",
-        "4",
-    )
-    flags += ("--num-eval-prompts", "8", "--eval-every", "5", "--save-merged", "--output-dir", str(tmp_path / "model"))
-    proc, _ = run_script(GRPO_LORA, tmp_path, *grpo_flags(tiny, arithmetic_folder, *flags, "--save-every", "5"))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    metrics = read_metrics(tmp_path)
+    metrics = read_metrics(grpo_lora_run)
     assert [m["async/actor_version"] for m in metrics] == list(range(11))
     assert all(m["async/behaviour_learner_logprob_gap"] < 1e-5 for m in metrics)
     assert metrics[-1]["objective/kl"] > 1e-3 and max(abs(m["losses/policy_loss"]) for m in metrics) > 0
-    evals = [json.loads(line) for line in next((tmp_path / "runs").glob("*/eval.jsonl")).read_text().splitlines()]
+    evals = [json.loads(line) for line in next((grpo_lora_run / "runs").glob("*/eval.jsonl")).read_text().splitlines()]
     assert [e["policy_version"] for e in evals] == [0, 5, 10, 11]
-    config = json.loads((tmp_path / "model" / "adapter_config.json").read_text())
+    config = json.loads((grpo_lora_run / "model" / "adapter_config.json").read_text())
     assert config["r"] == 4 and "down_proj" in config["target_modules"]
     base = AutoModelForCausalLM.from_pretrained(tiny / "policy", dtype=torch.float32).eval()
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "model" / "merged", dtype=torch.float32).eval()
+    merged = AutoModelForCausalLM.from_pretrained(grpo_lora_run / "model" / "merged", dtype=torch.float32).eval()
     ids = torch.randint(5, 500, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         logits = {"merged": merged(input_ids=ids).logits}
         logits["base"] = base(input_ids=ids).logits
-        logits["adapter"] = PeftModel.from_pretrained(base, tmp_path / "model").eval()(input_ids=ids).logits
+        logits["adapter"] = PeftModel.from_pretrained(base, grpo_lora_run / "model").eval()(input_ids=ids).logits
     assert (logits["adapter"] - logits["base"]).abs().max() > 1e-3  # the adapter is not the base
     assert torch.allclose(logits["merged"], logits["adapter"], atol=1e-5, rtol=0)
-    # tools/evaluate.py grades the run's last adapter snapshot and the final adapter, each as its merged model
-    (run,) = (tmp_path / "runs").iterdir()
-    folders = [run, tmp_path / "model", tmp_path / "model" / "merged"]
+
+
+@pytest.mark.slow
+def test_tools_evaluate_grades_the_adapters_and_the_grpo_core_trains_on_the_merged_model(
+    tiny, arithmetic_folder, grpo_lora_run
+):
+    """tools/evaluate.py grades the run's last adapter snapshot and the final adapter, each as its merged model; the
+    GRPO core trains on the merged folder as its --model-name-or-path (its own guard and gap check that its engine
+    serves it). The two go side by side."""
+    (run,) = (grpo_lora_run / "runs").iterdir()
+    folders = [run, grpo_lora_run / "model", grpo_lora_run / "model" / "merged"]
     flags = ("--dataset-path", str(arithmetic_folder), "--num-eval-prompts", "8", "--kv-cache-gib", "0.25")
     flags += ("--max-prompt-tokens", "256", "--response-length", "16")  # as the run's
-    proc, _ = run_script("tools/evaluate.py", tmp_path, *map(str, folders), *flags)
+    core, graded_in = grpo_lora_run / "core", grpo_lora_run / "evaluate"  # the run's folder stays as it ended
+    core.mkdir()
+    graded_in.mkdir()
+    evaluate = ("tools/evaluate.py", graded_in, *map(str, folders), *flags)
+    flags = ("--model-name-or-path", str(folders[2]), "--num-learner-steps", "1", "--async-steps", "0")
+    flags += ("--prompts-per-step", "4", "--num-eval-prompts", "0", "--output-dir", str(core / "model"))
+    train = ("async_grpo_gsm8k.py", core, *grpo_flags(tiny, arithmetic_folder, *flags))
+    with ThreadPoolExecutor(2) as pool:
+        (proc, _), (trained, _) = pool.map(lambda command: run_script(*command), (evaluate, train))
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["policy"] for r in results] == [str(run / "checkpoint_10" / "policy"), *map(str, folders[1:])]
     graded = [{k: v for k, v in r.items() if k.startswith("eval/")} for r in results]
     assert len(graded[0]) == 2 and graded[1] == graded[2]  # the adapter graded as its merged model
-    core = tmp_path / "core"
-    core.mkdir()
-    flags = (
-        "--model-name-or-path",
-        str(tmp_path / "model" / "merged"),
-        "--num-learner-steps",
-        "1",
-        "--async-steps",
-        "0",
-        "--prompts-per-step",
-        "4",
-        "--num-eval-prompts",
-        "0",
-        "--output-dir",
-        str(core / "model"),
-    )
-    proc, _ = run_script("async_grpo_gsm8k.py", core, *grpo_flags(tiny, arithmetic_folder, *flags))
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert trained.returncode == 0, trained.stderr[-4000:]
     assert read_metrics(core)[0]["async/behaviour_learner_logprob_gap"] < 1e-5
 
 
