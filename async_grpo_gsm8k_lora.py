@@ -573,6 +573,9 @@ def main():
         if args.kl_coef > 0:
             with policy.disable_adapter():  # the reference: the base alone
                 ref_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args)
+        anchor_logprobs, importance_weights = off_policy_anchor(
+            args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
+        )
         stats = defaultdict(list)  # name: one value per mini-batch
         token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
         for mini_batch in mini_batches:
@@ -587,17 +590,11 @@ def main():
                     token_gap = token_gap + logprob_gap(
                         new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
                     )  # every micro-batch's
-                anchor_logprobs, importance_weights = off_policy_anchor(
-                    args.off_policy_correction,
-                    None if old_logprobs is None else old_logprobs[rows],
-                    behaviour_logprobs[rows],
-                    args.importance_weight_cap,
-                )
                 mask = response_mask[rows, 1:]
                 loss, policy_stats = grpo_policy_loss(
                     new_logprobs,
-                    anchor_logprobs,
-                    importance_weights,
+                    anchor_logprobs[rows],
+                    importance_weights[rows],
                     advantages[rows],
                     mask,
                     args.cliprange,
@@ -619,10 +616,6 @@ def main():
             for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
-        # the ESS is the whole batch's: its weights again, from every row's pi_old and mu (the loop's: a micro-batch's)
-        importance_weights = off_policy_anchor(
-            args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
-        )[1]
 
         # ASYNC: version step+1's adapter to the generator if a future batch needs it (a file of a few MB)
         if step + 1 + args.async_steps < args.num_learner_steps:
@@ -1119,7 +1112,7 @@ def keep_models_eager(*models):
             module.do_not_compile = True
 
 
-# LEARNER: models, micro-batches, autocast, gradient checkpointing
+# MODELS: loading, micro-batches, gradient checkpointing
 def load_causal_lm(path: str, device: str):
     """A float32 causal LM in eval mode: dropout off, so the loss's logprobs are those of the sampled policy."""
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()

@@ -653,6 +653,9 @@ def main():
             )
         if ref_policy is not None:
             ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
+        anchor_logprobs, importance_weights = off_policy_anchor(
+            args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
+        )
         stats = defaultdict(list)  # name: one value per mini-batch
         token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
         for m, mini_batch in enumerate(mini_batches):
@@ -670,17 +673,11 @@ def main():
                     )  # every micro-batch's
                 if m == 0 and old_logprobs is not None:  # no update yet: equal bit for bit to a no-grad pass (tested)
                     old_logprobs[rows] = new_logprobs.detach()
-                anchor_logprobs, importance_weights = off_policy_anchor(
-                    args.off_policy_correction,
-                    None if old_logprobs is None else old_logprobs[rows],
-                    behaviour_logprobs[rows],
-                    args.importance_weight_cap,
-                )
                 mask = response_mask[rows, 1:]
                 loss, policy_stats = grpo_policy_loss(
                     new_logprobs,
-                    anchor_logprobs,
-                    importance_weights,
+                    anchor_logprobs[rows],
+                    importance_weights[rows],
                     advantages[rows],
                     mask,
                     args.cliprange,
@@ -706,10 +703,6 @@ def main():
         token_gap = gather_rows(token_gap[None], args).sum(0)  # every rank's micro-batches: the batch's sums
         if old_logprobs is not None:  # the first mini-batch's pi_old: each rank's own rows, from its training forwards
             old_logprobs[mini_batches[0]] = gather_rows(old_logprobs[rank_rows(mini_batches[0], args)], args)
-        # the ESS is the whole batch's: its weights again, from every row's pi_old and mu (the loop's: a micro-batch's)
-        importance_weights = off_policy_anchor(
-            args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
-        )[1]
 
         # ASYNC: version step+1 to the generator if a future batch needs it: a host-memory copy (training goes on)
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
@@ -1309,7 +1302,7 @@ def keep_models_eager(*models):
             module.do_not_compile = True
 
 
-# LEARNER: models, micro-batches, autocast, gradient checkpointing
+# MODELS: loading, micro-batches, gradient checkpointing
 def load_causal_lm(path: str, device: str):
     """A float32 causal LM in eval mode: dropout off, so the loss's logprobs are those of the sampled policy."""
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()

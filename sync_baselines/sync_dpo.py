@@ -178,19 +178,6 @@ def learner_autocast(args: Args):
 
 # REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
 # final number against the problem's reference answer (--reward verifier); both run in the generation thread
-@torch.no_grad()
-def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
-    """Score read at each sequence's last real token, as the reference code's `get_reward` (the classifier's own
-    pooling looks for the first pad token: with pad == EOS it would read the score before EOS)."""
-    backbone = getattr(reward_model, reward_model.base_model_prefix)
-    scores = []
-    for rows in chunks(torch.arange(len(input_ids)), micro_batch_size):
-        hidden = backbone(input_ids[rows], attention_mask=attention_mask[rows], use_cache=False).last_hidden_state
-        last = attention_mask[rows].sum(dim=1) - 1
-        scores.append(reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float())
-    return torch.cat(scores)
-
-
 def score_responses(reward_model, tokenizer, args: Args, prompts, answers, responses, contains_eos):
     """The score of each response (k per prompt, prompt-major). --reward verifier: its final number graded against the
     problem's answer, as written, with or without EOS (as in the paper's GSM8K runs); --reward model: the reward
@@ -872,7 +859,7 @@ def keep_models_eager(*models):
             module.do_not_compile = True
 
 
-# LEARNER: models, micro-batches, autocast, gradient checkpointing
+# MODELS: loading, the reward model's score, micro-batches, gradient checkpointing
 def load_causal_lm(path: str, device: str):
     """A float32 causal LM in eval mode: dropout off, so the loss's logprobs are those of the sampled policy."""
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
@@ -882,6 +869,19 @@ def load_scalar_model(path: str, device: str, trained: bool = False):
     """A float32 sequence classifier with one output (reward or value model), in eval mode, frozen unless `trained`."""
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
     return model.to(device).eval().requires_grad_(trained)
+
+
+@torch.no_grad()
+def get_scores(reward_model, input_ids, attention_mask, micro_batch_size: int):
+    """Score read at each sequence's last real token, as the reference code's `get_reward` (the classifier's own
+    pooling looks for the first pad token: with pad == EOS it would read the score before EOS)."""
+    backbone = getattr(reward_model, reward_model.base_model_prefix)
+    scores = []
+    for rows in chunks(torch.arange(len(input_ids)), micro_batch_size):
+        hidden = backbone(input_ids[rows], attention_mask=attention_mask[rows], use_cache=False).last_hidden_state
+        last = attention_mask[rows].sum(dim=1) - 1
+        scores.append(reward_model.score(hidden[torch.arange(len(last)), last]).squeeze(-1).float())
+    return torch.cat(scores)
 
 
 def choose_micro_batch_size(args: Args, sequences: int, length: int, trained_models: int = 1):

@@ -389,11 +389,6 @@ def test_the_in_flight_variant_is_the_grpo_core_plus_in_flight_updates():
     assert set(core) == set(variant)
     changed = sorted(name for name in core if core[name] != variant[name])
     assert set(changed) <= INFLIGHT_CHANGES, f"changed outside the list: {sorted(set(changed) - INFLIGHT_CHANGES)}"
-    lines = {path: len((REPO / path).read_text().splitlines()) for path in (PAIRS["grpo_gsm8k"][0], INFLIGHT)}
-    # a diff a reader reads in one sitting: 80 lines, then 150 (issue 55, item 2: the i-K start checked, fixed refused
-    # where the KV cache cannot hold a batch, vLLM's version labels checked, in-flight flags refused where they do
-    # nothing, the summary's in-flight line; ~60 lines of one-line errors and unpacked calls)
-    assert lines[INFLIGHT] <= lines[PAIRS["grpo_gsm8k"][0]] + 150, lines
 
 
 def test_the_lora_variant_is_the_dpo_core_plus_adapters():
@@ -402,8 +397,6 @@ def test_the_lora_variant_is_the_dpo_core_plus_adapters():
     assert set(core) - set(variant) == {"weight_check", "fused_checksum", "engine_checksums"}
     changed = sorted(name for name in core if name in variant and core[name] != variant[name])
     assert set(changed) <= LORA_CHANGES, f"changed outside the list: {sorted(set(changed) - LORA_CHANGES)}"
-    lines = {path: len((REPO / path).read_text().splitlines()) for path in (PAIRS["dpo"][0], LORA)}
-    assert lines[LORA] <= lines[PAIRS["dpo"][0]] + 130, lines  # a diff a reader reads in one sitting
 
 
 def test_the_grpo_lora_variant_is_the_grpo_core_plus_the_same_adapters():
@@ -420,8 +413,6 @@ def test_the_grpo_lora_variant_is_the_grpo_core_plus_the_same_adapters():
         blocks = [(REPO / path).read_text().split(constant)[1].split("\n\n")[0] for path in (LORA, GRPO_LORA)]
         assert blocks[0] == blocks[1], constant
     assert not re.search(r"reload_weights|reset_prefix_cache", (REPO / GRPO_LORA).read_text())
-    lines = {path: len((REPO / path).read_text().splitlines()) for path in (PAIRS["grpo_gsm8k"][0], GRPO_LORA)}
-    assert lines[GRPO_LORA] <= lines[PAIRS["grpo_gsm8k"][0]] + 130, lines  # as the DPO variant's budget
 
 
 def test_the_tool_variant_is_the_grpo_core_plus_tool_calls():
@@ -429,9 +420,6 @@ def test_the_tool_variant_is_the_grpo_core_plus_tool_calls():
     assert set(core) <= set(variant)
     changed = sorted(name for name in core if core[name] != variant[name])
     assert set(changed) <= TOOLS_CHANGES, f"changed outside the list: {sorted(set(changed) - TOOLS_CHANGES)}"
-    lines = {path: len((REPO / path).read_text().splitlines()) for path in (PAIRS["grpo_gsm8k"][0], TOOLS)}
-    # the calculator (~60 lines), the turns (~70), the policy-token mask, the tag checks and the docstrings
-    assert lines[TOOLS] <= lines[PAIRS["grpo_gsm8k"][0]] + 200, lines
 
 
 @pytest.mark.parametrize("name,scripts", COMMON, ids=[f"{name}-{len(scripts)}" for name, scripts in COMMON])
