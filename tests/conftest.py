@@ -6,13 +6,17 @@ a tokenizer trained locally, and a random-init sequence-classification reward mo
 builds them, once per session).
 """
 
+import atexit
 import importlib.util
 import json
 import os
-import select
+import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -79,76 +83,88 @@ def arithmetic_folder(tmp_path_factory):
     return folder
 
 
+class Launcher:
+    """tests/launcher.py, started by the first run in this test process: each run is a fresh process forked from it,
+    which has torch, transformers and vLLM imported already (~15 s of CPU saved per run), with ENV as it is at the
+    call, several at once (the side-by-side runs). It runs offline (HF_HUB_OFFLINE=1, read at import time): no
+    network here, and a hub id that is not cached then fails at once."""
+
+    def __init__(self):
+        self.logs = Path(tempfile.mkdtemp(prefix="launcher-"))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "launcher.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**ENV, "HF_HUB_OFFLINE": "1"},
+        )
+        self.lock = threading.Lock()
+        self.replies = {None: queue.Queue()}  # request id -> its replies; None: the ready line
+        threading.Thread(target=self.read, daemon=True).start()
+        assert self.replies[None].get(timeout=600) == {"ready": True}
+        atexit.register(self.close)
+
+    def read(self):
+        for line in self.proc.stdout:
+            reply = json.loads(line)
+            self.replies[reply.pop("id", None)].put(reply)
+        for replies in self.replies.values():  # the launcher is gone: wake every caller
+            replies.put({"returncode": None, "pid": None})
+
+    def run(self, script: str, cwd: Path, flags, timeout: float):
+        with self.lock:
+            n = len(self.replies)
+            self.replies[n] = replies = queue.Queue()
+            out, err = self.logs / f"{n}.out", self.logs / f"{n}.err"
+            request = dict(id=n, script=str(REPO / script), argv=list(flags), cwd=str(cwd))
+            request.update(env={**ENV, "HF_HUB_OFFLINE": "1"}, stdout=str(out), stderr=str(err))
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+        pid = replies.get(timeout=60)["pid"]
+        assert pid, f"the launcher exited with {self.proc.wait()}"
+        try:
+            done = replies.get(timeout=timeout)
+        except queue.Empty:  # a hang: kill the run and everything it started, then fail the test
+            os.killpg(pid, signal.SIGKILL)
+            replies.get(timeout=60)
+            pytest.fail(f"{script} {' '.join(flags)} did not end within {timeout} s")
+        try:  # what the run started and left running, as kill_group does
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        result = subprocess.CompletedProcess([script, *flags], done["returncode"], out.read_text(), err.read_text())
+        out.unlink()
+        err.unlink()
+        return result
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        shutil.rmtree(self.logs)
+
+
+LAUNCHER, LAUNCH_LOCK = [], threading.Lock()  # this test process's Launcher, once a test needed it
+
+
+def launch(script: str, cwd: Path, *flags: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    """Run a repository script (or any Python file) as `python script *flags` would, in cwd, from the launcher."""
+    with LAUNCH_LOCK:
+        if not LAUNCHER:
+            LAUNCHER.append(Launcher())
+    return LAUNCHER[0].run(script, cwd, flags, timeout)
+
+
 def run_script(script: str, cwd: Path, *flags: str, timeout: float = 1200):
-    """Run a repository script in a subprocess; returns (CompletedProcess, seconds). The timeout only catches hangs
+    """Run a repository script end to end; returns (CompletedProcess, seconds). The timeout only catches hangs
     (generous: the shared cores can slow a run several-fold); on timeout the script's whole process group is killed,
     so that the runs a benchmark script starts do not outlive it and starve the tests after it."""
     start = time.time()
-    args = [sys.executable, str(REPO / script), *flags]
-    proc = subprocess.Popen(
-        args, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    finally:
-        kill_group(proc)
-    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr), time.time() - start
+    return launch(script, cwd, *flags, timeout=timeout), time.time() - start
 
 
 @pytest.fixture(scope="session")
-def cli(tmp_path_factory):
-    """run(script, cwd, *flags, timeout=300) -> CompletedProcess, for command lines that stop before any model loads:
-    each is a fresh process forked from tests/launcher.py, which has torch, transformers and vLLM imported already
-    (~20 s saved per command line), with ENV as it is at the call. The launcher runs offline (HF_HUB_OFFLINE=1, read
-    at import time): no network here, and a hub id that is not cached then fails at once."""
-    logs = tmp_path_factory.mktemp("cli")
-    launcher = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "launcher.py")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**ENV, "HF_HUB_OFFLINE": "1"},
-    )
-    pending = bytearray()
-
-    def reply(timeout: float):
-        """The launcher's next JSON line, or None after timeout seconds (read unbuffered, so select sees it all)."""
-        deadline = time.time() + timeout
-        while b"\n" not in pending:
-            if not select.select([launcher.stdout], [], [], max(0.0, deadline - time.time()))[0]:
-                return None
-            chunk = os.read(launcher.stdout.fileno(), 65536)
-            assert chunk, f"the launcher exited with {launcher.wait()}"
-            pending.extend(chunk)
-        line, _, rest = bytes(pending).partition(b"\n")
-        pending[:] = rest
-        return json.loads(line)
-
-    assert reply(600) == {"ready": True}
-
-    def run(script: str, cwd: Path, *flags: str, timeout: float = 300):
-        n = len(list(logs.iterdir()))
-        out, err = logs / f"{n}.out", logs / f"{n}.err"
-        request = dict(
-            script=str(REPO / script),
-            argv=list(flags),
-            cwd=str(cwd),
-            env={**ENV, "HF_HUB_OFFLINE": "1"},
-            stdout=str(out),
-            stderr=str(err),
-        )
-        launcher.stdin.write(json.dumps(request).encode() + b"\n")
-        launcher.stdin.flush()
-        pid = reply(60)["pid"]
-        done = reply(timeout)
-        if done is None:  # a hang: kill the run and everything it started, then fail the test
-            os.killpg(pid, signal.SIGKILL)
-            reply(60)
-            pytest.fail(f"{script} {' '.join(flags)} did not end within {timeout} s")
-        return subprocess.CompletedProcess([script, *flags], done["returncode"], out.read_text(), err.read_text())
-
-    yield run
-    launcher.stdin.close()
-    launcher.wait(timeout=60)
+def cli():
+    """run(script, cwd, *flags, timeout=300) -> CompletedProcess, for command lines that stop before any model loads."""
+    return lambda script, cwd, *flags, timeout=300: launch(script, cwd, *flags, timeout=timeout)
 
 
 def kill_group(proc: subprocess.Popen):

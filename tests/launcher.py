@@ -1,18 +1,19 @@
-"""A warm launcher for the command lines that must fail before any model loads (conftest.py's `cli` fixture).
+"""A warm launcher for the scripts the tests run (conftest.py's `launch`, behind `run_script` and the `cli` fixture).
 
-Starting a script costs ~20 s here, nearly all of it importing torch, transformers and vLLM; the bad-input tests run
-about thirty command lines that stop within a second of that. This process imports those libraries once, then for
-each request forks: the child is a fresh process with the request's working folder, environment, argv and output
-files, runs the script as `__main__` (runpy, as `python script.py` does), and exits with the script's own exit code,
-message and traceback, after the exit handlers (atexit). Only the imports are shared, nothing of any earlier run.
-Not for runs that start threads or engines: the child skips the interpreter's teardown, which would join them.
+Starting a script costs ~15 s of CPU here, nearly all of it importing torch, transformers and vLLM, and ~4 s more
+tearing them down. This process imports those libraries once, then for each request forks: the child is a fresh process
+with the request's working folder, environment, argv and output files, runs the script as `__main__` (runpy, as
+`python script.py` does), and exits as the interpreter would: the script's exit code, message and traceback, then its
+threads joined and its exit handlers (atexit) run, in that order. Only the imports are shared, nothing of any run.
+The parent starts no thread, so forking it is safe; it only forks, and reaps its children, several at once.
 
-Protocol, one JSON line each way: {"script", "argv", "cwd", "env", "stdout", "stderr"} in; {"pid"} out at once, then
-{"returncode"} when the child has ended.
+Protocol, one JSON line each way: {"id", "script", "argv", "cwd", "env", "stdout", "stderr"} in; {"id", "pid"} out at
+once, then {"id", "returncode"} when that child has ended.
 """
 
 import json
 import os
+import select
 import sys
 
 # what every script imports at its top; importing them here is the whole point of this process
@@ -31,6 +32,7 @@ def run_child(request):
     """In the forked child: become the script's process, exit as it would, and never return to the loop below."""
     import atexit
     import runpy
+    import threading
 
     os.setsid()  # its own process group, so a timed-out run can be killed with everything it started
     os.chdir(request["cwd"])
@@ -52,7 +54,9 @@ def run_child(request):
     except BaseException:  # an uncaught exception: its traceback, exit code 1
         sys.excepthook(*sys.exc_info())
         code = 1
-    # the exit handlers run as at a normal exit; only the teardown of the imported modules is skipped (~4 s here)
+    # what Py_FinalizeEx does next: wait for the threads that are not daemons, then run the exit handlers; only the
+    # teardown of the imported modules is skipped (~4 s here)
+    threading._shutdown()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -61,16 +65,26 @@ def run_child(request):
 
 def main():
     print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            run_child(request)
-        print(json.dumps({"pid": pid}), flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+    children, pending, reading = {}, b"", True  # children: pid -> request id
+    while reading or children:
+        # a short wait, then reap: children end while the parent waits for the next request
+        if select.select([0] if reading else [], [], [], 0.05)[0]:
+            chunk = os.read(0, 65536)
+            reading = bool(chunk)
+            pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                run_child(request)
+            children[pid] = request["id"]
+            print(json.dumps({"id": request["id"], "pid": pid}), flush=True)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            print(json.dumps({"id": children.pop(pid), "returncode": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
 if __name__ == "__main__":

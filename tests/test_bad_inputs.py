@@ -377,10 +377,13 @@ def test_bad_input_fails_with_one_line_before_any_model_loads(
         "import sys; print('out'); sys.exit('error: a message')",
         "import os; print(os.getcwd()); raise ValueError('boom')",
         "import atexit, sys; atexit.register(print, 'bye'); print(sys.argv[1:])",
+        # a thread the script leaves running is joined before the exit handlers run
+        "import atexit, threading, time; atexit.register(print, 'bye'); "
+        "threading.Thread(target=lambda: time.sleep(1) or print('joined', flush=True)).start()",
     ],
 )
 def test_the_launcher_ends_a_command_line_as_python_does(tmp_path, cli, body):
-    """The table above runs through the launcher: exit code, output and traceback must be what `python` gives."""
+    """Every run of the tests goes through the launcher: exit code, output and traceback must be what `python` gives."""
     (tmp_path / "script.py").write_text(body + "\n")
     launched = cli(str(tmp_path / "script.py"), tmp_path, "--a-flag", "1")
     plain = subprocess.run(

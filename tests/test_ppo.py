@@ -6,15 +6,13 @@ and engine start-ups overlap; each is an ordinary run of the script on the tiny 
 
 import math
 import statistics
-import subprocess
-import sys
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ENV, REPO, kill_group, load_script, read_metrics
+from conftest import load_script, read_metrics, run_script
 
 ASYNC, SYNC, MULTIGPU = "async_ppo.py", "sync_baselines/sync_ppo.py", "multigpu/async_ppo_multigpu.py"
 
@@ -144,7 +142,7 @@ def test_values_are_the_score_head_on_every_prefix(ppo, tiny):
 
 
 # ---------------------------------------------------------------- subprocess runs, started together
-# each costs a vLLM/torch import (~10 s of CPU); the other checks are covered in-process by
+# each a run from the warm launcher; the other checks are covered in-process by
 # test_check_args_names_the_flag
 BAD_INPUTS = [
     (ASYNC, ("--model-name-or-path", "./no/such/model"), "--model-name-or-path './no/such/model': no such folder"),
@@ -176,29 +174,16 @@ def runs(tiny, tmp_path_factory):
     jobs.update(
         {f"bad{i}": (script, ("--num-learner-steps", "2", *flags)) for i, (script, flags, _) in enumerate(BAD_INPUTS)}
     )
-    procs = {}
-    for name, (script, flags) in jobs.items():
-        cwd = tmp_path_factory.mktemp(name)
-        procs[name] = (
-            cwd,
-            subprocess.Popen(
-                [sys.executable, str(REPO / script), *common_flags(tiny, *flags), "--output-dir", str(cwd / "model")],
-                cwd=cwd,
-                env=ENV,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            ),
-        )
-    results, deadline = {}, time.time() + 1800  # one deadline for all: only a hang should reach it
-    try:
-        for name, (cwd, proc) in procs.items():
-            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.time()))
-            results[name] = (cwd, proc.returncode, stdout, stderr)
-    finally:  # on a timeout, no run may outlive the fixture and starve the tests after it
-        for _, proc in procs.values():
-            kill_group(proc)
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        started = {}
+        for name, (script, flags) in jobs.items():
+            cwd = tmp_path_factory.mktemp(name)
+            flags = (*common_flags(tiny, *flags), "--output-dir", str(cwd / "model"))
+            started[name] = cwd, pool.submit(run_script, script, cwd, *flags, timeout=1800)
+    results = {}
+    for name, (cwd, future) in started.items():
+        proc, _ = future.result()
+        results[name] = (cwd, proc.returncode, proc.stdout, proc.stderr)
     return results
 
 
