@@ -110,7 +110,8 @@ class Launcher:
         for replies in self.replies.values():  # the launcher is gone: wake every caller
             replies.put({"returncode": None, "pid": None})
 
-    def run(self, script: str, cwd: Path, flags, timeout: float):
+    def start(self, script: str, cwd: Path, flags):
+        """Fork a run; returns its pid (its process group's too) and wait(timeout) -> CompletedProcess."""
         with self.lock:
             n = len(self.replies)
             self.replies[n] = replies = queue.Queue()
@@ -121,20 +122,24 @@ class Launcher:
             self.proc.stdin.flush()
         pid = replies.get(timeout=60)["pid"]
         assert pid, f"the launcher exited with {self.proc.wait()}"
-        try:
-            done = replies.get(timeout=timeout)
-        except queue.Empty:  # a hang: kill the run and everything it started, then fail the test
-            os.killpg(pid, signal.SIGKILL)
-            replies.get(timeout=60)
-            pytest.fail(f"{script} {' '.join(flags)} did not end within {timeout} s")
-        try:  # what the run started and left running, as kill_group does
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        result = subprocess.CompletedProcess([script, *flags], done["returncode"], out.read_text(), err.read_text())
-        out.unlink()
-        err.unlink()
-        return result
+
+        def wait(timeout: float):
+            try:
+                done = replies.get(timeout=timeout)
+            except queue.Empty:  # a hang: kill the run and everything it started, then fail the test
+                os.killpg(pid, signal.SIGKILL)
+                replies.get(timeout=60)
+                pytest.fail(f"{script} {' '.join(flags)} did not end within {timeout} s")
+            try:  # what the run started and left running, as kill_group does
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            stdout, stderr = out.read_text(), err.read_text()
+            out.unlink()
+            err.unlink()
+            return subprocess.CompletedProcess([script, *flags], done["returncode"], stdout, stderr)
+
+        return pid, wait
 
     def close(self):
         self.proc.stdin.close()
@@ -145,12 +150,13 @@ class Launcher:
 LAUNCHER, LAUNCH_LOCK = [], threading.Lock()  # this test process's Launcher, once a test needed it
 
 
-def launch(script: str, cwd: Path, *flags: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    """Run a repository script (or any Python file) as `python script *flags` would, in cwd, from the launcher."""
+def launch(script: str, cwd: Path, *flags: str):
+    """Start a repository script (or any Python file) as `python script *flags` would, in cwd, from this test process's
+    launcher; returns its pid and wait(timeout) -> CompletedProcess."""
     with LAUNCH_LOCK:
         if not LAUNCHER:
             LAUNCHER.append(Launcher())
-    return LAUNCHER[0].run(script, cwd, flags, timeout)
+    return LAUNCHER[0].start(script, cwd, flags)
 
 
 def run_script(script: str, cwd: Path, *flags: str, timeout: float = 1200):
@@ -158,13 +164,14 @@ def run_script(script: str, cwd: Path, *flags: str, timeout: float = 1200):
     (generous: the shared cores can slow a run several-fold); on timeout the script's whole process group is killed,
     so that the runs a benchmark script starts do not outlive it and starve the tests after it."""
     start = time.time()
-    return launch(script, cwd, *flags, timeout=timeout), time.time() - start
+    _, wait = launch(script, cwd, *flags)
+    return wait(timeout), time.time() - start
 
 
 @pytest.fixture(scope="session")
 def cli():
     """run(script, cwd, *flags, timeout=300) -> CompletedProcess, for command lines that stop before any model loads."""
-    return lambda script, cwd, *flags, timeout=300: launch(script, cwd, *flags, timeout=timeout)
+    return lambda script, cwd, *flags, timeout=300: launch(script, cwd, *flags)[1](timeout)
 
 
 def kill_group(proc: subprocess.Popen):
@@ -178,29 +185,27 @@ def kill_group(proc: subprocess.Popen):
 
 def run_until_sigterm(script, cwd, args, after_steps: int):
     """Start the script, send it SIGTERM once `after_steps` learner steps are logged, and wait for it to exit."""
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / script), *args],
-        cwd=cwd,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    pid, wait = launch(script, cwd, *args)
+    deadline = time.time() + 900
+    while time.time() < deadline and running(pid):
+        logged = list((cwd / "runs").glob("*/metrics.jsonl"))
+        if logged and len(logged[0].read_text().splitlines()) >= after_steps:
+            os.kill(pid, signal.SIGTERM)
+            break
+        # a short poll: a step of the tiny models takes well under 0.5 s, so a slower poll let a fast machine run
+        # the remaining steps before the signal arrived (seen: the run stopped after its last step)
+        time.sleep(0.02)
+    proc = wait(600)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def running(pid: int) -> bool:
+    """Whether a run the launcher started is still running (the launcher reaps its children within 50 ms)."""
     try:
-        deadline = time.time() + 900
-        while time.time() < deadline and proc.poll() is None:
-            logged = list((cwd / "runs").glob("*/metrics.jsonl"))
-            if logged and len(logged[0].read_text().splitlines()) >= after_steps:
-                proc.send_signal(signal.SIGTERM)
-                break
-            # a short poll: a step of the tiny models takes well under 0.5 s, so a slower poll let a fast machine run
-            # the remaining steps before the signal arrived (seen: the run stopped after its last step)
-            time.sleep(0.02)
-        stdout, stderr = proc.communicate(timeout=600)
-    finally:
-        kill_group(proc)
-    return proc.returncode, stdout, stderr
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def read_metrics(cwd: Path):

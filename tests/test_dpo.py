@@ -2,16 +2,14 @@
 
 import math
 import queue
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ENV, REPO, kill_group, load_script, read_metrics, run_script
+from conftest import ENV, REPO, load_script, read_metrics, run_script, run_until_sigterm
 
 ASYNC, SYNC, MULTIGPU = "async_dpo.py", "sync_baselines/sync_dpo.py", "multigpu/async_dpo_multigpu.py"
 
@@ -550,28 +548,9 @@ def test_a_bfloat16_engine_passes_the_guard_at_every_sync_of_a_run(tiny, tmp_pat
 @pytest.mark.slow
 def test_sigterm_saves_the_policy_before_the_run_exits(tiny, tmp_path):
     """Nothing the user trained is lost: a real SIGTERM mid-run saves the policy after the current step."""
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / ASYNC), *common_flags(tiny, "--num-learner-steps", "200")],
-        cwd=tmp_path,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.time() + 900
-        while time.time() < deadline and proc.poll() is None:
-            logged = list((tmp_path / "runs").glob("*/metrics.jsonl"))
-            if logged and len(logged[0].read_text().splitlines()) >= 2:
-                proc.send_signal(signal.SIGTERM)
-                break
-            time.sleep(0.05)
-        _, stderr = proc.communicate(timeout=600)
-    finally:
-        kill_group(proc)
+    returncode, _, stderr = run_until_sigterm(ASYNC, tmp_path, common_flags(tiny, "--num-learner-steps", "200"), 2)
     steps = len(read_metrics(tmp_path))
-    assert proc.returncode != 0 and 2 <= steps < 200
+    assert returncode != 0 and 2 <= steps < 200
     (saved,) = (tmp_path / "runs").glob("*/checkpoint_*")
     assert saved.name == f"checkpoint_{steps}"
     assert f"SIGTERM: stopped after learner step {steps - 1}; the policy is saved in runs/" in stderr
