@@ -503,11 +503,16 @@ def evaluate(llm: LLM, eval_set, args: Args, version: int):
     samples = sample_with_tools(llm, prompts, [params] * len(prompts), args)
     texts = llm.get_tokenizer().batch_decode([s.tokens for s in samples], skip_special_tokens=True)
     graded = [verify(text, answer, args.require_answer_marker) for text, answer in zip(texts, answers)]
+    finals = [extract_answer(text, args.require_answer_marker) for text in texts]
     return {
         "policy_version": version,
         "eval/accuracy": float(np.mean([r for r, _ in graded])),
         "eval/format_rate": float(np.mean([found for _, found in graded])),
         "eval/calls_per_sample": float(np.mean([len(s.calls) for s in samples])),
+        # answers with a call whose result is the reference answer; answers whose final number a call returned
+        "eval/right_call_rate": float(np.mean([f"={a}" in s.calls for s, a in zip(samples, answers)])),
+        "eval/answer_from_call_rate": float(np.mean([f"={f}" in s.calls for s, f in zip(samples, finals)])),
+        "eval/truncated_rate": float(np.mean([len(s.tokens) == args.response_length for s in samples])),
         "time/eval": time.time() - start,
     }
 

@@ -197,6 +197,20 @@ def test_arithmetic_problems_are_seeded_correct_and_gsm8k_format(grpo, arithmeti
         assert max(int(n) for n in re.findall(r"\d+", p["question"])) <= 10 * difficulty - 1
 
 
+@pytest.mark.parametrize("difficulty", [1, 2])
+def test_product_problems_are_one_seeded_product_the_verifier_grades(grpo, arithmetic, difficulty):
+    """--kind products: one product of two factors of difficulty + 1 digits, none a multiple of 10; the test split
+    is disjoint from the train split."""
+    train, test = arithmetic.make_splits(difficulty, 300, 100, kind="products")
+    assert (train, test) == arithmetic.make_splits(difficulty, 300, 100, kind="products")
+    assert not {p["question"] for p in train} & {p["question"] for p in test}
+    for p in train + test:
+        boxes, each = map(int, re.findall(r"\d+", p["question"]))
+        assert all(10**difficulty <= n < 10 ** (difficulty + 1) and n % 10 for n in (boxes, each))
+        assert grpo.extract_answer(p["answer"]) == str(boxes * each)
+        assert f"{boxes} * {each} = {boxes * each}." in p["answer"]
+
+
 def test_difficulty_changes_the_problems_and_the_eval_split_is_disjoint(grpo, arithmetic, arithmetic_folder):
     easy, hard = (arithmetic.make_arithmetic_problems(300, d, seed=0) for d in (1, 3))
     assert max(recompute(p["question"]) for p in easy) < max(recompute(p["question"]) for p in hard)

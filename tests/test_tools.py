@@ -186,6 +186,21 @@ def test_greedy_decoding_makes_the_scripted_calls_each_turn_continuing_the_last_
 
 
 @pytest.mark.slow
+def test_the_evaluation_reads_which_calls_gave_the_answer(engine):
+    """Greedy, the scripted policy calls 12*7 (=84), 2**3+1 (=9) and 1/0, then answers 84: against the reference
+    answers 84, 9 and 5, one answer is right, two made a call whose result is the reference answer (84, 9), all three
+    took their final number from a call; cut at 12 tokens, every answer is truncated."""
+    tools, args, llm, tokenizer, model = engine
+    eval_set = (prompts_of(tokenizer, 3), ["84", "9", "5"])
+    result = tools.evaluate(llm, eval_set, args, 0)
+    assert result["eval/calls_per_sample"] == 3 and result["eval/accuracy"] == pytest.approx(1 / 3)
+    assert result["eval/right_call_rate"] == pytest.approx(2 / 3) and result["eval/answer_from_call_rate"] == 1
+    assert result["eval/truncated_rate"] == 0
+    cut = tools.evaluate(llm, eval_set, dataclasses.replace(args, response_length=12), 0)
+    assert cut["eval/truncated_rate"] == 1
+
+
+@pytest.mark.slow
 def test_the_learners_logprobs_of_the_policys_tokens_are_vllms_on_multi_call_samples(engine):
     """Sampled at temperature 1 through `generate`, laid out as main() lays them out: the learner's logprobs of the
     policy's tokens equal vLLM's (the core's gap check), with the result tokens read as context and masked out."""
@@ -302,7 +317,8 @@ def test_a_closing_token_that_carries_text_past_the_tag_is_read_as_written_and_n
 
 
 def test_a_run_logs_the_tool_metrics_and_its_logprobs_are_vllms(scripted, arithmetic_folder, tmp_path):
-    """Two learner steps of the script at --async-steps 0 (so the gap is the sync's, ~0) on the scripted policy."""
+    """Two learner steps of the script at --async-steps 0 (so the gap is the sync's, ~0) on the scripted policy; then
+    tools/evaluate.py with the calculator on the policy it started from."""
     proc, _ = run_script(
         TOOLS,
         tmp_path,
@@ -319,8 +335,20 @@ def test_a_run_logs_the_tool_metrics_and_its_logprobs_are_vllms(scripted, arithm
         assert 0 <= m["tools/error_rate"] <= 1 and m["tools/overrun_rate"] == 0  # no tiny token holds `>` and more
         assert m["async/behaviour_learner_logprob_gap"] < 1e-4  # the result tokens kept out of the gap
     assert any(m["tools/error_rate"] > 0 for m in metrics)
-    evaluations = (next((tmp_path / "runs").glob("*/eval.jsonl"))).read_text().splitlines()
-    assert all(json.loads(line)["eval/calls_per_sample"] > 0 for line in evaluations)
+    evaluations = [json.loads(line) for line in next((tmp_path / "runs").glob("*/eval.jsonl")).read_text().splitlines()]
+    assert all(e["eval/calls_per_sample"] > 0 for e in evaluations)
+    # tools/evaluate.py --max-tool-calls grades the policy the run started from as the run graded it
+    proc, _ = run_script(
+        "tools/evaluate.py",
+        tmp_path,
+        *(str(scripted), "--dataset-path", str(arithmetic_folder), "--max-tool-calls", "4", "--num-eval-prompts", "4"),
+        *("--max-prompt-tokens", "128", "--response-length", "96", "--kv-cache-gib", "0.25"),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    graded = json.loads(proc.stdout.splitlines()[-1])
+    assert {k: v for k, v in graded.items() if k.startswith("eval/")} == {
+        k: v for k, v in evaluations[0].items() if k.startswith("eval/")
+    }
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ this is their evaluation, after the fact. A run folder stands for its policy sna
 checkpoint_*/policy, oldest first) and then its final model; a model folder stands for itself, a LoRA adapter folder
 (the LoRA variants save these) for its base with the adapter merged in. One vLLM engine is built once and each
 policy's weights are loaded into it, then `async_grpo_gsm8k.py`'s own `evaluate` (temperature 0, `verify` on the final
-number) grades the first --num-eval-prompts test problems, so the numbers compare with a GRPO run's eval.jsonl. One
+number; with --max-tool-calls, `async_grpo_gsm8k_tools.py`'s, calculator and all) grades the first --num-eval-prompts
+test problems, so the numbers compare with a GRPO run's eval.jsonl. One
 JSON line per policy goes to stdout and, with --output, to a file.
 """
 
@@ -55,17 +56,14 @@ def main():
     parser.add_argument("paths", nargs="+", help="run folders (runs/{run_name}) or model folders")
     parser.add_argument("--dataset-path", required=True, help="a folder holding a GSM8K-format test.jsonl")
     parser.add_argument("--tokenizer", help="folder of the policy's tokenizer (default: the first folder that has one)")
-    parser.add_argument(
-        "--prompt-template",
-        default="[MATH_TASK] Problem:\n{question}\n\nSolution:",
-        help="as the run's --prompt-template",
-    )
+    parser.add_argument("--prompt-template", help="as the run's --prompt-template (default: the script's)")
     parser.add_argument("--chat-template", action="store_true", help="as the run's --chat-template")
     parser.add_argument("--num-eval-prompts", type=int, default=256, help="the first this many test problems")
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
     parser.add_argument("--response-length", type=int, default=256)
     parser.add_argument("--engine-dtype", default="float32")
     parser.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache in GiB (CPU default: 1)")
+    parser.add_argument("--max-tool-calls", type=int, default=0, help="> 0: async_grpo_gsm8k_tools.py's calculator")
     parser.add_argument("--output", help="also append the JSON lines to this file")
     flags = parser.parse_args()
     folders = policy_folders(flags.paths)
@@ -75,8 +73,11 @@ def main():
         sys.exit("error: none of these folders holds a tokenizer; name the policy's with --tokenizer")
     if not os.path.isfile(os.path.join(flags.dataset_path, "test.jsonl")):
         sys.exit(f"error: --dataset-path {flags.dataset_path!r} holds no test.jsonl")
+    if flags.max_tool_calls < 0:
+        sys.exit(f"error: --max-tool-calls must be >= 0 (0: no calculator), got {flags.max_tool_calls}")
 
-    spec = importlib.util.spec_from_file_location("async_grpo_gsm8k", REPO / "async_grpo_gsm8k.py")
+    script = "async_grpo_gsm8k_tools.py" if flags.max_tool_calls else "async_grpo_gsm8k.py"
+    spec = importlib.util.spec_from_file_location(script[:-3], REPO / script)
     grpo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(grpo)  # its functions, not its run: __name__ is not "__main__"
     import torch
@@ -87,7 +88,6 @@ def main():
     args = grpo.RunArgs(
         model_name_or_path=base_of(tokenizer_path),  # the engine's model; an adapter folder's tokenizer is its base's
         dataset_path=flags.dataset_path,
-        prompt_template=flags.prompt_template,
         chat_template=flags.chat_template,
         max_prompt_tokens=flags.max_prompt_tokens,
         response_length=flags.response_length,
@@ -96,6 +96,8 @@ def main():
         learner_device="cuda:0" if gpu else "cpu",
         gpu_memory_utilization=0.9 if gpu else 0.1,
         kv_cache_gib=flags.kv_cache_gib if gpu or flags.kv_cache_gib else 1.0,
+        **({"max_tool_calls": flags.max_tool_calls} if flags.max_tool_calls else {}),
+        **({"prompt_template": flags.prompt_template} if flags.prompt_template else {}),
     )
     tokenizer, args.eos_token_ids = grpo.load_tokenizer(args)
     prompts, answers = grpo.build_prompts(grpo.load_problems(args, "test"), tokenizer, args)[:2]

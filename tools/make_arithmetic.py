@@ -1,10 +1,12 @@
 """Write seeded arithmetic word problems in GSM8K's format: a task a 135M model can learn on a CPU in minutes.
 
     python tools/make_arithmetic.py --difficulty 1 --out data/arithmetic      # run by install.sh
+    python tools/make_arithmetic.py --kind products --out data/products      # the calculator's task
     python async_grpo_gsm8k.py --dataset-path data/arithmetic ...
 
-Each problem starts from an amount and applies `difficulty` operations to it; the answer is exact and the worked
-solution ends in "#### <n>", so the GSM8K verifier grades it unchanged. The test split is drawn with another seed and
+A chain problem starts from an amount and applies `difficulty` operations to it; a product problem is one product of
+two factors of `difficulty + 1` digits, which a calculator gets right and a 135M model rarely does by itself. The
+answer is exact and the worked solution ends in "#### <n>", so the GSM8K verifier grades it unchanged. The test split is drawn with another seed and
 drops every question the train split holds. Same flags, same files: the generator is fully seeded.
 `grade` is the task's own gold grader, for benchmarks that need a gold reward apart from the scripts' verifier;
 `gold_score` is its continuous form, for benchmarks where a proxy reward model is optimised against it.
@@ -53,6 +55,20 @@ def make_arithmetic_problems(num_problems: int, difficulty: int, seed: int):
     return problems
 
 
+def make_product_problems(num_problems: int, difficulty: int, seed: int):
+    """GSM8K-format problems {"question", "answer"} whose answer is a product of two factors of `difficulty + 1` digits
+    (difficulty 1: 23 * 47), no factor a multiple of 10."""
+    rng = random.Random(seed)
+    factors = [n for n in range(10**difficulty, 10 ** (difficulty + 1)) if n % 10]
+    problems = []
+    for _ in range(num_problems):
+        name, item, boxes, each = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(factors), rng.choice(factors)
+        question = f"{name} packs {boxes} boxes with {each} {item} in each box. How many {item} does {name} pack?"
+        solution = f"{boxes} boxes of {each} {item}: {boxes} * {each} = {boxes * each}.\n#### {boxes * each}"
+        problems.append({"question": question, "answer": solution})
+    return problems
+
+
 # a whole number, maybe with thousands commas or ".0" (answers are never negative, but a model may write a minus sign;
 # the minus of "5-3" is not one); no part of a decimal such as 12.5 counts as a whole number
 INTEGER = re.compile(r"(?:(?<![\w.])-)?(?<![\d.,])\d+(?:,\d{3})*(?:\.0+)?(?![\d.]*\d)")
@@ -84,26 +100,32 @@ def gold_score(text: str, answer: str) -> float:
     return 0.8 * closeness + 0.2 * formatted
 
 
-def make_splits(difficulty: int, num_train: int, num_test: int):
-    """Train (seed 0) and test (seed 1, questions the train split holds removed) problems."""
-    train = make_arithmetic_problems(num_train, difficulty, seed=0)
+def make_splits(difficulty: int, num_train: int, num_test: int, kind: str = "chain"):
+    """Train (seed 0) and test (seed 1, questions the train split holds removed) problems of a kind."""
+    make = make_product_problems if kind == "products" else make_arithmetic_problems
+    train = make(num_train, difficulty, seed=0)
     seen = {p["question"] for p in train}
-    test = [p for p in make_arithmetic_problems(num_test, difficulty, seed=1) if p["question"] not in seen]
+    test = [p for p in make(num_test, difficulty, seed=1) if p["question"] not in seen]
     return train, test
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--difficulty", type=int, default=1, help="operations per problem (>= 1)")
+    parser.add_argument(
+        "--kind", choices=("chain", "products"), default="chain", help="chained operations or a product"
+    )
+    parser.add_argument(
+        "--difficulty", type=int, default=1, help="operations per chain; a product's factors' digits - 1"
+    )
     parser.add_argument("--out", default="data/arithmetic", help="destination folder (train.jsonl, test.jsonl)")
     parser.add_argument("--num-train", type=int, default=7473, help="train problems (GSM8K's split size)")
     parser.add_argument("--num-test", type=int, default=1319, help="test problems drawn before removing overlap")
     args = parser.parse_args()
     if args.difficulty < 1 or args.num_train < 1 or args.num_test < 1:
         parser.error("--difficulty, --num-train and --num-test must be >= 1")
-    train, test = make_splits(args.difficulty, args.num_train, args.num_test)
+    train, test = make_splits(args.difficulty, args.num_train, args.num_test, args.kind)
     os.makedirs(args.out, exist_ok=True)
     for split, problems in (("train", train), ("test", test)):
         with open(os.path.join(args.out, f"{split}.jsonl"), "w") as f:
             f.writelines(json.dumps(p) + "\n" for p in problems)
-    print(f"{len(train)} train and {len(test)} test problems of difficulty {args.difficulty} in {args.out}")
+    print(f"{len(train)} train and {len(test)} test {args.kind} problems of difficulty {args.difficulty} in {args.out}")
