@@ -4,7 +4,7 @@ one in a subprocess, the arithmetic task, and the claims and budget checks that 
 Every benchmark imports it the same way, `import common`: Python puts a script's own folder, benchmark/, first on
 sys.path, and pyproject.toml's pytest `pythonpath` does the same for the tests. It is the only module of benchmark/
 that others import besides the benchmarks they extend (a follow-up imports the benchmark whose runs it reuses:
-`import staleness`, `import speed`), and it imports nothing of the repository at its top.
+`import staleness`, `import staleness_paper`), and it imports nothing of the repository at its top.
 """
 
 import importlib.util
@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,15 +22,10 @@ QUIET = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
 ONE_THREAD = {**QUIET, "OMP_NUM_THREADS": "1"}
 
 
-def load_script(relative_path: str, commit: str = "", work_dir: Optional[Path] = None):
+def load_script(relative_path: str):
     """Import a script of the repository as a module (its `if __name__ == "__main__":` body does not run), for its
-    own functions; `commit`: the script's text at that commit, written under `work_dir` first."""
+    own functions."""
     path = REPO / relative_path
-    if commit:
-        text = subprocess.run(["git", "show", f"{commit}:{relative_path}"], cwd=REPO, capture_output=True, check=True)
-        path = work_dir / f"scripts-{commit[:12]}" / relative_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(text.stdout)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1141,7 +1141,7 @@ def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
 
 def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
     """The engine's own copy of the learner's weights (which go on changing), written into one the engine has loaded
-    if `spare_weights` holds one (faster than a new one: benchmark/overheads.py); vLLM copies what it loads (tested)."""
+    if `spare_weights` holds one (faster than a new one: docs/benchmarks.md); vLLM copies what it loads (tested)."""
     try:
         spare = spare_weights.get_nowait()
     except queue.Empty:  # in CPU memory, as in the core: K+1 copies on the engine's GPU left Pythia-2.8b no room

@@ -195,7 +195,7 @@ def clipped_policy_loss(
 ):
     """PPO-clip on whole sequences: ratio = pi(y) / pi_anchor(y), token log-ratios summed over the response (`mask`).
     The importance weights scale each token's gradient, not the value; they are per token because a sequence weight,
-    a product of ~50 token ratios, loses the gradient at large K (benchmark/corrections_toy.py, docs/rloo.md)."""
+    a product of ~50 token ratios, loses the gradient at large K (an exact-gradient toy, docs/rloo.md)."""
     new_logprobs = new_logprobs.detach() + importance_weights * (new_logprobs - new_logprobs.detach())
     # clamped: a sum of ~50 token log-ratios can pass 88, where exp overflows float32 (docs/rloo.md)
     log_ratio = (new_logprobs - anchor_logprobs).sum(1).clamp(max=20.0)
@@ -1256,7 +1256,7 @@ def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
 
 def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
     """The engine's own copy of the learner's weights (which go on changing), written into one the engine has loaded
-    if `spare_weights` holds one (faster than a new one: benchmark/overheads.py); vLLM copies what it loads (tested)."""
+    if `spare_weights` holds one (faster than a new one: docs/benchmarks.md); vLLM copies what it loads (tested)."""
     try:
         spare = spare_weights.get_nowait()
     except queue.Empty:  # in CPU memory, as in the core: K+1 copies on the engine's GPU left Pythia-2.8b no room

@@ -150,7 +150,7 @@ def clipped_policy_loss(
 ):
     """PPO-clip on whole sequences: ratio = pi(y) / pi_anchor(y), token log-ratios summed over the response (`mask`).
     The importance weights scale each token's gradient, not the value; they are per token because a sequence weight,
-    a product of ~50 token ratios, loses the gradient at large K (benchmark/corrections_toy.py, docs/rloo.md)."""
+    a product of ~50 token ratios, loses the gradient at large K (an exact-gradient toy, docs/rloo.md)."""
     new_logprobs = new_logprobs.detach() + importance_weights * (new_logprobs - new_logprobs.detach())
     # clamped: a sum of ~50 token log-ratios can pass 88, where exp overflows float32 (docs/rloo.md)
     log_ratio = (new_logprobs - anchor_logprobs).sum(1).clamp(max=20.0)

@@ -96,29 +96,6 @@ def test_staleness_quick_mode_writes_results_table_and_plot(tmp_path):
     assert other_prep.returncode != 0
     assert "was built with" in other_prep.stderr and "'sft_target_accuracy': 0.2" in other_prep.stderr
 
-    # the KL breakdown reruns a finished run, keeping its checkpoints; the seeded rerun retraces the recorded curve,
-    # and the breakdown's own KL and gold (on the benchmark's draws) equal the recorded ones at every point
-    result = results / "runs" / "dpo__sync-1__lr0.0001__seed1.json"
-    breakdown, _ = run_script("benchmark/kl_breakdown.py", tmp_path, str(result), "--work-dir", str(work), timeout=900)
-    assert breakdown.returncode == 0, breakdown.stderr[-4000:]
-    kept = work / "breakdown" / result.stem
-    assert [p.name for p in kept.glob("runs/*/checkpoint_*")] == ["checkpoint_2"]  # the final policy is the model
-    assert (kept / "model" / "config.json").exists()
-    md = (results / "kl_breakdown" / f"{result.stem}.md").read_text()
-    assert "**The rerun retraces the recorded run**" in md
-    header = next(line for line in md.splitlines() if line.startswith("| updates |"))
-    columns = [c.strip() for c in header.strip("|").split("|")]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()]
-    rows = [r for r in rows if r[0].isdigit() and len(r) == len(columns)]
-    recorded = json.loads(result.read_text())["curve"]
-    assert [int(r[0]) for r in rows] == [p["updates"] for p in recorded] == [0, 2, 4]
-    for row, point in zip(rows, recorded):
-        cell = dict(zip(columns, row))
-        assert abs(float(cell["KL (mean)"]) - point["kl"]) < 1e-3
-        assert abs(float(cell["gold"]) - point["gold_reward"]) < 1e-3
-        assert float(cell["median"]) <= float(cell["p90"]) <= float(cell["p99"]) <= float(cell["max"]) + 0.05
-    assert rows[0][1] == "0.000" and columns[9:11] == ["KL: add", "KL: sub"]  # the SFT policy against itself
-
 
 def test_settings_and_gold_at_matched_kl():
     """The sweep's settings (DPO has no correction modes) and the interpolation behind "gold at matched KL"."""
