@@ -64,6 +64,8 @@ def main():
     parser.add_argument("--engine-dtype", default="float32")
     parser.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache in GiB (CPU default: 1)")
     parser.add_argument("--max-tool-calls", type=int, default=0, help="> 0: async_grpo_gsm8k_tools.py's calculator")
+    parser.add_argument("--tool-open", help="as the run's --tool-open (with --max-tool-calls; default: the script's)")
+    parser.add_argument("--tool-close", help="as the run's --tool-close (with --max-tool-calls; default: the script's)")
     parser.add_argument("--output", help="also append the JSON lines to this file")
     flags = parser.parse_args()
     folders = policy_folders(flags.paths)
@@ -76,7 +78,11 @@ def main():
     if flags.max_tool_calls < 0:
         sys.exit(f"error: --max-tool-calls must be >= 0 (0: no calculator), got {flags.max_tool_calls}")
 
+    if not flags.max_tool_calls and (flags.tool_open or flags.tool_close):
+        sys.exit("error: --tool-open and --tool-close need --max-tool-calls > 0")
     script = "async_grpo_gsm8k_tools.py" if flags.max_tool_calls else "async_grpo_gsm8k.py"
+    as_run = [("prompt_template", flags.prompt_template), ("max_tool_calls", flags.max_tool_calls)]
+    as_run += [("tool_open", flags.tool_open), ("tool_close", flags.tool_close)]
     spec = importlib.util.spec_from_file_location(script[:-3], REPO / script)
     grpo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(grpo)  # its functions, not its run: __name__ is not "__main__"
@@ -96,8 +102,7 @@ def main():
         learner_device="cuda:0" if gpu else "cpu",
         gpu_memory_utilization=0.9 if gpu else 0.1,
         kv_cache_gib=flags.kv_cache_gib if gpu or flags.kv_cache_gib else 1.0,
-        **({"max_tool_calls": flags.max_tool_calls} if flags.max_tool_calls else {}),
-        **({"prompt_template": flags.prompt_template} if flags.prompt_template else {}),
+        **{name: value for name, value in as_run if value},  # the script's own default where none is given
     )
     tokenizer, args.eos_token_ids = grpo.load_tokenizer(args)
     prompts, answers = grpo.build_prompts(grpo.load_problems(args, "test"), tokenizer, args)[:2]
