@@ -394,14 +394,11 @@ def main():
     push_weights_to_engine(llm, first, None)
     guard_state = check_weight_sync(llm, expected, None, args, 0, first)
 
-    # ASYNC: the generation thread runs ahead by at most K policy versions
+    # ASYNC: the generation thread runs at most K versions ahead; a daemon: a crashed run ends it
     weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
-    thread = threading.Thread(
-        target=generation_thread,
-        args=(llm, reward_model, tokenizer, args, prompt_batches, guard_state, weights_queue, data_queue),
-        daemon=True,  # never keeps a crashed run alive
-    )
+    thread_args = (llm, reward_model, tokenizer, args, prompt_batches, guard_state, weights_queue, data_queue)
+    thread = threading.Thread(target=generation_thread, args=thread_args, daemon=True)
     thread.start()
 
     start_time = time.time()
@@ -481,11 +478,7 @@ def main():
                 for p, c, r, m in rows
             ]
             log_samples(writer, step, ["prompt", "chosen", "rejected", "score margin"], table)
-        save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
-        if stop_signals or save_due:
-            path = save_policy(args, step + 1, policy, tokenizer)
-            if stop_signals:
-                sys.exit(f"{stop_signals[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
+        save_policy(args, step, policy, tokenizer, stop_signals)  # when due
     thread.join(timeout=60)  # the learner took its last batch: the thread is returning
 
     args.output_dir = save_final(args, policy, tokenizer)
@@ -1085,10 +1078,14 @@ def log_samples(writer, step: int, columns, rows):
     )
 
 
-def save_policy(args: Args, step: int, policy, tokenizer):
-    """The policy in runs/{run_name}/checkpoint_{step} via .tmp (a kill mid-save spares the last); old ones pruned.
-    A model folder (generation config, tokenizer) for --model-name-or-path and tools/evaluate.py."""
-    path = os.path.join("runs", args.run_name, f"checkpoint_{step}")
+def save_policy(args: Args, step: int, policy, tokenizer, stop_signals):
+    """After learner step `step`, every --save-every steps or on a stop signal (the run then exits): the policy in
+    runs/{run_name}/checkpoint_{step + 1} via .tmp (a kill mid-save spares the last); old ones pruned. A model folder
+    (generation config, tokenizer) for --model-name-or-path and tools/evaluate.py."""
+    due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
+    if not (stop_signals or due):
+        return
+    path = os.path.join("runs", args.run_name, f"checkpoint_{step + 1}")
     shutil.rmtree(path + ".tmp", ignore_errors=True)
     folder = os.path.join(path + ".tmp", "policy")
     policy.save_pretrained(folder)
@@ -1101,7 +1098,8 @@ def save_policy(args: Args, step: int, policy, tokenizer):
     )
     for old in saved[args.keep_checkpoints :] if args.keep_checkpoints else []:
         shutil.rmtree(old)
-    return path
+    if stop_signals:
+        sys.exit(f"{stop_signals[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
 
 
 def stop_requests():

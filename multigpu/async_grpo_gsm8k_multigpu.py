@@ -594,7 +594,7 @@ def main():
             check_weight_sync(llm, expected, None, args, 0) if args.rank == 0 and not args.replay_from else None
         )
 
-    # ASYNC: the generation thread runs ahead by at most K policy versions
+    # ASYNC: the generation thread runs at most K versions ahead; a daemon: a crashed run ends it
     weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
     spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
     data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
@@ -602,7 +602,7 @@ def main():
     thread = threading.Thread(
         target=generation_thread,
         args=(llm, tokenizer, args, prompt_batches, eval_set, guard_state, weights_queue, spare_weights, data_queue),
-        daemon=True,  # never keeps a crashed run alive
+        daemon=True,
     )
     if args.rank == 0 and not args.replay_from:
         thread.start()

@@ -386,11 +386,7 @@ def main():
                 for p, c, r, m in rows
             ]
             log_samples(writer, step, ["prompt", "chosen", "rejected", "score margin"], table)
-        save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
-        if stop_signals or save_due:
-            path = save_policy(args, step + 1, policy, tokenizer)
-            if stop_signals:
-                sys.exit(f"{stop_signals[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
+        save_policy(args, step, policy, tokenizer, stop_signals)  # when due
 
     args.output_dir = save_final(args, policy, tokenizer)
     metrics_file.close()
@@ -965,10 +961,14 @@ def log_samples(writer, step: int, columns, rows):
     )
 
 
-def save_policy(args: Args, step: int, policy, tokenizer):
-    """The policy in runs/{run_name}/checkpoint_{step} via .tmp (a kill mid-save spares the last); old ones pruned.
-    A model folder (generation config, tokenizer) for --model-name-or-path and tools/evaluate.py."""
-    path = os.path.join("runs", args.run_name, f"checkpoint_{step}")
+def save_policy(args: Args, step: int, policy, tokenizer, stop_signals):
+    """After learner step `step`, every --save-every steps or on a stop signal (the run then exits): the policy in
+    runs/{run_name}/checkpoint_{step + 1} via .tmp (a kill mid-save spares the last); old ones pruned. A model folder
+    (generation config, tokenizer) for --model-name-or-path and tools/evaluate.py."""
+    due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
+    if not (stop_signals or due):
+        return
+    path = os.path.join("runs", args.run_name, f"checkpoint_{step + 1}")
     shutil.rmtree(path + ".tmp", ignore_errors=True)
     folder = os.path.join(path + ".tmp", "policy")
     policy.save_pretrained(folder)
@@ -981,7 +981,8 @@ def save_policy(args: Args, step: int, policy, tokenizer):
     )
     for old in saved[args.keep_checkpoints :] if args.keep_checkpoints else []:
         shutil.rmtree(old)
-    return path
+    if stop_signals:
+        sys.exit(f"{stop_signals[0]}: stopped after learner step {step}; the policy is saved in {path}/policy")
 
 
 def stop_requests():

@@ -446,7 +446,11 @@ def test_the_engine_processes_start_alike_in_every_multigpu_variant():
 
 def test_the_learner_side_of_the_hand_off_is_the_same_in_every_async_script():
     def hand_off(path):  # the learner's queue, thread and weight hand-off lines (the thread's arguments differ)
-        code = [line.split("  # ")[0] for line in main_lines(path) if not line.startswith(("args=(", "#"))]
+        code = [
+            line.split("  # ")[0]
+            for line in main_lines(path)
+            if not line.startswith(("args=(", "thread_args = (", "#"))
+        ]
         return [line for line in code if re.search(r"queue|thread|\bweights\b", line)]
 
     reference = hand_off("async_dpo.py")
