@@ -761,20 +761,10 @@ def main():
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
-            log_samples(
-                writer,
-                step,
-                ["prompt", "response", "answer", "reward"],
-                [
-                    [
-                        tokenizer.decode(batch["prompts"][i // group_size])[-200:],
-                        tokenizer.decode(r, skip_special_tokens=True),
-                        batch["answers"][i // group_size],
-                        f"{reward:.0f}",
-                    ]
-                    for i, (r, reward) in enumerate(zip(batch["responses"][:8], batch["rewards"]))
-                ],
-            )
+            problems = [i // group_size for i in range(8)]  # of the first 8 samples
+            prompts, answers = [batch["prompts"][i] for i in problems], [batch["answers"][i] for i in problems]
+            rows = zip(prompts, answers, batch["responses"], batch["rewards"])
+            log_samples(writer, step, tokenizer, ["prompt", "answer", "response", "reward"], rows)
         save_policy(args, step, policy, tokenizer, stop_signals)  # when due
     thread.join(timeout=60)  # the learner took its last batch: the thread is returning
 
@@ -1327,14 +1317,18 @@ def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_ke
     progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
 
 
-def log_samples(writer, step: int, columns, rows):
-    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
-    writer.add_text(
-        "samples",
-        f"|{'|'.join(columns)}|\n|{'-|' * len(columns)}\n"
-        + "\n".join("|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows),
-        step,
-    )
+def log_samples(writer, step: int, tokenizer, columns, rows):
+    """Sample completions, a table in tensorboard's text tab: token ids decoded (the first column, the prompt, to its
+    last 200 characters), numbers to 3 digits; a "|" or a newline inside a cell would break the table."""
+
+    def cell(value):
+        if isinstance(value, list):
+            value = tokenizer.decode(value, skip_special_tokens=True)
+        return (value if isinstance(value, str) else f"{float(value):.3g}").replace("|", "\\|").replace("\n", " ")
+
+    lines = [f"|{'|'.join(columns)}|", f"|{'-|' * len(columns)}"]
+    lines += ["|" + "|".join([cell(prompt)[-200:], *map(cell, rest)]) + "|" for prompt, *rest in rows]
+    writer.add_text("samples", "\n".join(lines), step)
 
 
 def save_policy(args: Args, step: int, policy, tokenizer, stop_signals):

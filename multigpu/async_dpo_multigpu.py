@@ -572,12 +572,8 @@ def main():
         if args.rank == 0:
             log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if args.rank == 0 and step % args.sample_every == 0:
-            rows = list(zip(batch["prompts"], batch["chosen"], batch["rejected"], batch["score_margin"]))[:4]
-            table = [
-                [tokenizer.decode(p)[-200:], tokenizer.decode(c), tokenizer.decode(r), f"{m:.3f}"]
-                for p, c, r, m in rows
-            ]
-            log_samples(writer, step, ["prompt", "chosen", "rejected", "score margin"], table)
+            rows = zip(batch["prompts"][:4], batch["chosen"], batch["rejected"], batch["score_margin"])
+            log_samples(writer, step, tokenizer, ["prompt", "chosen", "rejected", "score margin"], rows)
         stop = any_rank(bool(stop_signals), args)  # all ranks stop after the same step
         save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
         if stop or save_due:
@@ -1424,14 +1420,18 @@ def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_ke
     progress.set_postfix({reward_key: f"{metrics[reward_key]:.3f}"}, refresh=False)
 
 
-def log_samples(writer, step: int, columns, rows):
-    """A table of sample completions in tensorboard's text tab; "|" and newlines inside a cell would break it."""
-    writer.add_text(
-        "samples",
-        f"|{'|'.join(columns)}|\n|{'-|' * len(columns)}\n"
-        + "\n".join("|" + "|".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + "|" for row in rows),
-        step,
-    )
+def log_samples(writer, step: int, tokenizer, columns, rows):
+    """Sample completions, a table in tensorboard's text tab: token ids decoded (the first column, the prompt, to its
+    last 200 characters), numbers to 3 digits; a "|" or a newline inside a cell would break the table."""
+
+    def cell(value):
+        if isinstance(value, list):
+            value = tokenizer.decode(value, skip_special_tokens=True)
+        return (value if isinstance(value, str) else f"{float(value):.3g}").replace("|", "\\|").replace("\n", " ")
+
+    lines = [f"|{'|'.join(columns)}|", f"|{'-|' * len(columns)}"]
+    lines += ["|" + "|".join([cell(prompt)[-200:], *map(cell, rest)]) + "|" for prompt, *rest in rows]
+    writer.add_text("samples", "\n".join(lines), step)
 
 
 def stop_requests(args: Args):
