@@ -37,11 +37,11 @@ from typing import Literal, NamedTuple, Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
+import transformers
 import tyro
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 
@@ -848,7 +848,7 @@ def model_config(flag: str, path: str):
     if not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
         print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
     try:
-        return AutoConfig.from_pretrained(path)
+        return transformers.AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
         sys.exit(
             f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
@@ -858,12 +858,14 @@ def model_config(flag: str, path: str):
 
 def load_tokenizer(args: Args):
     """The tokenizer, padding with EOS if it has no pad token, and every EOS id vLLM stops on (generation config's)."""
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model_name_or_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
         print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
     try:
-        extra = GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id  # an id, a list, or None
+        extra = transformers.GenerationConfig.from_pretrained(
+            args.model_name_or_path
+        ).eos_token_id  # an id, a list, or None
     except OSError:  # no generation_config.json
         extra = None
     eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
@@ -1098,7 +1100,7 @@ def keep_models_eager(*models):
 # MODELS: loading, micro-batches, gradient checkpointing
 def load_causal_lm(path: str, device: str):
     """A float32 causal LM in eval mode: dropout off, so the loss's logprobs are those of the sampled policy."""
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
 
 
 def load_lora_policy(args: Args):

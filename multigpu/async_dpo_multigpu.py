@@ -71,19 +71,13 @@ import safetensors.torch
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import transformers
 import tyro
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    GenerationConfig,
-)
 from vllm import LLM, SamplingParams
 
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
@@ -795,10 +789,10 @@ def check_args(args: Args):
             )
     if args.reward == "model":  # the reward model reads the policy's token ids: another vocabulary scores other text
         try:
-            vocab = AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab()
+            vocab = transformers.AutoTokenizer.from_pretrained(args.reward_model_path).get_vocab()
         except (OSError, ValueError):  # no tokenizer there
             vocab = None
-        if vocab != AutoTokenizer.from_pretrained(args.model_name_or_path).get_vocab():
+        if vocab != transformers.AutoTokenizer.from_pretrained(args.model_name_or_path).get_vocab():
             sys.exit(
                 f"error: --reward-model-path {args.reward_model_path!r} does not have the tokenizer of "
                 f"--model-name-or-path {args.model_name_or_path!r}; the reward model must share the policy's"
@@ -830,7 +824,7 @@ def model_config(flag: str, path: str):
     if not os.path.isdir(local) and not os.environ.get("HF_HUB_OFFLINE"):
         print(f"{flag} {path!r} is no folder here: asking the hub (offline, its retries take ~35 s)", flush=True)
     try:
-        return AutoConfig.from_pretrained(path)
+        return transformers.AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:  # neither a folder here nor a model on the hub (or in its cache)
         sys.exit(
             f"error: {flag} {path!r} is neither a folder in {os.getcwd()} nor a model on the hub "
@@ -840,12 +834,14 @@ def model_config(flag: str, path: str):
 
 def load_tokenizer(args: Args):
     """The tokenizer, padding with EOS if it has no pad token, and every EOS id vLLM stops on (generation config's)."""
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model_name_or_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
         print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
     try:
-        extra = GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id  # an id, a list, or None
+        extra = transformers.GenerationConfig.from_pretrained(
+            args.model_name_or_path
+        ).eos_token_id  # an id, a list, or None
     except OSError:  # no generation_config.json
         extra = None
     eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
@@ -1169,12 +1165,12 @@ def keep_models_eager(*models):
 # MODELS: loading, the reward model's score, micro-batches, gradient checkpointing
 def load_causal_lm(path: str, device: str):
     """A float32 causal LM in eval mode: dropout off, so the loss's logprobs are those of the sampled policy."""
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
 
 
 def load_scalar_model(path: str, device: str, trained: bool = False):
     """A float32 sequence classifier with one output (reward or value model), in eval mode, frozen unless `trained`."""
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
     return model.to(device).eval().requires_grad_(trained)
 
 
@@ -1222,7 +1218,7 @@ def learner_gpu_budget(args: Args, config, trained_models: int):
     weights, gradients, AdamW; DDP's buckets 4 more) and 4 a reference one (/ ranks under FSDP2), the reward model and
     vLLM if the engine shares the GPU."""
     with torch.device("meta"):  # the policy's size from its config: nothing allocated
-        size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+        size = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters())
     ddp, shared = args.world_size > 1 and not args.fsdp, args.learner_device == args.engine_device
     models = size * (trained_models * (16 + 4 * ddp) + 4) / (args.world_size if args.fsdp else 1)
     models += 4 * size * shared * (getattr(args, "reward", None) == "model")  # a reward model of the policy's size
