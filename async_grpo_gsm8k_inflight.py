@@ -704,7 +704,6 @@ def main():
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
             "time/elapsed": time.time() - start_time,
-            "async/learner_version": step,
             # of the batch's first tokens; per token below
             "async/staleness": step - batch["async/actor_version"],
             "async/token_staleness_mean": float(np.mean(token_staleness)),

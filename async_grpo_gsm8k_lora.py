@@ -633,7 +633,6 @@ def main():
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
             "time/elapsed": time.time() - start_time,
-            "async/learner_version": step,
             "async/staleness": step - batch["async/actor_version"],
             "episodes": (step + 1) * args.prompts_per_step * group_size,
         }

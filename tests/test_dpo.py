@@ -462,7 +462,6 @@ def test_async_run_writes_metrics_and_a_loadable_model(async_runs, tiny):
         "time/weight_sync",
         "time/learner_waiting",
         "async/actor_version",
-        "async/learner_version",
         "async/staleness",
         "async/behaviour_learner_logprob_gap",
     ):

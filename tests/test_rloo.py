@@ -115,7 +115,6 @@ KEYS = (
     "time/learner_waiting",
     "time/actor_waiting",
     "async/actor_version",
-    "async/learner_version",
     "async/staleness",
     "async/behaviour_learner_logprob_gap",
 )
