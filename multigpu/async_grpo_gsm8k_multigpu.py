@@ -286,10 +286,10 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
     return out
 
 
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """[sum, count] of |learner - vLLM| response-token logprobs, float64 to add up: ~0 means the weight sync works."""
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
+    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
     mask = response_mask[:, 1:].bool()
-    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
@@ -550,11 +550,8 @@ def main():
     prompt_batches = split_into_steps(prompts, answers, args)  # the problems of learner step i: prompt_batches[i]
     first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
     probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
-    args.micro_batch_size = choose_micro_batch_size(
-        args,
-        args.prompts_per_step * group_size // args.num_mini_batches // args.world_size,
-        max(map(len, prompts)) + args.response_length,
-    )
+    sequences = args.prompts_per_step * group_size // args.num_mini_batches // args.world_size  # in a mini-batch
+    args.micro_batch_size = choose_micro_batch_size(args, sequences, max(map(len, prompts)) + args.response_length)
     args.start_step = resumed["step"] if resumed else 0
     writer = metrics_file = eval_file = None
     if args.rank == 0:
@@ -668,9 +665,7 @@ def main():
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
                 if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
-                    token_gap = token_gap + logprob_gap(
-                        new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
-                    )  # every micro-batch's
+                    token_gap += logprob_gap(new_logprobs, response_mask[rows], batch["behaviour_logprobs"], rows)
                 if m == 0 and old_logprobs is not None:  # no update yet: equal bit for bit to a no-grad pass (tested)
                     old_logprobs[rows] = new_logprobs.detach()
                 mask = response_mask[rows, 1:]

@@ -316,10 +316,10 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
     return out
 
 
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """[sum, count] of |learner - vLLM| response-token logprobs, float64 to add up: ~0 means the weight sync works."""
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
+    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
     mask = response_mask[:, 1:].bool()
-    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
@@ -577,12 +577,8 @@ def main():
     policy, ref_policy = wrap_model(policy, args), wrap_model(ref_policy, args, trained=False)
     value_model = wrap_model(value_model, args)
     # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
-    optimizer = torch.optim.AdamW(
-        [*policy.parameters(), *value_model.parameters()],
-        lr=args.learning_rate,
-        eps=1e-5,
-        weight_decay=args.weight_decay,
-    )
+    trained = [*policy.parameters(), *value_model.parameters()]
+    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     if resumed:
@@ -718,9 +714,7 @@ def main():
                     )
                 first_forward = None
                 if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
-                    token_gap = token_gap + logprob_gap(
-                        new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
-                    )  # every micro-batch's
+                    token_gap += logprob_gap(new_logprobs, response_mask[rows], batch["behaviour_logprobs"], rows)
                 pg_loss, policy_stats = clipped_policy_loss(
                     new_logprobs,
                     anchor_logprobs[rows],
@@ -736,21 +730,15 @@ def main():
                 # token means: a micro-batch weighs its share of the tokens, times the ranks (their gradients average)
                 share = (args.world_size * mask[rows].sum() / mask[mini_batch].sum()).item()
                 ((pg_loss + args.vf_coef * vf_loss) * share).backward()
-                micro_batch_stats.append(
-                    (
-                        share,
-                        {
-                            "losses/policy_loss": pg_loss.item(),
-                            "losses/value_loss": vf_loss.item(),
-                            "value/clipfrac": vf_clipfrac,
-                            "policy/entropy": masked_mean(entropy, mask[rows]).item(),
-                            **policy_stats,
-                        },
-                    )
-                )
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [*policy.parameters(), *value_model.parameters()], args.max_grad_norm
-            )
+                micro_stats = {
+                    "losses/policy_loss": pg_loss.item(),
+                    "losses/value_loss": vf_loss.item(),
+                    **policy_stats,
+                }
+                micro_stats["value/clipfrac"] = vf_clipfrac
+                micro_stats["policy/entropy"] = masked_mean(entropy, mask[rows]).item()
+                micro_batch_stats.append((share, micro_stats))
+            grad_norm = torch.nn.utils.clip_grad_norm_(trained, args.max_grad_norm)
             optimizer.step()
             scheduler.step()
             for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):

@@ -269,10 +269,10 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
     return out
 
 
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs):
-    """[sum, count] of |learner - vLLM| response-token logprobs, float64 to add up: ~0 means the weight sync works."""
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
+    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
     mask = response_mask[:, 1:].bool()
-    behaviour = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
+    behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
@@ -407,12 +407,9 @@ def main():
     prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
     first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
     probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
-    args.micro_batch_size = choose_micro_batch_size(
-        args,
-        args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches,
-        max(map(len, prompts)) + args.response_length,
-        trained_models=2,
-    )
+    sequences = args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches  # in a mini-batch
+    longest = max(map(len, prompts)) + args.response_length
+    args.micro_batch_size = choose_micro_batch_size(args, sequences, longest, trained_models=2)
     args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
     args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
     writer, metrics_file = start_tracking(args)
@@ -428,12 +425,8 @@ def main():
         enable_gradient_checkpointing(policy)
         enable_gradient_checkpointing(value_model)
     # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
-    optimizer = torch.optim.AdamW(
-        [*policy.parameters(), *value_model.parameters()],
-        lr=args.learning_rate,
-        eps=1e-5,
-        weight_decay=args.weight_decay,
-    )
+    trained = [*policy.parameters(), *value_model.parameters()]
+    optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
@@ -475,11 +468,9 @@ def main():
         # FRESH, before this step's updates: the reference's logprobs, the learner's own (paper, decoupled) and values,
         # in the micro-batches of the loop's first epoch, so they equal its first forward passes' bit for bit
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-        old_logprobs = (
-            None
-            if args.off_policy_correction == "behaviour"
-            else token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, epochs[0])
-        )
+        old_logprobs = None  # pi_old: the learner's own logprobs before this step's updates (paper, decoupled)
+        if args.off_policy_correction != "behaviour":
+            old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, epochs[0])
         values = torch.zeros_like(mask)
         with torch.no_grad(), learner_autocast(args):
             for rows in sum((chunks(mini_batch, args.micro_batch_size) for mini_batch in epochs[0]), []):
@@ -504,9 +495,7 @@ def main():
                     )
                     new_values = get_values(value_model, input_ids[rows], attention_mask[rows])
                 if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
-                    token_gap = token_gap + logprob_gap(
-                        new_logprobs, response_mask[rows], [batch["behaviour_logprobs"][i] for i in rows.tolist()]
-                    )  # every micro-batch's
+                    token_gap += logprob_gap(new_logprobs, response_mask[rows], batch["behaviour_logprobs"], rows)
                 pg_loss, policy_stats = clipped_policy_loss(
                     new_logprobs,
                     anchor_logprobs[rows],
@@ -522,21 +511,15 @@ def main():
                 # both losses are token means over the mini-batch: a micro-batch weighs its share of the tokens
                 share = (mask[rows].sum() / mask[mini_batch].sum()).item()
                 ((pg_loss + args.vf_coef * vf_loss) * share).backward()
-                micro_batch_stats.append(
-                    (
-                        share,
-                        {
-                            "losses/policy_loss": pg_loss.item(),
-                            "losses/value_loss": vf_loss.item(),
-                            "value/clipfrac": vf_clipfrac,
-                            "policy/entropy": masked_mean(entropy, mask[rows]).item(),
-                            **policy_stats,
-                        },
-                    )
-                )
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [*policy.parameters(), *value_model.parameters()], args.max_grad_norm
-            )
+                micro_stats = {
+                    "losses/policy_loss": pg_loss.item(),
+                    "losses/value_loss": vf_loss.item(),
+                    **policy_stats,
+                }
+                micro_stats["value/clipfrac"] = vf_clipfrac
+                micro_stats["policy/entropy"] = masked_mean(entropy, mask[rows]).item()
+                micro_batch_stats.append((share, micro_stats))
+            grad_norm = torch.nn.utils.clip_grad_norm_(trained, args.max_grad_norm)
             optimizer.step()
             scheduler.step()
             for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):

@@ -325,8 +325,8 @@ def test_the_logprob_gap_adds_up_over_micro_batches_and_ranks(script):
     learner = torch.tensor([[-1.5, 0.0, 0.0, 0.0], [-1.0, -2.0, -3.0, 0.0]])
     mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])  # prompt token, then the response; column t = token t+1
     behaviour = [[-1.0], [-0.9, -2.1, -3.1]]
-    parts = [script.logprob_gap(learner[i : i + 1], mask[i : i + 1], behaviour[i : i + 1]) for i in range(2)]
-    whole = script.logprob_gap(learner, mask, behaviour)
+    parts = [script.logprob_gap(learner[i : i + 1], mask[i : i + 1], behaviour, torch.tensor([i])) for i in range(2)]
+    whole = script.logprob_gap(learner, mask, behaviour, torch.arange(2))
     assert whole.dtype == torch.float64 and whole.tolist() == pytest.approx([0.8, 4.0])
     assert (parts[0] + parts[1]).tolist() == pytest.approx(whole.tolist())
     assert (whole[0] / whole[1]).item() == pytest.approx(0.2)  # not (0.5 + 0.1) / 2

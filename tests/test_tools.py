@@ -214,7 +214,7 @@ def test_the_learners_logprobs_of_the_policys_tokens_are_vllms_on_multi_call_sam
     mask = tools.policy_tokens(response_mask, tool_masks)
     with torch.no_grad():
         learner = tools.token_logprobs(model, input_ids, attention_mask, mask, args.temperature)
-    gap, count = tools.logprob_gap(learner, mask, logprobs).tolist()
+    gap, count = tools.logprob_gap(learner, mask, logprobs, torch.arange(len(logprobs))).tolist()
     assert count == sum(map(len, logprobs)) and gap / count < 1e-4, gap / count
     assert (learner[~mask[:, 1:].bool()] == 0).all()  # nothing is trained on a result token
     with pytest.raises(RuntimeError):  # the unmasked layout has more tokens than vLLM has logprobs for
