@@ -438,38 +438,6 @@ def test_reward_model_is_read_where_the_scripts_read_it():
     assert proxy[2] == -5.0 and proxy[:2] == pytest.approx(expected[:2].tolist())
 
 
-def test_gate_search_report_scores_each_candidate_by_its_over_optimisation(tmp_path):
-    """The gate search's report: per candidate and algorithm, the same verdict as the gate table (gold peaked and
-    fallen by more than its CI while the proxy rises), from the result files alone."""
-    paper = load_script("benchmark/staleness_paper.py")
-    (tmp_path / "staleness_paper" / "gate_search").mkdir(parents=True)
-    name = next(iter(paper.GATE_CANDIDATES))
-    for seed, noise in zip((1, 2, 3), (0.0, 0.003, -0.003)):
-        for algo, gold in (("dpo", [0.60, 0.63, 0.66, 0.63, 0.60 + noise]), ("ppo", [0.60, 0.61, 0.62, 0.63, 0.64])):
-            curve = [dict(updates=64 * i, kl=i / 2, win_rate=0.5, gold=g, proxy=0.1 * i) for i, g in enumerate(gold)]
-            (tmp_path / "staleness_paper" / "gate_search" / f"{name}__{algo}__seed{seed}.json").write_text(
-                json.dumps(
-                    dict(
-                        algorithm=algo,
-                        setting="sync-1",
-                        learning_rate=1e-4,
-                        seed=seed,
-                        gate_candidate=name,
-                        curve=curve,
-                        rm_stats=dict(rm_pairs=1234, rm_test_pair_accuracy=0.8, rm_gold_correlation=0.4),
-                    )
-                )
-            )
-    paper.gate_report(tmp_path)
-    table = (tmp_path / "staleness_paper" / "gate_search.md").read_text()
-    assert f"| {name} | dpo | 3 | 1,234 (0.80, 0.40) |" in table
-    dpo = next(line for line in table.splitlines() if line.startswith(f"| {name} | dpo |"))
-    ppo = next(line for line in table.splitlines() if line.startswith(f"| {name} | ppo |"))
-    assert dpo.endswith("| 0.660 (128) | +0.060 ± 0.007 | +0.200 ± 0.000 | yes |")
-    assert ppo.endswith("| no |")
-    assert (tmp_path / "staleness_paper" / "gate_search.png").stat().st_size > 1000
-
-
 def test_scale_report_drops_by_width_and_whether_the_largest_n_shrinks_with_size(tmp_path):
     """Issue 41's scale axis: each width's sync-N drops below its own sync-1 (paired by seed), and the drop at N = 16
     of the smallest width against the largest's. DPO: 0.055 at width 128, 0.000 at 512: it shrinks, separated after
@@ -533,16 +501,17 @@ def write_pilot_run(folder, algo, setting, seed, win, kl):
     """A synthetic pilot result file: sync-1 evaluates every 64 updates, sync-128 once a round (128 updates)."""
     step = 128 if setting == "sync-128" else 64
     curve = [dict(updates=step * i, kl=kl[i], win_rate=win[i], gold=0.6, proxy=0.0) for i in range(len(win))]
-    (folder / "staleness_pilot").mkdir(exist_ok=True)
-    (folder / "staleness_pilot" / f"{algo}__{setting}__lr0.0001__seed{seed}.json").write_text(
+    (folder / "pilot").mkdir(exist_ok=True)
+    (folder / "pilot" / f"{algo}__{setting}__lr0.0001__seed{seed}.json").write_text(
         json.dumps(dict(algorithm=algo, setting=setting, learning_rate=1e-4, seed=seed, curve=curve))
     )
 
 
 def test_pilot_rule_finds_a_cost_only_where_sync_1_has_a_gain_to_lose(tmp_path):
-    """Issue 54's pilot on synthetic curves whose verdict is known: DPO's sync-128 lands where sync-1 does (no cost);
-    RLOO's loses 0.03 of its 0.1 gain on every seed (a cost: the sweep runs); PPO's sync-1 falls from the start (it
-    cannot answer), and one of its sync-128 runs escapes in KL. Without RLOO's drop, no sweep."""
+    """Issue 54's pilot rule (PILOT_RULE; the sweep applies it again on its own prep, PREP_PILOT_RULE) on synthetic
+    curves whose verdict is known: DPO's sync-128 lands where sync-1 does (no cost); RLOO's loses 0.03 of its 0.1 gain
+    on every seed (a cost: the sweep runs); PPO's sync-1 falls from the start (it cannot answer), and one of its
+    sync-128 runs escapes in KL. Without RLOO's drop, no sweep."""
     paper = load_script("benchmark/staleness_paper.py")
     rise = [0.5 + 0.0125 * i for i in range(9)]  # updates 0..512: final (384, 512) = 0.5 + 0.0125 * 7
     fall = [0.5 - 0.00625 * i for i in range(9)]
@@ -558,8 +527,8 @@ def test_pilot_rule_finds_a_cost_only_where_sync_1_has_a_gain_to_lose(tmp_path):
                 stale = [base[0], base[2], base[4], base[6] - drop, base[8] - drop]
                 escape = [0, 1, 2, 3, 9.0] if algo == "ppo" and seed == 2 else stale_kl
                 write_pilot_run(tmp_path, algo, "sync-128", seed, stale, escape)
-        lines = paper.pilot_report(tmp_path)
-        return paper.pilot_verdicts(paper.load_results(tmp_path, "staleness_pilot", 1e-4)[0]), "\n".join(lines)
+        found = paper.pilot_verdicts(paper.load_results(tmp_path, "pilot", 1e-4)[0])
+        return found, paper.pilot_decision(found)[1]
 
     found, text = pilot(rloo_drop=0.03)
     assert found["rloo"]["drops"] == pytest.approx([0.032, 0.028, 0.03])
@@ -568,16 +537,15 @@ def test_pilot_rule_finds_a_cost_only_where_sync_1_has_a_gain_to_lose(tmp_path):
     assert found["rloo"]["cost"] and found["rloo"]["can_answer"]
     assert not found["dpo"]["cost"] and found["dpo"]["can_answer"] and found["dpo"]["escapes"] == []
     assert found["ppo"]["escapes"] == [2] and found["ppo"]["cost"] and not found["ppo"]["can_answer"]
-    assert "Decision: **the sweep runs** (rloo shows a cost under the rule)." in text
-    assert (tmp_path / "staleness_pilot.md").read_text().startswith("Issue 54's pilot")
-    assert (tmp_path / "staleness_pilot.png").exists()
+    assert text == "Decision: **the sweep runs** (rloo shows a cost under the rule)."
 
     found, text = pilot(rloo_drop=0.0)
     assert not found["rloo"]["cost"] and found["ppo"]["cost"]  # PPO's cost does not count: it has no gain to lose
     assert "Decision: **no sweep**" in text
 
-    (tmp_path / "staleness_pilot" / "dpo__sync-128__lr0.0001__seed3.json").unlink()
-    assert "Decision: pending" in "\n".join(paper.pilot_report(tmp_path))
+    (tmp_path / "pilot" / "dpo__sync-128__lr0.0001__seed3.json").unlink()
+    found = paper.pilot_verdicts(paper.load_results(tmp_path, "pilot", 1e-4)[0])
+    assert paper.pilot_decision(found) == (None, "Decision: pending (the pilot is not complete).")
 
 
 def write_sweep(tmp_path, sweep):
