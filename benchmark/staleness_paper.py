@@ -6,7 +6,6 @@ Noukhovitch et al. (2025), Sec. 3, in miniature on this machine.
     python benchmark/staleness_paper.py --time-budget-hours 2       # the sweep, until 2 h are used; rerun to go on
     python benchmark/staleness_paper.py --report-only               # rebuild staleness_paper/first.md / .png
     python benchmark/staleness_paper.py --gate rm-e1__u512__kl0.01 --time-budget-hours 2  # issue 41's sweep on a gate
-    python benchmark/staleness_paper.py --gate rm-e1__u512__kl0.01 --policy-width 256   # its scale axis: a wider policy
     python benchmark/staleness_paper.py --quick --algorithms dpo --results-dir D --work-dir W   # the tests' smoke run
 
 The paper's protocol, and what stands for each part of it here:
@@ -102,8 +101,6 @@ GATE_SYNC_N = (1, 2, 4, 8, 16, 32)
 ASYNC_K = (1, 4, 8)
 CORRECTIONS = ("paper", "behaviour")
 QUICK_SETTINGS = ["sync-1", "sync-2", "async-1", "async-1-paper"]
-# issue 41's scale axis (--policy-width): the algorithms, N and seeds each width runs (the prep's width has them all)
-SCALE_ALGORITHMS, SCALE_SYNC_N, SCALE_SEEDS = ("dpo", "ppo"), (1, 4, 16), (1, 2, 3)
 # the settings whose scores rank the algorithms: the most off-policy of each kind, async under the paper's own loss
 RANKED = ("sync-16", "sync-32", "async-4", "async-8")
 KL_GRID = 20  # points of the common KL range at which curves are compared
@@ -116,14 +113,12 @@ def settings_of(algo: str, sync_n=SYNC_N):
     return [f"sync-{n}" for n in sync_n] + [f"async-{k}" for k in ASYNC_K]
 
 
-def sweep_of(gate: Optional[str], width: int = 128):
-    """The first sweep, or the sweep on gate candidate `gate`'s miniature (--gate), at a policy width (the scale
-    axis): the name of its result folder, report and plots (a path under --results-dir: <name>/ holds the runs,
-    <name>.md the report), its N, and the one learning rate its report reads."""
+def sweep_of(gate: Optional[str]):
+    """The first sweep, or the sweep on gate candidate `gate`'s miniature (--gate): the name of its result folder,
+    report and plots (a path under --results-dir: <name>/ holds the runs, <name>.md the report), its N, and the one
+    learning rate its report reads."""
     if gate is None:
         return "staleness_paper/first", SYNC_N, LEARNING_RATE
-    if width != 128:
-        return f"staleness_paper/{gate}/w{width}", SCALE_SYNC_N, GATE_CANDIDATES[gate]["lr"]
     return f"staleness_paper/{gate}", GATE_SYNC_N, GATE_CANDIDATES[gate]["lr"]
 
 
@@ -188,12 +183,6 @@ class Args:
     """issue 41's sweep on this GATE_CANDIDATES key's miniature (its proxy, updates, evaluation period, learning rate
     and --kl-coef / --beta), sync-N over GATE_SYNC_N; results in staleness_paper/<gate>/, report
     staleness_paper/<gate>.md"""
-    policy_width: int = 128
-    """issue 41's scale axis: the SFT policy's hidden size (2 layers, MLP 2x, heads of 64, tied embeddings; 128 is the
-    prep's own, 256 ~3.7x its parameters, 512 ~14x). Another width needs --gate: a sweep of its own (default DPO and
-    PPO, SCALE_SYNC_N, seeds 1-3) on the gate's proxy, each width against its own SFT policy (same data, tokenizer
-    and target accuracy); results in staleness_paper/<gate>/w<width>/, the drops by width in
-    staleness_paper/<gate>/scale.md"""
 
 
 # GOLD, WIN-RATE AND THE PROXY REWARD MODEL
@@ -341,11 +330,6 @@ def evaluate(policy, sft, rm, tokenizer, eval_set, prep, args: Args, seed: int):
 PREP_FLAGS = base.PREP_FLAGS + ("rm_samples", "rm_epochs", "rm_learning_rate")
 
 
-def sft_dir(args: Args) -> Path:
-    """The SFT policy of --policy-width: the prep's own (128), or work_dir/sft_w<width> (scale_prep builds it)."""
-    return Path(args.work_dir) / ("sft" if args.policy_width == 128 else f"sft_w{args.policy_width}")
-
-
 def load_eval_set(work: Path, tokenizer, args: Args):
     """Held-out prompt ids and answers, and the SFT policy's reference samples of them with their gold (seed 0)."""
     import torch
@@ -353,10 +337,10 @@ def load_eval_set(work: Path, tokenizer, args: Args):
 
     test = [json.loads(line) for line in (work / "data" / "test.jsonl").read_text().splitlines()]
     prompts, answers = base.encode(tokenizer, test)
-    cache = work / f"{sft_dir(args).name}_reference.json"  # the prep's: sft_reference.json
+    cache = work / "sft_reference.json"
     if not cache.exists():
         torch.set_num_threads(args.prep_threads)
-        sft = AutoModelForCausalLM.from_pretrained(sft_dir(args)).eval()
+        sft = AutoModelForCausalLM.from_pretrained(work / "sft").eval()
         samples = base.sample(sft, prompts, args.eval_samples, 0.7, args.response_length, tokenizer.eos_token_id, 0)
         cache.write_text(json.dumps(samples))
     samples = json.loads(cache.read_text())
@@ -418,38 +402,6 @@ def prepare(args: Args):
     return prep
 
 
-def scale_prep(args: Args, prep, rm_dir: Path):
-    """--policy-width other than the prep's (issue 41's scale axis): that width's SFT policy, trained as the prep's
-    (same data, tokenizer, stopping rule and target accuracy) and built once; returns the prep with its numbers and
-    its starting point (against its own reference samples: win-rate ~0.5, KL 0). The proxy stays the gate's."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    work, folder = Path(args.work_dir), sft_dir(args)
-    stats_file = work / f"{folder.name}.json"
-    if not stats_file.exists():
-        torch.set_num_threads(args.prep_threads)
-        log = lambda msg: print(f"[prep width {args.policy_width} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-        tokenizer = AutoTokenizer.from_pretrained(work / "sft")
-        train, test = (
-            [json.loads(line) for line in (work / "data" / f"{part}.jsonl").read_text().splitlines()]
-            for part in ("train", "test")
-        )
-        start = time.time()
-        _, stats = base.train_sft(
-            args, tokenizer, task, train, base.encode(tokenizer, test), folder, log, hidden_size=args.policy_width
-        )
-        sft = AutoModelForCausalLM.from_pretrained(folder).eval()
-        stats["initial_policy"] = evaluate(
-            sft, sft, load_rm(rm_dir), tokenizer, load_eval_set(work, tokenizer, args), prep, args, seed=999
-        )
-        stats_file.write_text(
-            json.dumps(dict(stats, policy_width=args.policy_width, sft_seconds=round(time.time() - start)), indent=1)
-        )
-        log(json.dumps({k: v for k, v in stats.items() if k != "sft_history"}))
-    return dict(prep, **json.loads(stats_file.read_text()))
-
-
 def load_rm(folder: Path):
     from transformers import AutoModelForSequenceClassification
 
@@ -459,7 +411,7 @@ def load_rm(folder: Path):
 # SWEEP: one subprocess per (algorithm, setting, learning rate, seed), then the evaluation of each of its checkpoints
 def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed: int):
     name = f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
-    return Path(args.results_dir) / sweep_of(args.gate, args.policy_width)[0] / name
+    return Path(args.results_dir) / sweep_of(args.gate)[0] / name
 
 
 def run_one(
@@ -486,7 +438,7 @@ def run_one(
     script_key, n, flags_of_setting = base.setting_flags(setting)
     flags = COMMON_FLAGS + spec["flags"] + ["--learning-rate", f"{learning_rate:g}"]
     for key, value in {
-        "{sft}": sft_dir(args),
+        "{sft}": work / "sft",
         "{rm}": rm_dir,
         "{prompts}": work / "prompts",
         "{penalty}": prep["missing_eos_penalty"],
@@ -519,10 +471,10 @@ def run_one(
     (metrics_path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
     metrics = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     points = [(int(c.name.split("_")[1]) * n, c / "policy") for c in (cwd / "runs").glob("*/checkpoint_*")]
-    points = [(0, sft_dir(args))] + sorted(points) + [(args.num_updates, cwd / "model")]
+    points = [(0, work / "sft")] + sorted(points) + [(args.num_updates, cwd / "model")]
     torch.set_num_threads(args.prep_threads)
     tokenizer = AutoTokenizer.from_pretrained(work / "sft")
-    sft, rm = AutoModelForCausalLM.from_pretrained(sft_dir(args)).eval(), load_rm(rm_dir)
+    sft, rm = AutoModelForCausalLM.from_pretrained(work / "sft").eval(), load_rm(rm_dir)
     eval_set = load_eval_set(work, tokenizer, args)
     # the evaluation seed differs per run seed, not per setting or point: all are compared on the same random draws
     curve = [
@@ -791,14 +743,10 @@ def excursions(runs, algo, floor):
     }
 
 
-def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128):
-    """<name>.md and its plots (name, N and learning rate: sweep_of(candidate, width)), from the result files alone."""
-    name, _, learning_rate = sweep_of(candidate, width)
-    invocation = (
-        "--report-only"
-        + (f" --gate {candidate}" if candidate else "")
-        + (f" --policy-width {width}" if width != 128 else "")
-    )
+def report(results_dir: Path, candidate: Optional[str] = None):
+    """<name>.md and its plots (name, N and learning rate: sweep_of(candidate)), from the result files alone."""
+    name, _, learning_rate = sweep_of(candidate)
+    invocation = "--report-only" + (f" --gate {candidate}" if candidate else "")
     runs, gate = load_results(results_dir, name, learning_rate)
     prep_path = results_dir / name / "prep.json"
     prep = json.loads(prep_path.read_text()) if prep_path.exists() else None
@@ -1172,108 +1120,6 @@ def pilot_table(found):
     return lines
 
 
-# SCALE AXIS (issue 41, item 5): the paper's "robustness grows with the policy's size", as the drop at N = 16 by width
-def scale_widths(results_dir: Path, gate: str):
-    """{width: (its runs as load_results gives them, its prep or None)} for every width of `gate` with results: the
-    gate's own sweep is the prep's width, 128."""
-    found = {}
-    gate_dir = results_dir / sweep_of(gate)[0]
-    widths = [128] if gate_dir.is_dir() else []  # the gate's own sweep, at the prep's width
-    widths += [int(f.name[1:]) for f in gate_dir.glob("w*") if f.is_dir() and f.name[1:].isdigit()]
-    for width in widths:
-        name = sweep_of(gate, width)[0]
-        prep = results_dir / name / "prep.json"
-        found[width] = (
-            load_results(results_dir, name, GATE_CANDIDATES[gate]["lr"])[0],
-            json.loads(prep.read_text()) if prep.exists() else None,
-        )
-    return dict(sorted(found.items()))
-
-
-def scale_report(results_dir: Path, gate: str):
-    """staleness_paper/<gate>/scale.md: per algorithm of SCALE_ALGORITHMS and width, the final win-rate drop of each
-    sync-N below sync-1 (paired by seed; Holm over every drop of the table), then per algorithm the question itself:
-    is the drop at the largest N smaller at the largest width than at the smallest (Welch; Holm over the
-    algorithms)? Returns the lines written."""
-    widths = scale_widths(results_dir, gate)
-    largest_n = f"sync-{SCALE_SYNC_N[-1]}"
-    ci = lambda mc: f"{mc[0]:+.3f} ± {mc[1]:.3f}" if not math.isnan(mc[1]) else f"{mc[0]:+.3f}"
-    pv = lambda p: "–" if math.isnan(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
-    rows, tests = [], []
-    for algo in SCALE_ALGORITHMS:
-        for width, (runs, prep) in widths.items():
-            drops = final_drops(runs, algo)
-            if not runs.get((algo, "sync-1")):
-                continue
-            finals = [r["curve"][-1]["win_rate"] for r in runs[(algo, "sync-1")]]
-            cells = []
-            for setting in [f"sync-{n}" for n in SCALE_SYNC_N[1:]]:
-                values = list(drops.get(setting, {}).values())
-                if values:
-                    tests.append(one_sample_t(values)[1])
-                    cells.append((values, len(tests) - 1))
-                else:
-                    cells.append(None)
-            rows.append((algo, width, prep, finals, cells))
-    adjusted = holm(tests)
-    cell = lambda c: "–" if c is None else (f"**{ci(mean_ci(c[0]))}**" if adjusted[c[1]] < 0.05 else ci(mean_ci(c[0])))
-    lines = [
-        f"Issue 41's scale axis on the gate `{gate}`: the paper says robustness to off-policy data grows with the "
-        f"policy's size. Each width is its own SFT policy (same data, tokenizer, stopping rule and target "
-        f"accuracy), trained against the gate's proxy and judged against its own SFT samples. Per algorithm and "
-        f"width: the final gold win-rate drop of sync-N below sync-1 (positive = staleness costs), paired by "
-        f"seed, "
-        f"mean ± 95% CI; **bold** = separated from 0 (two-sided t-test, Holm over the {len(tests)} drops of the "
-        f"table). Produced by `python benchmark/staleness_paper.py --report-only --gate {gate}` (any "
-        f"--policy-width) from the result files.",
-        "",
-        "| algorithm | width | parameters | seeds | final win-rate, sync-1 | "
-        + " | ".join(f"drop, sync-{n}" for n in SCALE_SYNC_N[1:])
-        + " |",
-        "|---|---|---|---|---|" + "---|" * (len(SCALE_SYNC_N) - 1),
-    ]
-    for algo, width, prep, finals, cells in rows:
-        params = f"{prep['policy_parameters'] / 1e6:.2f}M" if prep and "policy_parameters" in prep else "?"
-        lines.append(
-            f"| {algo} | {width} | {params} | {len(finals)} | {mean_ci(finals)[0]:.3f} ± "
-            f"{mean_ci(finals)[1]:.3f} | " + " | ".join(cell(c) for c in cells) + " |"
-        )
-    trend, trend_p = [], []
-    for algo in SCALE_ALGORITHMS:
-        at = {w: list(final_drops(runs, algo).get(largest_n, {}).values()) for w, (runs, _) in widths.items()}
-        at = {w: v for w, v in at.items() if len(v) >= len(SCALE_SEEDS)}  # no verdict on fewer seeds than planned
-        if len(at) >= 2:
-            small, large = min(at), max(at)
-            trend.append((algo, small, large, at[small], at[large]))
-            trend_p.append(welch(at[small], at[large])[2])
-    lines += [
-        "",
-        f"Does the drop at {largest_n} shrink with width? The smallest width's drops against the largest's "
-        f"(Welch's t, two-sided; Holm over the {len(SCALE_ALGORITHMS)} algorithms planned, an untested one "
-        f"counting as p = 1), among the widths with at least "
-        f"{len(SCALE_SEEDS)} seeds of it:",
-        "",
-    ]
-    planned = holm(trend_p + [1.0] * (len(SCALE_ALGORITHMS) - len(trend_p)))  # the family is fixed in advance
-    for (algo, small, large, a, b), p, q in zip(trend, trend_p, planned):
-        shrinks = sum(a) / len(a) - sum(b) / len(b)
-        verdict = ("shrinks" if shrinks > 0 else "grows") + " (separated)" if q < 0.05 else "not separated"
-        lines.append(
-            f"- {algo}: width {small} {ci(mean_ci(a))}, width {large} {ci(mean_ci(b))}; difference "
-            f"{shrinks:+.3f}, p = {pv(p)}, Holm p = {pv(q)}: {verdict}"
-        )
-    if not trend:
-        lines.append(f"- no algorithm has {len(SCALE_SEEDS)} seeds of {largest_n} at two widths yet")
-    lines += [
-        "",
-        "Widths whose sync-1 runs sit in different regimes (each width's gate table: one loses gold from update 0, "
-        "another stays flat, another collapses) do not test the size claim: it stays **not tested** until they share "
-        "one, whatever the tests above say.",
-    ]
-    (results_dir / sweep_of(gate)[0] / "scale.md").write_text("\n".join(lines) + "\n")
-    return lines
-
-
 def algorithm_comparison(what, per_seed, ci, pv, caveat: Optional[str] = None):
     """The algorithms in order of a per-seed mean over RANKED, Welch's t between each pair with Holm over the pairs,
     and the ranking those tests support: only the separated pairs (issue 41: a ranking only where Holm separates);
@@ -1552,14 +1398,6 @@ def gate_settings(args: Args):
     )
 
 
-def scale_settings(args: Args):
-    """--policy-width other than 128: the scale axis's algorithms, N and seeds (only fields left at their defaults)."""
-    if args.policy_width != 128:
-        replace_defaults(args, algorithms=list(SCALE_ALGORITHMS), seeds=list(SCALE_SEEDS))
-        if args.settings is None:
-            args.settings = [f"sync-{n}" for n in SCALE_SYNC_N]
-
-
 def replace_defaults(args: Args, **values):
     """Set the fields still at their defaults to these values: a flag given on the command line wins."""
     defaults = Args()
@@ -1573,11 +1411,6 @@ def check(args: Args):
     unknown = [a for a in args.algorithms if a not in ALGORITHMS]
     if unknown:
         sys.exit(f"error: unknown --algorithms {unknown}; known: {list(ALGORITHMS)} (GRPO: benchmark/staleness.py)")
-    if args.policy_width != 128 and (not args.gate or args.policy_width < 64 or args.policy_width % 64):
-        sys.exit(
-            f"error: --policy-width {args.policy_width}: a multiple of 64 (heads of 64), with --gate (the scale "
-            f"axis runs on a gate's proxy)"
-        )
     known = {s for a in ALGORITHMS for s in settings_of(a, GATE_SYNC_N)}  # holds QUICK_SETTINGS
     if args.settings is not None and [s for s in args.settings if s not in known]:
         sys.exit(f"error: unknown --settings {[s for s in args.settings if s not in known]}; known: {sorted(known)}")
@@ -1612,17 +1445,15 @@ if __name__ == "__main__":
         quick_settings(args)
     if args.gate is not None:
         gate_settings(args)
-    scale_settings(args)
     check(args)
     results_dir = Path(args.results_dir)
-    sweep_name, sync_n, _ = sweep_of(args.gate, args.policy_width)
+    sweep_name, sync_n, _ = sweep_of(args.gate)
     (results_dir / sweep_name).mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         invocation_start, durations, new_runs = time.time(), [], 0
         prep = prepare(args)
-        if args.gate:  # the prep of the candidate's proxy: its stats and missing-EOS penalty (and a width's SFT)
-            rm_dir, prep = gate_rm(args, prep, GATE_CANDIDATES[args.gate]["rm"])
-            prep = scale_prep(args, prep, rm_dir) if args.policy_width != 128 else prep
+        if args.gate:  # the prep of the candidate's proxy: its stats and missing-EOS penalty
+            prep = gate_rm(args, prep, GATE_CANDIDATES[args.gate]["rm"])[1]
         (results_dir / sweep_name / "prep.json").write_text(json.dumps(prep, indent=1))
         # seed-major: a partial sweep has one complete seed of every setting before it starts the next seed
         todo = [
@@ -1652,6 +1483,4 @@ if __name__ == "__main__":
                 new_runs += 1
             finally:
                 claimed.unlink(missing_ok=True)
-    print("\n".join(report(results_dir, args.gate, args.policy_width)))
-    if args.gate and len(scale_widths(results_dir, args.gate)) > 1:
-        print("\n".join(scale_report(results_dir, args.gate)))
+    print("\n".join(report(results_dir, args.gate)))
