@@ -327,22 +327,21 @@ def evaluate_policy(policy, sft, tokenizer, task, eval_set, args: Args, seed: in
     )
 
 
-def train_sft(args: Args, tokenizer, task, train, eval_set, out_dir: Path, log, hidden_size: int = 128):
+def train_sft(args: Args, tokenizer, task, train, eval_set, out_dir: Path, log):
     """SFT of a small Llama on prompt + worked answer + EOS, stopped once greedy held-out accuracy reaches the
-    target. `hidden_size` (a multiple of 64) widens it: staleness_paper.py's scale axis."""
+    target."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     # head_dim 64: vLLM's CPU attention needs head_dim >= 32; tied embeddings keep the tiny model tiny
-    heads = hidden_size // 64
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
+        hidden_size=128,
+        intermediate_size=256,
         num_hidden_layers=2,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_attention_heads=2,
+        num_key_value_heads=2,
         head_dim=64,
         max_position_embeddings=256,
         tie_word_embeddings=True,

@@ -5,9 +5,7 @@ Noukhovitch et al. (2025), Sec. 3, in miniature on this machine.
     python benchmark/staleness_paper.py --settings sync-1 --seeds 1 --learning-rates 1e-4 3e-4   # the gate runs
     python benchmark/staleness_paper.py --time-budget-hours 2       # the sweep, until 2 h are used; rerun to go on
     python benchmark/staleness_paper.py --report-only               # rebuild staleness_paper/first.md / .png
-    python benchmark/staleness_paper.py --gate-search --scripts-dir S   # issue 41: find a gate that over-optimises
     python benchmark/staleness_paper.py --gate rm-e1__u512__kl0.01 --time-budget-hours 2  # issue 41's sweep on a gate
-    python benchmark/staleness_paper.py --gate rm-e1__u512__kl0.01 --policy-width 256   # its scale axis: a wider policy
     python benchmark/staleness_paper.py --quick --algorithms dpo --results-dir D --work-dir W   # the tests' smoke run
 
 The paper's protocol, and what stands for each part of it here:
@@ -103,8 +101,6 @@ GATE_SYNC_N = (1, 2, 4, 8, 16, 32)
 ASYNC_K = (1, 4, 8)
 CORRECTIONS = ("paper", "behaviour")
 QUICK_SETTINGS = ["sync-1", "sync-2", "async-1", "async-1-paper"]
-# issue 41's scale axis (--policy-width): the algorithms, N and seeds each width runs (the prep's width has them all)
-SCALE_ALGORITHMS, SCALE_SYNC_N, SCALE_SEEDS = ("dpo", "ppo"), (1, 4, 16), (1, 2, 3)
 # the settings whose scores rank the algorithms: the most off-policy of each kind, async under the paper's own loss
 RANKED = ("sync-16", "sync-32", "async-4", "async-8")
 KL_GRID = 20  # points of the common KL range at which curves are compared
@@ -117,14 +113,12 @@ def settings_of(algo: str, sync_n=SYNC_N):
     return [f"sync-{n}" for n in sync_n] + [f"async-{k}" for k in ASYNC_K]
 
 
-def sweep_of(gate: Optional[str], width: int = 128):
-    """The first sweep, or the sweep on gate candidate `gate`'s miniature (--gate), at a policy width (the scale
-    axis): the name of its result folder, report and plots (a path under --results-dir: <name>/ holds the runs,
-    <name>.md the report), its N, and the one learning rate its report reads."""
+def sweep_of(gate: Optional[str]):
+    """The first sweep, or the sweep on gate candidate `gate`'s miniature (--gate): the name of its result folder,
+    report and plots (a path under --results-dir: <name>/ holds the runs, <name>.md the report), its N, and the one
+    learning rate its report reads."""
     if gate is None:
         return "staleness_paper/first", SYNC_N, LEARNING_RATE
-    if width != 128:
-        return f"staleness_paper/{gate}/w{width}", SCALE_SYNC_N, GATE_CANDIDATES[gate]["lr"]
     return f"staleness_paper/{gate}", GATE_SYNC_N, GATE_CANDIDATES[gate]["lr"]
 
 
@@ -167,8 +161,7 @@ class Args:
     prep_threads: int = 2
     """torch threads for the prep and the evaluations (the RL runs use --torch-threads 1 per role)"""
     results_dir: str = str(REPO / "benchmark" / "results")
-    """where result files go: the sweep's under staleness_paper/ (first/ and first.md with its plots, or the gate's; the
-    gate search's in gate_search/), the pilot's in staleness_pilot/ and staleness_pilot.md"""
+    """where result files go: the sweep's under staleness_paper/ (first/ and first.md with its plots, or the gate's)"""
     work_dir: str = str(REPO / "benchmark" / "work" / "staleness_paper")
     """scratch space (git-ignored): data, tokenizer, SFT policy, reward model, run folders"""
     max_runs: Optional[int] = None
@@ -180,31 +173,16 @@ class Args:
     prep_only: bool = False
     """build (or load) the prep and stop"""
     report_only: bool = False
-    """only rebuild the report (staleness_paper/first.md, or the --gate / --pilot one) and its plots from existing
+    """only rebuild the report (staleness_paper/first.md, or the --gate one) and its plots from existing
     result files"""
     force: bool = False
     """rerun runs whose result file exists"""
     scripts_dir: str = str(REPO)
     """folder holding the scripts the runs execute (a frozen copy keeps a long sweep off a work tree being edited)"""
-    gate_search: bool = False
-    """issue 41's gate search: sync-1 runs of GATE_CANDIDATES (weaker proxies, more updates, KL/beta) until one
-    over-optimises; one result file per run in staleness_paper/gate_search/, resumable, reported in gate_search.md beside it"""
-    gate_candidates: Optional[List[str]] = None
-    """gate candidates to run (None: all of GATE_CANDIDATES, in their order)"""
     gate: Optional[str] = None
     """issue 41's sweep on this GATE_CANDIDATES key's miniature (its proxy, updates, evaluation period, learning rate
     and --kl-coef / --beta), sync-N over GATE_SYNC_N; results in staleness_paper/<gate>/, report
     staleness_paper/<gate>.md"""
-    pilot: bool = False
-    """issue 54's pilot: can this miniature show a cost of staleness at all? Gate candidate PILOT_GATE (the two-epoch
-    proxy at the paper's anchors, 512 updates), sync-1 against sync-128, PILOT_SEEDS; results in staleness_pilot/,
-    judged by PILOT_RULE (fixed before the first run) in staleness_pilot.md"""
-    policy_width: int = 128
-    """issue 41's scale axis: the SFT policy's hidden size (2 layers, MLP 2x, heads of 64, tied embeddings; 128 is the
-    prep's own, 256 ~3.7x its parameters, 512 ~14x). Another width needs --gate: a sweep of its own (default DPO and
-    PPO, SCALE_SYNC_N, seeds 1-3) on the gate's proxy, each width against its own SFT policy (same data, tokenizer
-    and target accuracy); results in staleness_paper/<gate>/w<width>/, the drops by width in
-    staleness_paper/<gate>/scale.md"""
 
 
 # GOLD, WIN-RATE AND THE PROXY REWARD MODEL
@@ -255,21 +233,18 @@ def train_reward_model(
     sft_dir: Path,
     out_dir: Path,
     log,
-    problems: Optional[int] = None,
-    layers: Optional[int] = None,
 ):
     """Bradley-Terry on gold-labelled pairs of the SFT policy's own samples (disjoint pairs of rm_samples per training
     problem; tied pairs carry no preference and are dropped). Starts from the SFT weights with a new scalar head, as
     the paper's RM starts from its SFT model. Its score is then scaled to unit variance on SFT samples of held-out
     problems, so the KL coefficient weighs the same reward scale in every run, and the missing-EOS penalty is set two
-    standard deviations below their mean. The gate search's weaker proxies: `problems` keeps the pairs of the first
-    that many training problems only, `layers` keeps the SFT's first that many layers (a smaller RM)."""
+    standard deviations below their mean."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaForSequenceClassification
 
     sft = AutoModelForCausalLM.from_pretrained(sft_dir).eval()
     n, eos, pad = args.rm_samples, tokenizer.eos_token_id, tokenizer.pad_token_id
-    prompts, answers = (part[:problems] for part in train_set) if problems else train_set
+    prompts, answers = train_set
     responses = base.sample(sft, prompts, n, 0.7, args.response_length, eos, seed=1)
     gold = gold_scores(tokenizer, responses, answers, n)
     pairs = []
@@ -281,9 +256,7 @@ def train_reward_model(
     train_pairs, test_pairs = pairs[:split], pairs[split:]
     log(f"RM: {len(pairs)} gold-labelled pairs of {len(responses) // 2} ({len(responses) // 2 - len(pairs)} tied)")
     torch.manual_seed(0)
-    rm = LlamaForSequenceClassification.from_pretrained(
-        sft_dir, num_labels=1, **(dict(num_hidden_layers=layers) if layers else {})
-    )
+    rm = LlamaForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
     optimizer = torch.optim.AdamW(rm.parameters(), lr=args.rm_learning_rate, weight_decay=0.0)
     rng, batch_size = random.Random(0), 32
     total = args.rm_epochs * math.ceil(len(train_pairs) / batch_size)
@@ -357,11 +330,6 @@ def evaluate(policy, sft, rm, tokenizer, eval_set, prep, args: Args, seed: int):
 PREP_FLAGS = base.PREP_FLAGS + ("rm_samples", "rm_epochs", "rm_learning_rate")
 
 
-def sft_dir(args: Args) -> Path:
-    """The SFT policy of --policy-width: the prep's own (128), or work_dir/sft_w<width> (scale_prep builds it)."""
-    return Path(args.work_dir) / ("sft" if args.policy_width == 128 else f"sft_w{args.policy_width}")
-
-
 def load_eval_set(work: Path, tokenizer, args: Args):
     """Held-out prompt ids and answers, and the SFT policy's reference samples of them with their gold (seed 0)."""
     import torch
@@ -369,10 +337,10 @@ def load_eval_set(work: Path, tokenizer, args: Args):
 
     test = [json.loads(line) for line in (work / "data" / "test.jsonl").read_text().splitlines()]
     prompts, answers = base.encode(tokenizer, test)
-    cache = work / f"{sft_dir(args).name}_reference.json"  # the prep's: sft_reference.json
+    cache = work / "sft_reference.json"
     if not cache.exists():
         torch.set_num_threads(args.prep_threads)
-        sft = AutoModelForCausalLM.from_pretrained(sft_dir(args)).eval()
+        sft = AutoModelForCausalLM.from_pretrained(work / "sft").eval()
         samples = base.sample(sft, prompts, args.eval_samples, 0.7, args.response_length, tokenizer.eos_token_id, 0)
         cache.write_text(json.dumps(samples))
     samples = json.loads(cache.read_text())
@@ -434,38 +402,6 @@ def prepare(args: Args):
     return prep
 
 
-def scale_prep(args: Args, prep, rm_dir: Path):
-    """--policy-width other than the prep's (issue 41's scale axis): that width's SFT policy, trained as the prep's
-    (same data, tokenizer, stopping rule and target accuracy) and built once; returns the prep with its numbers and
-    its starting point (against its own reference samples: win-rate ~0.5, KL 0). The proxy stays the gate's."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    work, folder = Path(args.work_dir), sft_dir(args)
-    stats_file = work / f"{folder.name}.json"
-    if not stats_file.exists():
-        torch.set_num_threads(args.prep_threads)
-        log = lambda msg: print(f"[prep width {args.policy_width} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-        tokenizer = AutoTokenizer.from_pretrained(work / "sft")
-        train, test = (
-            [json.loads(line) for line in (work / "data" / f"{part}.jsonl").read_text().splitlines()]
-            for part in ("train", "test")
-        )
-        start = time.time()
-        _, stats = base.train_sft(
-            args, tokenizer, task, train, base.encode(tokenizer, test), folder, log, hidden_size=args.policy_width
-        )
-        sft = AutoModelForCausalLM.from_pretrained(folder).eval()
-        stats["initial_policy"] = evaluate(
-            sft, sft, load_rm(rm_dir), tokenizer, load_eval_set(work, tokenizer, args), prep, args, seed=999
-        )
-        stats_file.write_text(
-            json.dumps(dict(stats, policy_width=args.policy_width, sft_seconds=round(time.time() - start)), indent=1)
-        )
-        log(json.dumps({k: v for k, v in stats.items() if k != "sft_history"}))
-    return dict(prep, **json.loads(stats_file.read_text()))
-
-
 def load_rm(folder: Path):
     from transformers import AutoModelForSequenceClassification
 
@@ -475,8 +411,7 @@ def load_rm(folder: Path):
 # SWEEP: one subprocess per (algorithm, setting, learning rate, seed), then the evaluation of each of its checkpoints
 def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed: int):
     name = f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
-    folder = PILOT_NAME if args.pilot else sweep_of(args.gate, args.policy_width)[0]
-    return Path(args.results_dir) / folder / name
+    return Path(args.results_dir) / sweep_of(args.gate)[0] / name
 
 
 def run_one(
@@ -491,7 +426,7 @@ def run_one(
     overrides: Optional[dict] = None,
     extra: Optional[dict] = None,
 ):
-    """One run and the evaluation of its checkpoints. A run on a gate candidate's miniature (the gate search, --gate)
+    """One run and the evaluation of its checkpoints. A run on a gate candidate's miniature (--gate, the sweeps)
     passes its own proxy (rm_dir; prep then holds its missing-EOS penalty), flag overrides ({"--kl-coef": "0.01"}) and
     fields to record (extra)."""
     import torch
@@ -503,7 +438,7 @@ def run_one(
     script_key, n, flags_of_setting = base.setting_flags(setting)
     flags = COMMON_FLAGS + spec["flags"] + ["--learning-rate", f"{learning_rate:g}"]
     for key, value in {
-        "{sft}": sft_dir(args),
+        "{sft}": work / "sft",
         "{rm}": rm_dir,
         "{prompts}": work / "prompts",
         "{penalty}": prep["missing_eos_penalty"],
@@ -536,10 +471,10 @@ def run_one(
     (metrics_path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
     metrics = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     points = [(int(c.name.split("_")[1]) * n, c / "policy") for c in (cwd / "runs").glob("*/checkpoint_*")]
-    points = [(0, sft_dir(args))] + sorted(points) + [(args.num_updates, cwd / "model")]
+    points = [(0, work / "sft")] + sorted(points) + [(args.num_updates, cwd / "model")]
     torch.set_num_threads(args.prep_threads)
     tokenizer = AutoTokenizer.from_pretrained(work / "sft")
-    sft, rm = AutoModelForCausalLM.from_pretrained(sft_dir(args)).eval(), load_rm(rm_dir)
+    sft, rm = AutoModelForCausalLM.from_pretrained(work / "sft").eval(), load_rm(rm_dir)
     eval_set = load_eval_set(work, tokenizer, args)
     # the evaluation seed differs per run seed, not per setting or point: all are compared on the same random draws
     curve = [
@@ -595,39 +530,17 @@ def run_one(
     return time.time() - start
 
 
-# GATE SEARCH (issue 41): recalibrate the miniature until sync-1 over-optimises (proxy rising, gold peaked and fallen)
-# Each candidate changes a few levers of the sweep's sync-1 runs; most promising first. `rm`: the proxy's training
-# (problems: pairs of the first that many training problems only, of 4,096; epochs; layers of the SFT kept, of 2);
-# `updates` and `eval_every`: the run's length; `lr`; `flags`: overrides of the algorithms' flags (RLOO and PPO read
-# --kl-coef, DPO --beta; a flag an algorithm does not read is not passed to it).
+# GATE CANDIDATES (issue 41's gate search, now in git's history, recalibrated the miniature until sync-1
+# over-optimises): the two still in use, the gate sweep's (--gate) and the pilot's, on which the pre-registered sweep
+# runs (PILOT_GATE). `rm`: the proxy's training (epochs; {} is the prep's own proxy); `updates` and
+# `eval_every`: the run's length; `lr`; `flags`: overrides of the algorithms' flags (RLOO and PPO read --kl-coef, DPO
+# --beta; a flag an algorithm does not read is not passed to it).
 GATE_CANDIDATES = {
-    "rm-e1__u512": dict(rm=dict(epochs=1), updates=512, eval_every=64, lr=1e-4, flags={}),
     "rm-e1__u512__kl0.01": dict(
         rm=dict(epochs=1), updates=512, eval_every=64, lr=1e-4, flags={"--kl-coef": "0.01", "--beta": "0.03"}
     ),
-    "rm-full__u512__kl0.01": dict(
-        rm=dict(), updates=512, eval_every=64, lr=1e-4, flags={"--kl-coef": "0.01", "--beta": "0.03"}
-    ),
     "rm-full__u512": dict(rm=dict(), updates=512, eval_every=64, lr=1e-4, flags={}),
-    # added after the first results: at kl-coef 0.01 only the seeds that escape to large KL over-optimise; these push
-    # every seed further
-    "rm-full__u512__kl0.003": dict(
-        rm=dict(), updates=512, eval_every=64, lr=1e-4, flags={"--kl-coef": "0.003", "--beta": "0.01"}
-    ),
-    "rm-full__u1024__kl0.01": dict(
-        rm=dict(), updates=1024, eval_every=128, lr=1e-4, flags={"--kl-coef": "0.01", "--beta": "0.03"}
-    ),
-    "rm2k__u512": dict(rm=dict(problems=2048), updates=512, eval_every=64, lr=1e-4, flags={}),
-    "rm-l1__u512": dict(rm=dict(layers=1), updates=512, eval_every=64, lr=1e-4, flags={}),
-    "rm-e1__u512__lr2e-4": dict(rm=dict(epochs=1), updates=512, eval_every=64, lr=2e-4, flags={}),
-    "rm1k-e1__u512": dict(rm=dict(problems=1024, epochs=1), updates=512, eval_every=64, lr=1e-4, flags={}),
 }
-# a proxy must track the gold at the start to be over-optimised: one whose score correlates less than this with the gold
-# on held-out SFT samples is uninformative (gold can only wander), and its candidate is skipped (1,024 problems and one
-# epoch gave -0.07, against the sweep's proxy's 0.49)
-GATE_NAME = "staleness_paper/gate_search"  # the gate search's result folder; gate_search.md and .png beside it
-GATE_MIN_CORRELATION = 0.2
-GATE_SEEDS = (1, 2, 3)
 
 
 def gate_rm(args: Args, prep, rm_spec: dict):
@@ -655,8 +568,6 @@ def gate_rm(args: Args, prep, rm_spec: dict):
             work / "sft",
             folder,
             log,
-            problems=rm_spec.get("problems"),
-            layers=rm_spec.get("layers"),
         )
         stats_file.write_text(json.dumps(dict(spec=rm_spec, **stats), indent=1))
         log(json.dumps(stats))
@@ -664,7 +575,7 @@ def gate_rm(args: Args, prep, rm_spec: dict):
 
 
 def gate_miniature(args: Args, prep, name: str, algo: str):
-    """A run of `algo` on gate candidate `name`'s miniature (the gate search, --gate): the prep with its proxy's
+    """A run of `algo` on gate candidate `name`'s miniature (--gate, the sweeps): the prep with its proxy's
     missing-EOS penalty, and run_one's rm_dir, the one flag override the algorithm reads and the fields to record."""
     cand = GATE_CANDIDATES[name]
     rm_dir, rm_prep = gate_rm(args, prep, cand["rm"])
@@ -683,7 +594,7 @@ def gate_miniature(args: Args, prep, name: str, algo: str):
 
 def may_start(args: Args, path: Path, invocation_start: float, durations: list, new_runs: int) -> bool:
     """Whether this invocation may start the run of `path`: within --max-runs, and its longest run so far would still
-    end within --time-budget-hours (the sweep and the gate search share this rule)."""
+    end within --time-budget-hours (every sweep shares this rule)."""
     if args.max_runs is not None and new_runs >= args.max_runs:
         return False
     expected = max(durations) if durations else 0.0
@@ -691,164 +602,6 @@ def may_start(args: Args, path: Path, invocation_start: float, durations: list, 
         print(f"== time budget reached: not starting {path.stem}")
         return False
     return True
-
-
-def gate_search(args: Args, prep):
-    """Seed-major over the candidates (every candidate gets seed 1 of each algorithm before any gets seed 2), one
-    result file per run in results_dir/staleness_paper/gate_search/, finished runs skipped: rerun the same command to go on."""
-    import dataclasses
-
-    out = Path(args.results_dir) / GATE_NAME
-    out.mkdir(parents=True, exist_ok=True)
-    names = args.gate_candidates or list(GATE_CANDIDATES)
-    invocation_start, durations, new_runs = time.time(), [], 0
-    for seed in args.seeds if args.seeds != Args().seeds else GATE_SEEDS:
-        for name in names:
-            cand = GATE_CANDIDATES[name]
-            run_args = dataclasses.replace(args, num_updates=cand["updates"], eval_every_updates=cand["eval_every"])
-            for algo in args.algorithms:
-                path = out / f"{name}__{algo}__seed{seed}.json"
-                if path.exists() and not args.force:
-                    continue
-                if not may_start(args, path, invocation_start, durations, new_runs):
-                    return
-                claimed = common.claim(Path(args.work_dir), f"gate__{path.stem}")
-                if claimed is None:
-                    continue
-                try:
-                    rm_prep, miniature = gate_miniature(args, prep, name, algo)
-                    if rm_prep["rm_gold_correlation"] < GATE_MIN_CORRELATION:
-                        (out / f"{name}__skipped.json").write_text(
-                            json.dumps(
-                                dict(
-                                    gate_candidate=name,
-                                    gate_spec=cand,
-                                    reason="proxy uninformative",
-                                    rm_stats=miniature["extra"]["rm_stats"],
-                                ),
-                                indent=1,
-                            )
-                        )
-                        print(
-                            f"== {name}: proxy uninformative (gold correlation {rm_prep['rm_gold_correlation']:.2f} "
-                            f"< {GATE_MIN_CORRELATION}), skipped",
-                            flush=True,
-                        )
-                        break
-                    durations.append(run_one(run_args, rm_prep, algo, "sync-1", cand["lr"], seed, path, **miniature))
-                    new_runs += 1
-                finally:
-                    claimed.unlink(missing_ok=True)
-                gate_report(Path(args.results_dir))
-
-
-def gate_report(results_dir: Path):
-    """gate_search.md and gate_search.png (beside its folder) from the gate search's result files: per candidate and algorithm, the
-    seeds' mean proxy and gold along the run and the over-optimisation verdict (over_optimisation)."""
-    found = defaultdict(list)
-    for path in sorted((results_dir / GATE_NAME).glob("*__seed*.json")):
-        r = json.loads(path.read_text())
-        found[(r["gate_candidate"], r["algorithm"])].append(r)
-    if not found and not list((results_dir / GATE_NAME).glob("*__skipped.json")):
-        return []
-    ci = lambda mc: f"{mc[0]:+.3f} ± {mc[1]:.3f}" if not math.isnan(mc[1]) else f"{mc[0]:+.3f}"
-    lines = [
-        "Gate search (issue 41): sync-1 runs of recalibrated miniatures, looking for over-optimisation: the proxy "
-        "still rising while the gold has peaked and fallen by more than its 95% CI over seeds.",
-        "Produced by `python benchmark/staleness_paper.py --gate-search` (candidates: GATE_CANDIDATES in "
-        "benchmark/staleness_paper.py; rerun to go on). Gold fall = gold at the evaluation where the seeds' mean "
-        "gold peaks minus the final gold, paired by seed; proxy rise = the proxy's change over the same stretch.",
-        "",
-        "| candidate | algorithm | seeds | RM pairs (test acc., gold corr.) | proxy along the run | "
-        "gold along the run | final KL | gold peak (update) | gold fall after it | proxy rise after it | "
-        "over-optimised |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    order = {name: i for i, name in enumerate(GATE_CANDIDATES)}
-    for (name, algo), rs in sorted(
-        found.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][0], list(ALGORITHMS).index(kv[0][1]))
-    ):
-        curves = [r["curve"] for r in rs]
-        if len({len(c) for c in curves}) > 1:
-            continue
-        o, stats = over_optimisation(rs), rs[0].get("rm_stats", {})
-        mean = lambda key: " ".join(
-            f"{sum(c[i][key] for c in curves) / len(curves):.3f}" for i in range(len(curves[0]))
-        )
-        lines.append(
-            f"| {name} | {algo} | {len(rs)} | {stats.get('rm_pairs', 0):,} "
-            f"({stats.get('rm_test_pair_accuracy', 0):.2f}, {stats.get('rm_gold_correlation', 0):.2f}) | "
-            f"{mean('proxy')} | {mean('gold')} | {sum(c[-1]['kl'] for c in curves) / len(curves):.2f} | "
-            f"{o['peak_gold']:.3f} ({o['peak_update']}) | {ci(o['gold_fall'])} | {ci(o['proxy_rise'])} | "
-            f"{o['verdict']} |"
-        )
-    # per run, ordered by the KL it ends at: whether over-optimisation is a trend of the candidate or an event of a seed
-    runs = sorted((r for rs in found.values() for r in rs), key=lambda r: r["curve"][-1]["kl"])
-    if runs:
-        lines += [
-            "",
-            "Per run, by final KL: the fall of its gold from its own peak to the end, and its proxy's rise "
-            "over the same stretch.",
-            "",
-            "| candidate | algorithm | seed | final KL | gold peak (update) | gold fall after it | "
-            "proxy rise after it |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for r in runs:
-            c = r["curve"]
-            peak = max(range(len(c)), key=lambda i: c[i]["gold"])
-            lines.append(
-                f"| {r['gate_candidate']} | {r['algorithm']} | {r['seed']} | {c[-1]['kl']:.1f} | "
-                f"{c[peak]['gold']:.3f} ({c[peak]['updates']}) | {c[peak]['gold'] - c[-1]['gold']:+.3f} | "
-                f"{c[-1]['proxy'] - c[peak]['proxy']:+.2f} |"
-            )
-    for path in sorted((results_dir / GATE_NAME).glob("*__skipped.json")):
-        r = json.loads(path.read_text())
-        lines.append(
-            f"\nSkipped {r['gate_candidate']}: {r['reason']} (its proxy's gold correlation on held-out SFT "
-            f"samples {r['rm_stats']['rm_gold_correlation']:.2f}, held-out pair accuracy "
-            f"{r['rm_stats']['rm_test_pair_accuracy']:.2f}; at least {GATE_MIN_CORRELATION} is needed)."
-        )
-    (results_dir / f"{GATE_NAME}.md").write_text("\n".join(lines) + "\n")
-    gate_plot(found, results_dir)
-    return lines
-
-
-def gate_plot(found, results_dir: Path):
-    """gate_search.png: per candidate (rows) and algorithm, the seeds' mean proxy (blue) and gold (red) against
-    optimizer updates and against KL(pi || pi_sft)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [n for n in GATE_CANDIDATES if any(k[0] == n for k in found)]
-    algos = [a for a in ALGORITHMS if any(k[1] == a for k in found)]
-    if not names:
-        return
-    fig, axes = plt.subplots(
-        len(names), 2 * len(algos), figsize=(3.6 * 2 * len(algos), 2.8 * len(names)), squeeze=False
-    )
-    for row, name in zip(axes, names):
-        for col, algo in enumerate(algos):
-            rs = found.get((name, algo))
-            for ax, x_key in zip(row[2 * col : 2 * col + 2], ("updates", "kl")):
-                if not rs or len({len(r["curve"]) for r in rs}) > 1:
-                    ax.set_axis_off()
-                    continue
-                curve = mean_curve(rs)
-                x = [p[x_key] for p in curve]
-                ax.plot(x, [p["proxy"] for p in curve], "o-", color="tab:blue", markersize=3)
-                ax.set_ylabel("proxy", color="tab:blue", fontsize=8)
-                twin = ax.twinx()
-                twin.plot(x, [p["gold"] for p in curve], "s-", color="tab:red", markersize=3)
-                twin.set_ylabel("gold", color="tab:red", fontsize=8)
-                ax.set_xlabel("optimizer updates" if x_key == "updates" else "KL(pi || pi_sft)", fontsize=8)
-                ax.set_title(f"{name}: {algo} ({len(rs)} seeds)", fontsize=8)
-                ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(results_dir / f"{GATE_NAME}.png", dpi=90)
-    plt.close(fig)
 
 
 # REPORT: rebuilt from the result files alone
@@ -990,14 +743,10 @@ def excursions(runs, algo, floor):
     }
 
 
-def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128):
-    """<name>.md and its plots (name, N and learning rate: sweep_of(candidate, width)), from the result files alone."""
-    name, _, learning_rate = sweep_of(candidate, width)
-    invocation = (
-        "--report-only"
-        + (f" --gate {candidate}" if candidate else "")
-        + (f" --policy-width {width}" if width != 128 else "")
-    )
+def report(results_dir: Path, candidate: Optional[str] = None):
+    """<name>.md and its plots (name, N and learning rate: sweep_of(candidate)), from the result files alone."""
+    name, _, learning_rate = sweep_of(candidate)
+    invocation = "--report-only" + (f" --gate {candidate}" if candidate else "")
     runs, gate = load_results(results_dir, name, learning_rate)
     prep_path = results_dir / name / "prep.json"
     prep = json.loads(prep_path.read_text()) if prep_path.exists() else None
@@ -1265,8 +1014,9 @@ def report(results_dir: Path, candidate: Optional[str] = None, width: int = 128)
 
 # PILOT (issue 54, item 2): can this miniature show a cost of staleness at all? The gate's sync-1 runs lose gold from
 # update 0, so a stale run that moves less lands higher there; the two-epoch proxy at the paper's anchors (--kl-coef
-# 0.05, DPO --beta 0.1) gave every algorithm a gain, but the first sweep stopped at N = 32. The pilot asks for N = 128.
-PILOT_NAME = "staleness_pilot"
+# 0.05, DPO --beta 0.1) gave every algorithm a gain, but the first sweep stopped at N = 32. The pilot asked for
+# N = 128; its runs and report are in git's history. Its rule stays: the pre-registered sweep applies it again on its
+# own prep (staleness_sweep.PREP_PILOT_RULE, whose report names PILOT_RULE here).
 PILOT_GATE = "rm-full__u512"  # the prep's own (two-epoch) proxy, 512 updates, the algorithms' default anchors
 PILOT_SYNC_N = (1, 128)  # sync-128: 4 generation rounds of 128 updates, 127 of every 128 updates off-policy
 PILOT_SEEDS = (1, 2, 3)
@@ -1370,188 +1120,6 @@ def pilot_table(found):
     return lines
 
 
-def pilot_report(results_dir: Path):
-    """staleness_pilot.md and staleness_pilot.png from the pilot's result files, judged by PILOT_RULE."""
-    runs, _ = load_results(results_dir, PILOT_NAME, GATE_CANDIDATES[PILOT_GATE]["lr"])
-    stale = f"sync-{PILOT_SYNC_N[-1]}"
-    lines = [
-        "Issue 54's pilot: can the miniature of `benchmark/staleness_paper.py` show a cost of staleness at all? Gate "
-        f"candidate `{PILOT_GATE}` ({GATE_CANDIDATES[PILOT_GATE]}): the prep's two-epoch proxy, the algorithms' "
-        "default anchors (RLOO and PPO `--kl-coef 0.05`, DPO `--beta 0.1`), 512 updates of 16 prompts, sync-1 "
-        f"against {stale}, seeds {', '.join(map(str, PILOT_SEEDS))}.",
-        "Produced by `python benchmark/staleness_paper.py --pilot --report-only` from the result files in "
-        f"`{PILOT_NAME}/`; every ± is a 95% CI over seeds (Student's t).",
-        "",
-        PILOT_RULE,
-        "",
-    ]
-    found = pilot_verdicts(runs)
-    counts = {key: len(rs) for key, rs in runs.items()}
-    lines.append("Runs so far: " + (", ".join(f"{a} {s} {n}" for (a, s), n in sorted(counts.items())) or "none"))
-    if found:
-        lines += ["", *pilot_table(found), "", pilot_decision(found)[1]]
-    lines += pilot_reproduction(runs, results_dir / GATE_NAME)
-    (results_dir / f"{PILOT_NAME}.md").write_text("\n".join(lines) + "\n")
-    if found:
-        pilot_plot(runs, results_dir)
-    return lines
-
-
-def pilot_reproduction(runs, gate_dir: Path):
-    """The pilot's sync-1 runs against the gate search's runs of the same miniature and seed (made on another machine
-    of this kind from an independently built prep): the largest win-rate difference along the curves."""
-    pairs = []
-    for algo in ALGORITHMS:
-        for r in runs.get((algo, "sync-1"), []):
-            old = gate_dir / f"{PILOT_GATE}__{algo}__seed{r['seed']}.json"
-            if old.exists():
-                curve = json.loads(old.read_text())["curve"]
-                gap = max(abs(a["win_rate"] - b["win_rate"]) for a, b in zip(curve, r["curve"]))
-                pairs.append((algo, r["seed"], gap))
-    if not pairs:
-        return []
-    return [
-        "",
-        "sync-1 against the gate search's runs of the same miniature and seed (`staleness_paper/gate_search/`, another "
-        "machine, its own prep): largest win-rate difference along the curve "
-        + ", ".join(f"{a} seed {s} {d:.4f}" for a, s, d in pairs)
-        + ".",
-    ]
-
-
-def pilot_plot(runs, results_dir: Path):
-    """staleness_pilot.png: per algorithm, gold win-rate against KL (the paper's Fig. 4 view: sync-1's curve through
-    its evaluations, each stale run's points) and against updates."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    algos = [a for a in ALGORITHMS if runs.get((a, "sync-1"))]
-    fig, axes = plt.subplots(2, len(algos), figsize=(4.2 * len(algos), 6.4), squeeze=False)
-    for col, algo in enumerate(algos):
-        for n, color in zip(PILOT_SYNC_N, ("k", "tab:red")):
-            for r in runs.get((algo, f"sync-{n}"), []):
-                curve = r["curve"]
-                label = f"sync-{n}" if r is runs[(algo, f"sync-{n}")][0] else None
-                style = dict(color=color, marker="o", markersize=3, alpha=0.8, label=label)
-                axes[0][col].plot([p["kl"] for p in curve], [p["win_rate"] for p in curve], **style)
-                axes[1][col].plot([p["updates"] for p in curve], [p["win_rate"] for p in curve], **style)
-        axes[0][col].set_title(f"{algo}: each seed", fontsize=9)
-        axes[0][col].set_xlabel("KL(pi || pi_sft)")
-        axes[1][col].set_xlabel("optimizer updates")
-        for ax in axes[:, col]:
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("gold win-rate vs SFT")
-    fig.tight_layout()
-    fig.savefig(results_dir / f"{PILOT_NAME}.png", dpi=110)
-    plt.close(fig)
-
-
-# SCALE AXIS (issue 41, item 5): the paper's "robustness grows with the policy's size", as the drop at N = 16 by width
-def scale_widths(results_dir: Path, gate: str):
-    """{width: (its runs as load_results gives them, its prep or None)} for every width of `gate` with results: the
-    gate's own sweep is the prep's width, 128."""
-    found = {}
-    gate_dir = results_dir / sweep_of(gate)[0]
-    widths = [128] if gate_dir.is_dir() else []  # the gate's own sweep, at the prep's width
-    widths += [int(f.name[1:]) for f in gate_dir.glob("w*") if f.is_dir() and f.name[1:].isdigit()]
-    for width in widths:
-        name = sweep_of(gate, width)[0]
-        prep = results_dir / name / "prep.json"
-        found[width] = (
-            load_results(results_dir, name, GATE_CANDIDATES[gate]["lr"])[0],
-            json.loads(prep.read_text()) if prep.exists() else None,
-        )
-    return dict(sorted(found.items()))
-
-
-def scale_report(results_dir: Path, gate: str):
-    """staleness_paper/<gate>/scale.md: per algorithm of SCALE_ALGORITHMS and width, the final win-rate drop of each
-    sync-N below sync-1 (paired by seed; Holm over every drop of the table), then per algorithm the question itself:
-    is the drop at the largest N smaller at the largest width than at the smallest (Welch; Holm over the
-    algorithms)? Returns the lines written."""
-    widths = scale_widths(results_dir, gate)
-    largest_n = f"sync-{SCALE_SYNC_N[-1]}"
-    ci = lambda mc: f"{mc[0]:+.3f} ± {mc[1]:.3f}" if not math.isnan(mc[1]) else f"{mc[0]:+.3f}"
-    pv = lambda p: "–" if math.isnan(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
-    rows, tests = [], []
-    for algo in SCALE_ALGORITHMS:
-        for width, (runs, prep) in widths.items():
-            drops = final_drops(runs, algo)
-            if not runs.get((algo, "sync-1")):
-                continue
-            finals = [r["curve"][-1]["win_rate"] for r in runs[(algo, "sync-1")]]
-            cells = []
-            for setting in [f"sync-{n}" for n in SCALE_SYNC_N[1:]]:
-                values = list(drops.get(setting, {}).values())
-                if values:
-                    tests.append(one_sample_t(values)[1])
-                    cells.append((values, len(tests) - 1))
-                else:
-                    cells.append(None)
-            rows.append((algo, width, prep, finals, cells))
-    adjusted = holm(tests)
-    cell = lambda c: "–" if c is None else (f"**{ci(mean_ci(c[0]))}**" if adjusted[c[1]] < 0.05 else ci(mean_ci(c[0])))
-    lines = [
-        f"Issue 41's scale axis on the gate `{gate}`: the paper says robustness to off-policy data grows with the "
-        f"policy's size. Each width is its own SFT policy (same data, tokenizer, stopping rule and target "
-        f"accuracy), trained against the gate's proxy and judged against its own SFT samples. Per algorithm and "
-        f"width: the final gold win-rate drop of sync-N below sync-1 (positive = staleness costs), paired by "
-        f"seed, "
-        f"mean ± 95% CI; **bold** = separated from 0 (two-sided t-test, Holm over the {len(tests)} drops of the "
-        f"table). Produced by `python benchmark/staleness_paper.py --report-only --gate {gate}` (any "
-        f"--policy-width) from the result files.",
-        "",
-        "| algorithm | width | parameters | seeds | final win-rate, sync-1 | "
-        + " | ".join(f"drop, sync-{n}" for n in SCALE_SYNC_N[1:])
-        + " |",
-        "|---|---|---|---|---|" + "---|" * (len(SCALE_SYNC_N) - 1),
-    ]
-    for algo, width, prep, finals, cells in rows:
-        params = f"{prep['policy_parameters'] / 1e6:.2f}M" if prep and "policy_parameters" in prep else "?"
-        lines.append(
-            f"| {algo} | {width} | {params} | {len(finals)} | {mean_ci(finals)[0]:.3f} ± "
-            f"{mean_ci(finals)[1]:.3f} | " + " | ".join(cell(c) for c in cells) + " |"
-        )
-    trend, trend_p = [], []
-    for algo in SCALE_ALGORITHMS:
-        at = {w: list(final_drops(runs, algo).get(largest_n, {}).values()) for w, (runs, _) in widths.items()}
-        at = {w: v for w, v in at.items() if len(v) >= len(SCALE_SEEDS)}  # no verdict on fewer seeds than planned
-        if len(at) >= 2:
-            small, large = min(at), max(at)
-            trend.append((algo, small, large, at[small], at[large]))
-            trend_p.append(welch(at[small], at[large])[2])
-    lines += [
-        "",
-        f"Does the drop at {largest_n} shrink with width? The smallest width's drops against the largest's "
-        f"(Welch's t, two-sided; Holm over the {len(SCALE_ALGORITHMS)} algorithms planned, an untested one "
-        f"counting as p = 1), among the widths with at least "
-        f"{len(SCALE_SEEDS)} seeds of it:",
-        "",
-    ]
-    planned = holm(trend_p + [1.0] * (len(SCALE_ALGORITHMS) - len(trend_p)))  # the family is fixed in advance
-    for (algo, small, large, a, b), p, q in zip(trend, trend_p, planned):
-        shrinks = sum(a) / len(a) - sum(b) / len(b)
-        verdict = ("shrinks" if shrinks > 0 else "grows") + " (separated)" if q < 0.05 else "not separated"
-        lines.append(
-            f"- {algo}: width {small} {ci(mean_ci(a))}, width {large} {ci(mean_ci(b))}; difference "
-            f"{shrinks:+.3f}, p = {pv(p)}, Holm p = {pv(q)}: {verdict}"
-        )
-    if not trend:
-        lines.append(f"- no algorithm has {len(SCALE_SEEDS)} seeds of {largest_n} at two widths yet")
-    lines += [
-        "",
-        "Widths whose sync-1 runs sit in different regimes (each width's gate table: one loses gold from update 0, "
-        "another stays flat, another collapses) do not test the size claim: it stays **not tested** until they share "
-        "one, whatever the tests above say.",
-    ]
-    (results_dir / sweep_of(gate)[0] / "scale.md").write_text("\n".join(lines) + "\n")
-    return lines
-
-
 def algorithm_comparison(what, per_seed, ci, pv, caveat: Optional[str] = None):
     """The algorithms in order of a per-seed mean over RANKED, Welch's t between each pair with Holm over the pairs,
     and the ranking those tests support: only the separated pairs (issue 41: a ranking only where Holm separates);
@@ -1646,10 +1214,6 @@ def welch(a, b):
     t = (sum(a) / len(a) - sum(b) / len(b)) / math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     return t, df, t_test_p(t, df)
-
-
-def welch_t(a, b):
-    return welch(a, b)[0]
 
 
 def holm(pvalues):
@@ -1834,22 +1398,6 @@ def gate_settings(args: Args):
     )
 
 
-def scale_settings(args: Args):
-    """--policy-width other than 128: the scale axis's algorithms, N and seeds (only fields left at their defaults)."""
-    if args.policy_width != 128:
-        replace_defaults(args, algorithms=list(SCALE_ALGORITHMS), seeds=list(SCALE_SEEDS))
-        if args.settings is None:
-            args.settings = [f"sync-{n}" for n in SCALE_SYNC_N]
-
-
-def pilot_settings(args: Args):
-    """--pilot: the pilot's miniature, settings and seeds (only fields left at their defaults change)."""
-    args.gate = PILOT_GATE
-    if args.settings is None:
-        args.settings = [f"sync-{n}" for n in PILOT_SYNC_N]
-    replace_defaults(args, seeds=list(PILOT_SEEDS))
-
-
 def replace_defaults(args: Args, **values):
     """Set the fields still at their defaults to these values: a flag given on the command line wins."""
     defaults = Args()
@@ -1863,19 +1411,7 @@ def check(args: Args):
     unknown = [a for a in args.algorithms if a not in ALGORITHMS]
     if unknown:
         sys.exit(f"error: unknown --algorithms {unknown}; known: {list(ALGORITHMS)} (GRPO: benchmark/staleness.py)")
-    if args.gate and args.gate_search:
-        sys.exit("error: --gate runs the sweep on a chosen candidate, --gate-search looks for one: pass one of them")
-    if args.policy_width != 128 and (not args.gate or args.policy_width < 64 or args.policy_width % 64):
-        sys.exit(
-            f"error: --policy-width {args.policy_width}: a multiple of 64 (heads of 64), with --gate (the scale "
-            f"axis runs on a gate's proxy)"
-        )
-    if args.pilot and (args.gate_search or args.policy_width != 128 or args.gate not in (None, PILOT_GATE)):
-        sys.exit(
-            f"error: --pilot runs gate {PILOT_GATE} at width 128: pass it without --gate-search, "
-            "--policy-width or another --gate"
-        )
-    known = {s for a in ALGORITHMS for s in settings_of(a, GATE_SYNC_N + PILOT_SYNC_N[1:])}  # holds QUICK_SETTINGS
+    known = {s for a in ALGORITHMS for s in settings_of(a, GATE_SYNC_N)}  # holds QUICK_SETTINGS
     if args.settings is not None and [s for s in args.settings if s not in known]:
         sys.exit(f"error: unknown --settings {[s for s in args.settings if s not in known]}; known: {sorted(known)}")
     if args.rm_samples < 2 or args.rm_samples % 2:
@@ -1907,27 +1443,17 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     if args.quick:
         quick_settings(args)
-    if args.pilot:
-        pilot_settings(args)
     if args.gate is not None:
         gate_settings(args)
-    scale_settings(args)
     check(args)
     results_dir = Path(args.results_dir)
-    sweep_name, sync_n, _ = sweep_of(args.gate, args.policy_width)
-    sweep_name, sync_n = (PILOT_NAME, PILOT_SYNC_N) if args.pilot else (sweep_name, sync_n)
+    sweep_name, sync_n, _ = sweep_of(args.gate)
     (results_dir / sweep_name).mkdir(parents=True, exist_ok=True)
-    if args.gate_search:
-        if not args.report_only:
-            gate_search(args, prepare(args))
-        print("\n".join(gate_report(results_dir)))
-        sys.exit(0)
     if not args.report_only:
         invocation_start, durations, new_runs = time.time(), [], 0
         prep = prepare(args)
-        if args.gate:  # the prep of the candidate's proxy: its stats and missing-EOS penalty (and a width's SFT)
-            rm_dir, prep = gate_rm(args, prep, GATE_CANDIDATES[args.gate]["rm"])
-            prep = scale_prep(args, prep, rm_dir) if args.policy_width != 128 else prep
+        if args.gate:  # the prep of the candidate's proxy: its stats and missing-EOS penalty
+            prep = gate_rm(args, prep, GATE_CANDIDATES[args.gate]["rm"])[1]
         (results_dir / sweep_name / "prep.json").write_text(json.dumps(prep, indent=1))
         # seed-major: a partial sweep has one complete seed of every setting before it starts the next seed
         todo = [
@@ -1957,9 +1483,4 @@ if __name__ == "__main__":
                 new_runs += 1
             finally:
                 claimed.unlink(missing_ok=True)
-    if args.pilot:
-        print("\n".join(pilot_report(results_dir)))
-        sys.exit(0)
-    print("\n".join(report(results_dir, args.gate, args.policy_width)))
-    if args.gate and len(scale_widths(results_dir, args.gate)) > 1:
-        print("\n".join(scale_report(results_dir, args.gate)))
+    print("\n".join(report(results_dir, args.gate)))

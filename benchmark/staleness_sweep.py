@@ -1,6 +1,6 @@
 """Issue 54's pre-registered staleness sweep: how much of sync-1's gain each algorithm keeps as N grows, on the
-miniature where sync-1's gold rises (the pilot's: benchmark/staleness_paper.py --pilot), judged by SWEEP_RULE, which
-was committed with this file and written into the report's header before the first run.
+miniature where sync-1's gold rises (the pilot's, staleness_paper.PILOT_GATE), judged by SWEEP_RULE, which was
+committed with this file and written into the report's header before the first run.
 
     python benchmark/staleness_sweep.py --time-budget-hours 2   # resumable: rerun to go on
     python benchmark/staleness_sweep.py --report-only           # rebuild staleness_sweep.md / .png
@@ -322,7 +322,7 @@ def report(results_dir: Path):
     )
     pv = lambda p: "–" if math.isnan(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
     power = ", ".join(f"{detectable(sd, len(SWEEP_SEEDS)):.3f} at SD {sd}" for sd in (0.010, 0.013))
-    lines = [
+    lines = [  # the header as the sweep was judged: the pilot's report it names is in git's history
         "Issue 54's staleness sweep: how much of sync-1's gain each algorithm keeps as the off-policyness N grows, on "
         "the miniature where sync-1's gold rises (the pilot's, benchmark/results/staleness_pilot.md).",
         f"Produced by `python benchmark/staleness_sweep.py --report-only` from the result files in `{SWEEP_NAME}/`; "

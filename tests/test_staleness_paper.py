@@ -131,38 +131,6 @@ def test_gate_sweep_quick_mode_runs_on_the_candidates_miniature(tmp_path, quick_
     assert again.returncode == 0, again.stderr[-4000:]
     assert report.read_text() == table
 
-    # the scale axis (--policy-width): a wider SFT policy of its own, trained once, optimising the same proxy and
-    # judged against its own SFT samples, in a folder of its own; the drops by width go to the __scale report
-    proc, _ = run_script(
-        "benchmark/staleness_paper.py",
-        tmp_path,
-        "--quick",
-        "--gate",
-        name,
-        "--policy-width",
-        "256",
-        "--algorithms",
-        "rloo",
-        "--settings",
-        "sync-1",
-        "--results-dir",
-        str(results),
-        "--work-dir",
-        str(work),
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    (run,) = [json.loads(p.read_text()) for p in (results / "staleness_paper" / name / "w256").glob("*__seed*.json")]
-    flag = lambda f: run["command"][run["command"].index(f) + 1]
-    assert flag("--model-name-or-path") == str(work / "sft_w256")
-    assert flag("--reward-model-path") == str(work / "gate_rm" / "epochs1")
-    assert json.loads((work / "sft_w256" / "config.json").read_text())["hidden_size"] == 256
-    stats = json.loads((work / "sft_w256.json").read_text())
-    assert stats["policy_width"] == 256 and stats["policy_parameters"] > 2 * prep["policy_parameters"]
-    assert (work / "sft_w256_reference.json").exists() and run["curve"][0]["kl"] == 0.0
-    assert sorted(p.name for p in folder.glob("*__seed*.json")) == names  # the prep's width is not touched
-    assert (results / "staleness_paper" / name / "scale.md").exists()
-
 
 @pytest.mark.parametrize(
     "flags,message",
@@ -438,111 +406,21 @@ def test_reward_model_is_read_where_the_scripts_read_it():
     assert proxy[2] == -5.0 and proxy[:2] == pytest.approx(expected[:2].tolist())
 
 
-def test_gate_search_report_scores_each_candidate_by_its_over_optimisation(tmp_path):
-    """The gate search's report: per candidate and algorithm, the same verdict as the gate table (gold peaked and
-    fallen by more than its CI while the proxy rises), from the result files alone."""
-    paper = load_script("benchmark/staleness_paper.py")
-    (tmp_path / "staleness_paper" / "gate_search").mkdir(parents=True)
-    name = next(iter(paper.GATE_CANDIDATES))
-    for seed, noise in zip((1, 2, 3), (0.0, 0.003, -0.003)):
-        for algo, gold in (("dpo", [0.60, 0.63, 0.66, 0.63, 0.60 + noise]), ("ppo", [0.60, 0.61, 0.62, 0.63, 0.64])):
-            curve = [dict(updates=64 * i, kl=i / 2, win_rate=0.5, gold=g, proxy=0.1 * i) for i, g in enumerate(gold)]
-            (tmp_path / "staleness_paper" / "gate_search" / f"{name}__{algo}__seed{seed}.json").write_text(
-                json.dumps(
-                    dict(
-                        algorithm=algo,
-                        setting="sync-1",
-                        learning_rate=1e-4,
-                        seed=seed,
-                        gate_candidate=name,
-                        curve=curve,
-                        rm_stats=dict(rm_pairs=1234, rm_test_pair_accuracy=0.8, rm_gold_correlation=0.4),
-                    )
-                )
-            )
-    paper.gate_report(tmp_path)
-    table = (tmp_path / "staleness_paper" / "gate_search.md").read_text()
-    assert f"| {name} | dpo | 3 | 1,234 (0.80, 0.40) |" in table
-    dpo = next(line for line in table.splitlines() if line.startswith(f"| {name} | dpo |"))
-    ppo = next(line for line in table.splitlines() if line.startswith(f"| {name} | ppo |"))
-    assert dpo.endswith("| 0.660 (128) | +0.060 ± 0.007 | +0.200 ± 0.000 | yes |")
-    assert ppo.endswith("| no |")
-    assert (tmp_path / "staleness_paper" / "gate_search.png").stat().st_size > 1000
-
-
-def test_scale_report_drops_by_width_and_whether_the_largest_n_shrinks_with_size(tmp_path):
-    """Issue 41's scale axis: each width's sync-N drops below its own sync-1 (paired by seed), and the drop at N = 16
-    of the smallest width against the largest's. DPO: 0.055 at width 128, 0.000 at 512: it shrinks, separated after
-    Holm over the two algorithms. PPO: noise around +0.01 at both: not separated."""
-    paper = load_script("benchmark/staleness_paper.py")
-    gate = "rm-e1__u512__kl0.01"
-    lr = paper.GATE_CANDIDATES[gate]["lr"]
-    rise = [0.5 + 0.0125 * i for i in range(9)]
-    drops = {
-        ("dpo", 128): [0.05, 0.06, 0.055],
-        ("dpo", 512): [0.0, 0.005, -0.005],
-        ("ppo", 128): [0.02, -0.01, 0.03],
-        ("ppo", 512): [0.01, 0.03, -0.02],
-    }
-    for (algo, width), values in drops.items():
-        folder = tmp_path / "staleness_paper" / gate / (f"w{width}" if width != 128 else "")
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "prep.json").write_text(json.dumps(dict(policy_parameters=4e5 if width == 128 else 5.5e6)))
-        for seed, drop in enumerate(values, 1):
-            for setting, d in (("sync-1", 0.0), ("sync-4", drop / 2), ("sync-16", drop)):
-                curve = [
-                    dict(updates=64 * i, kl=i / 4, win_rate=w, gold=0.6, proxy=0.0)
-                    for i, w in enumerate(rise[:-1] + [rise[-1] - d])
-                ]
-                (folder / f"{algo}__{setting}__lr{lr:g}__seed{seed}.json").write_text(
-                    json.dumps(dict(algorithm=algo, setting=setting, learning_rate=lr, seed=seed, curve=curve))
-                )
-    assert list(paper.scale_widths(tmp_path, gate)) == [128, 512]
-    lines = paper.scale_report(tmp_path, gate)
-    assert (tmp_path / "staleness_paper" / gate / "scale.md").read_text() == "\n".join(lines) + "\n"
-    row = lambda algo, width: next(line for line in lines if line.startswith(f"| {algo} | {width} |"))
-    assert row("dpo", 128).startswith("| dpo | 128 | 0.40M | 3 | 0.600 ± 0.000 |")
-    assert row("dpo", 128).endswith("| **+0.055 ± 0.012** |")  # sync-16's drop: separated from 0 after Holm over 8
-    assert row("dpo", 512).split(" | ")[-1].startswith("+0.000") and row("ppo", 512).split(" | ")[-1][0] != "*"
-    dpo = next(line for line in lines if line.startswith("- dpo:"))
-    ppo = next(line for line in lines if line.startswith("- ppo:"))
-    _, _, p_dpo = paper.welch(drops[("dpo", 128)], drops[("dpo", 512)])
-    _, _, p_ppo = paper.welch(drops[("ppo", 128)], drops[("ppo", 512)])
-    assert "difference +0.055" in dpo and dpo.endswith("shrinks (separated)") and 2 * min(p_dpo, p_ppo) < 0.05
-    assert ppo.endswith("not separated") and p_ppo > 0.05
-    # no verdict on fewer seeds than planned: with DPO's third seed of sync-16 at width 512 gone, only PPO is compared
-    (tmp_path / "staleness_paper" / gate / "w512" / f"dpo__sync-16__lr{lr:g}__seed3.json").unlink()
-    lines = paper.scale_report(tmp_path, gate)
-    assert not any(line.startswith("- dpo:") for line in lines) and any(line.startswith("- ppo:") for line in lines)
-    # the family is the planned one: DPO compared alone is still corrected for PPO's comparison to come
-    for setting in ("sync-1", "sync-4", "sync-16"):
-        for seed in (1, 2, 3):
-            (tmp_path / "staleness_paper" / gate / "w512" / f"ppo__{setting}__lr{lr:g}__seed{seed}.json").unlink()
-    write_seed3 = tmp_path / "staleness_paper" / gate / "w512" / f"dpo__sync-16__lr{lr:g}__seed3.json"
-    curve = [
-        dict(updates=64 * i, kl=i / 4, win_rate=w, gold=0.6, proxy=0.0)
-        for i, w in enumerate(rise[:-1] + [rise[-1] + 0.005])
-    ]
-    write_seed3.write_text(json.dumps(dict(algorithm="dpo", setting="sync-16", learning_rate=lr, seed=3, curve=curve)))
-    lines = paper.scale_report(tmp_path, gate)
-    dpo = next(line for line in lines if line.startswith("- dpo:"))
-    assert f"Holm p = {2 * p_dpo:.3f}" in dpo or (2 * p_dpo < 0.001 and "Holm p = <0.001" in dpo), dpo
-
-
 def write_pilot_run(folder, algo, setting, seed, win, kl):
     """A synthetic pilot result file: sync-1 evaluates every 64 updates, sync-128 once a round (128 updates)."""
     step = 128 if setting == "sync-128" else 64
     curve = [dict(updates=step * i, kl=kl[i], win_rate=win[i], gold=0.6, proxy=0.0) for i in range(len(win))]
-    (folder / "staleness_pilot").mkdir(exist_ok=True)
-    (folder / "staleness_pilot" / f"{algo}__{setting}__lr0.0001__seed{seed}.json").write_text(
+    (folder / "pilot").mkdir(exist_ok=True)
+    (folder / "pilot" / f"{algo}__{setting}__lr0.0001__seed{seed}.json").write_text(
         json.dumps(dict(algorithm=algo, setting=setting, learning_rate=1e-4, seed=seed, curve=curve))
     )
 
 
 def test_pilot_rule_finds_a_cost_only_where_sync_1_has_a_gain_to_lose(tmp_path):
-    """Issue 54's pilot on synthetic curves whose verdict is known: DPO's sync-128 lands where sync-1 does (no cost);
-    RLOO's loses 0.03 of its 0.1 gain on every seed (a cost: the sweep runs); PPO's sync-1 falls from the start (it
-    cannot answer), and one of its sync-128 runs escapes in KL. Without RLOO's drop, no sweep."""
+    """Issue 54's pilot rule (PILOT_RULE; the sweep applies it again on its own prep, PREP_PILOT_RULE) on synthetic
+    curves whose verdict is known: DPO's sync-128 lands where sync-1 does (no cost); RLOO's loses 0.03 of its 0.1 gain
+    on every seed (a cost: the sweep runs); PPO's sync-1 falls from the start (it cannot answer), and one of its
+    sync-128 runs escapes in KL. Without RLOO's drop, no sweep."""
     paper = load_script("benchmark/staleness_paper.py")
     rise = [0.5 + 0.0125 * i for i in range(9)]  # updates 0..512: final (384, 512) = 0.5 + 0.0125 * 7
     fall = [0.5 - 0.00625 * i for i in range(9)]
@@ -558,8 +436,8 @@ def test_pilot_rule_finds_a_cost_only_where_sync_1_has_a_gain_to_lose(tmp_path):
                 stale = [base[0], base[2], base[4], base[6] - drop, base[8] - drop]
                 escape = [0, 1, 2, 3, 9.0] if algo == "ppo" and seed == 2 else stale_kl
                 write_pilot_run(tmp_path, algo, "sync-128", seed, stale, escape)
-        lines = paper.pilot_report(tmp_path)
-        return paper.pilot_verdicts(paper.load_results(tmp_path, "staleness_pilot", 1e-4)[0]), "\n".join(lines)
+        found = paper.pilot_verdicts(paper.load_results(tmp_path, "pilot", 1e-4)[0])
+        return found, paper.pilot_decision(found)[1]
 
     found, text = pilot(rloo_drop=0.03)
     assert found["rloo"]["drops"] == pytest.approx([0.032, 0.028, 0.03])
@@ -568,16 +446,15 @@ def test_pilot_rule_finds_a_cost_only_where_sync_1_has_a_gain_to_lose(tmp_path):
     assert found["rloo"]["cost"] and found["rloo"]["can_answer"]
     assert not found["dpo"]["cost"] and found["dpo"]["can_answer"] and found["dpo"]["escapes"] == []
     assert found["ppo"]["escapes"] == [2] and found["ppo"]["cost"] and not found["ppo"]["can_answer"]
-    assert "Decision: **the sweep runs** (rloo shows a cost under the rule)." in text
-    assert (tmp_path / "staleness_pilot.md").read_text().startswith("Issue 54's pilot")
-    assert (tmp_path / "staleness_pilot.png").exists()
+    assert text == "Decision: **the sweep runs** (rloo shows a cost under the rule)."
 
     found, text = pilot(rloo_drop=0.0)
     assert not found["rloo"]["cost"] and found["ppo"]["cost"]  # PPO's cost does not count: it has no gain to lose
     assert "Decision: **no sweep**" in text
 
-    (tmp_path / "staleness_pilot" / "dpo__sync-128__lr0.0001__seed3.json").unlink()
-    assert "Decision: pending" in "\n".join(paper.pilot_report(tmp_path))
+    (tmp_path / "pilot" / "dpo__sync-128__lr0.0001__seed3.json").unlink()
+    found = paper.pilot_verdicts(paper.load_results(tmp_path, "pilot", 1e-4)[0])
+    assert paper.pilot_decision(found) == (None, "Decision: pending (the pilot is not complete).")
 
 
 def write_sweep(tmp_path, sweep):
