@@ -322,9 +322,9 @@ def report(results_dir: Path):
     )
     pv = lambda p: "–" if math.isnan(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
     power = ", ".join(f"{detectable(sd, len(SWEEP_SEEDS)):.3f} at SD {sd}" for sd in (0.010, 0.013))
-    lines = [  # the header as the sweep was judged: the pilot's report it names is in git's history
+    lines = [
         "Issue 54's staleness sweep: how much of sync-1's gain each algorithm keeps as the off-policyness N grows, on "
-        "the miniature where sync-1's gold rises (the pilot's, benchmark/results/staleness_pilot.md).",
+        "the miniature where sync-1's gold rises (the pilot's: docs/benchmarks.md, History).",
         f"Produced by `python benchmark/staleness_sweep.py --report-only` from the result files in `{SWEEP_NAME}/`; "
         "every ± is a 95% CI over seeds (Student's t).",
         "",
