@@ -323,19 +323,16 @@ class WeightCheck(NamedTuple):
 
     probe: list  # token ids: any fixed ones
     logprobs: torch.Tensor  # the learner's, at temperature 1
-    checksums: dict  # name: `bit_checksum` of a tensor
+    weights: dict  # name: the learner's tensor, which the engine's must equal in --engine-dtype
 
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
-    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
+    """What an engine with `model`'s weights (`state_dict`, if a copy of them) answers: the probe's logprobs at
+    temperature 1, and the weights themselves."""
     ids = torch.tensor([probe], device=args.learner_device)
-    dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
-    return WeightCheck(
-        probe,
-        token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu(),
-        {name: bit_checksum(t.detach(), dtype) for name, t in weights.items()},
-    )
+    logprobs = token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
+    return WeightCheck(probe, logprobs, model.state_dict() if state_dict is None else state_dict)
 
 
 # ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
@@ -495,7 +492,7 @@ def main():
         # learner goes on updating its own tensors) in host memory, as the engine's GPU has no room for K+1 of them
         if step + 1 + args.async_steps < args.num_learner_steps:
             weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.state_dict().items()}
-            weights_queue.put(PolicyVersion(step + 1, weights, weight_check(policy, probe, args)))
+            weights_queue.put(PolicyVersion(step + 1, weights, weight_check(policy, probe, args, weights)))
 
         # TRY NOT TO MODIFY: logging
         metrics = {
@@ -879,101 +876,53 @@ class GuardState(NamedTuple):
     engine_logprobs: torch.Tensor  # the engine's, at the last check
 
 
-def bit_checksum(tensor, dtype):
-    """(shape, elements, the sum of their bits in `dtype` as integers, and
-    that sum weighted by row, mod 2^64): a changed bit shows, in any row,
-    and so do rows in another order; the checksums of parts joined along
-    the rows combine (`fused_checksum`)."""
-    width = tensor.shape[-1] if tensor.dim() > 1 else 1
-    bits = tensor.reshape(-1, width).to(dtype)
-    bits = bits.view(torch.int16 if bits.element_size() == 2 else torch.int32)
-    # int32 bits are summed as int32 (no copy: 20x faster on a CPU), which
-    # wraps alike everywhere; int16 bits as int64: the sums are exact
-    rows = bits.sum(1, dtype=bits.dtype if width > 1 else torch.int64)
-    rows = rows.to(torch.int64)
-    at = torch.arange(1, len(rows) + 1, device=bits.device)
-    weighted = int((at * rows).sum()) % 2**64  # row i weighs i + 1
-    total = int(rows.sum()) % 2**64
-    return tuple(tensor.shape), tensor.numel(), total, weighted
-
-
-def fused_checksum(parts):
-    """The `bit_checksum` of tensors joined along their first dimension,
-    from theirs: a part's rows move by the rows before it (vLLM fuses
-    q_proj, k_proj and v_proj into one qkv_proj, as they are)."""
-    shape, count, total, weighted = parts[0]
-    for part_shape, part_count, part_total, part_weighted in parts[1:]:
-        rows = count // shape[-1] if len(shape) > 1 else count
-        shape = (shape[0] + part_shape[0], *shape[1:])
-        weighted = (weighted + part_weighted + rows * part_total) % 2**64
-        count += part_count
-        total = (total + part_total) % 2**64
-    return shape, count, total, weighted
-
-
-def engine_checksums(model, names, dtype):
-    """In an engine worker: the `bit_checksum` of each parameter its model
-    holds, in `dtype` (--engine-dtype) where it holds that dtype's values
-    exactly, and the learner's `names` that make up each, in order, as the
-    model class declares them (docs/async.md#weight-sync):
-    `hf_to_vllm_mapper.map_name` (a checkpoint's name to the model's:
-    q_proj to qkv_proj in vLLM's Llama, gpt_neox. to model. in its
-    Transformers backend) and `packed_modules_mapping` (a fused layer's
-    parts in their order)."""
-    # vLLM's CPU backend keeps the bias of a bfloat16 layer it repacks for
-    # oneDNN (AVX-512 CPUs) in float32: compared in bfloat16, as pushed; a
-    # value bfloat16 cannot hold is compared as it is, and differs
-    exact = lambda p: p.dtype == dtype or torch.equal(p.to(dtype).to(p.dtype), p)
-    held = {n: bit_checksum(p, dtype if exact(p) else p.dtype) for n, p in model.named_parameters()}
+def engine_mismatches(model, weights, dtype):
+    """In the engine's worker: the parameters of its model that differ from the learner's `weights` rounded to `dtype`
+    (--engine-dtype), the learner's names it compared, and those it serves. A parameter is the learner's tensors joined
+    along the rows, as the model class declares (docs/async.md#weight-sync): `hf_to_vllm_mapper.map_name` (a
+    checkpoint's name to the model's: q_proj to qkv_proj in vLLM's Llama, gpt_neox. to model. in its Transformers
+    backend) and `packed_modules_mapping` (a fused layer's parts in their order). One the engine shows in another
+    shape (vLLM's CPU backend empties the linear layers it repacks for oneDNN) is left to the probe; one it holds
+    wider (the float32 bias of such a bfloat16 layer) must hold the learner's value rounded to `dtype`."""
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     packed = getattr(model, "packed_modules_mapping", None) or {}
     parts = {}
-    for name in names:
-        target = mapper.map_name(name) if mapper else name
-        parts.setdefault(target, []).append(name)
+    for name in weights:
+        parts.setdefault(mapper.map_name(name) if mapper else name, []).append(name)
 
     def leaf(name):  # "q_proj" of "model.layers.0.self_attn.q_proj.weight"
         return (name or "").split(".")[-2:][0]
 
-    for target, names in parts.items():
+    differ, compared, served = [], [], []
+    for target, held in model.named_parameters():
         order = packed.get(leaf(target), [])
-        names.sort(key=lambda n: order.index(leaf(n)) if leaf(n) in order else 0)
-    return held, parts
+        names = sorted(parts.get(target, []), key=lambda n: order.index(leaf(n)) if leaf(n) in order else 0)
+        served += names
+        learner = torch.cat([weights[n] for n in names]) if len(names) > 1 else weights[names[0]] if names else None
+        if learner is not None and learner.shape == held.shape:
+            compared += names
+            if not torch.equal(held, learner.to(dtype).to(held.device, held.dtype)):
+                differ.append(target)
+    return differ, compared, served
 
 
 def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
     """The guard (docs/async.md#weight-sync): the engine holds the learner's weights bit for bit where it shows them,
     answers the probe as the learner does, and anew once the learner's answer has moved since the engine's answer
     last changed (`previous`)."""
-    probe, learner, checksums = expected.probe, expected.logprobs, expected.checksums
+    probe, learner = expected.probe, expected.logprobs
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)  # greedy: no draw
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
-    # the first worker's model (`collective_rpc` carries the function
-    # there); vLLM's CPU backend shows its linear layers empty where it
-    # repacks them for oneDNN (in bfloat16: on AVX-512 CPUs only), a
-    # tensor-parallel engine its shards: the probe covers what they hide
-    names = list(checksums)
-    rpc = lambda w: engine_checksums(w.get_model(), names, getattr(torch, args.engine_dtype))
-    held, parts = llm.collective_rpc(rpc)[0]
-    held = {t: (tuple(c[0]), *c[1:]) for t, c in held.items()}  # an engine process answers lists (msgpack)
-    mine = {}
-    for target, part_names in parts.items():
-        if target in held:
-            mine[target] = fused_checksum([checksums[n] for n in part_names])
-    # the same shape: the engine shows this tensor
-    compared = [t for t, c in mine.items() if c[0] == held[t][0]]
-    differ = [t for t in compared if mine[t] != held[t]]
+    # the engine's model, in this process's worker (`collective_rpc` runs the function there)
+    dtype = getattr(torch, args.engine_dtype)
+    rpc = lambda w: engine_mismatches(w.get_model(), expected.weights, dtype)
+    differ, compared, served = llm.collective_rpc(rpc)[0]
     if previous is None:  # once, when the guard first runs
-        served = [n for t in mine for n in parts[t]]
-        covered = [n for t in compared for n in parts[t]]
-        size = lambda ns: sum(checksums[n][1] for n in ns)
-        rest = "" if covered == served else "; the probe covers the rest"
-        print(
-            f"guard: checksums cover {len(covered)} of {len(served)} "
-            f"tensors ({size(covered) / max(1, size(served)):.0%} of "
-            f"parameters){rest}"
-        )
+        size = lambda names: sum(expected.weights[n].numel() for n in names)
+        share = size(compared) / max(1, size(served))
+        rest = "" if compared == served else "; the probe covers the rest"
+        print(f"guard: compares {len(compared)} of {len(served)} tensors bit for bit ({share:.0%} of parameters){rest}")
     gap = (engine - learner).abs().mean().item()
     tolerance = 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
     # the learner's answer when the engine's last changed: the learner has moved from it since, the engine has not

@@ -208,8 +208,8 @@ def report(results: list, coverage: dict):
     lines += [
         "",
         "Cost per version of the healthy rows (median over versions, CPU, one thread): the learner's "
-        "`weight_check` (probe forward + checksums) and the engine's `check_weight_sync` (probe generation + "
-        "checksums through `collective_rpc`), beside the push itself.",
+        "`weight_check` (probe forward) and the engine's `check_weight_sync` (probe generation + the tensors "
+        "compared in the engine's worker through `collective_rpc`), beside the push itself.",
         "",
         "| model | engine dtype | learner check (s) | engine check (s) | push (s) |",
         "|---|---|---|---|---|",

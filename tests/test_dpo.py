@@ -200,7 +200,7 @@ def test_the_guard_stops_skipped_stuck_and_partial_pushes_and_passes_healthy_one
     """Issue 42's table on the tiny model at learning rate 1e-5, where the old guard let a skipped push through in
     float32 and bfloat16: ten healthy versions pass; a skipped push (versions 3 and 6), a push without the layer
     norms (version 8) and an engine stuck from version 11 on all stop, through the bit checksums of the tensors the
-    engine shows (`LLM.apply_model`), whatever the logprob tolerance."""
+    engine shows, compared with the learner's (`engine_mismatches`), whatever the logprob tolerance."""
     from transformers import AutoModelForCausalLM
 
     dpo = load_script(ASYNC)
@@ -241,10 +241,9 @@ def test_the_guard_stops_skipped_stuck_and_partial_pushes_and_passes_healthy_one
                         parameter.mul_(1 + 2**-4)
             check = dpo.weight_check(model, probe, args)
             dpo.push_weights_to_engine(llm, {n: t for n, t in model.state_dict().items() if "norm" not in n})
-            held = llm.collective_rpc(
-                lambda w: {n: dpo.bit_checksum(p, p.dtype) for n, p in w.get_model().named_parameters()}
-            )[0]
-            stale = [n for n, c in check[2].items() if "norm" in n and n in held and held[n] != c]
+            held = llm.collective_rpc(lambda w: dict(w.get_model().named_parameters()))[0]
+            norms = [n for n in check.weights if "norm" in n and n in held]
+            stale = [n for n in norms if not torch.equal(held[n], check.weights[n].to(held[n].dtype))]
             assert stale, "the engine's layer norms equal the learner's in its dtype: there is no fault to catch"
             with pytest.raises(RuntimeError, match=f"does not serve policy version {version} .*tensors? differs? from"):
                 dpo.check_weight_sync(llm, check, last, args, version)
@@ -256,10 +255,12 @@ def test_the_guard_stops_skipped_stuck_and_partial_pushes_and_passes_healthy_one
             dpo.check_weight_sync(llm, check, last, args, version)
 
 
-def test_the_checksum_sees_every_row_their_order_and_joins_fused_parts(dpo):
+def test_the_checksum_sees_every_row_their_order_and_joins_fused_parts():
     """Issue 55: the old checksum summed every 16th row, blind to a row permutation and to 15/16 of the embedding's
     rows. Now a changed bit in any row and two swapped rows show, in float32 and bfloat16 (values chosen so that the
-    change exists in both dtypes), and the checksum of [q; k; v] is that of its parts joined."""
+    change exists in both dtypes), and the checksum of [q; k; v] is that of its parts joined. The multigpu variant's:
+    its engine's workers may be other processes, which answer checksums, not tensors."""
+    dpo = load_script(MULTIGPU)
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
         weight = torch.randn(40, 8) * 1e4  # large values: the int64 sums wrap, and still agree
@@ -279,19 +280,42 @@ def test_the_checksum_sees_every_row_their_order_and_joins_fused_parts(dpo):
         assert dpo.bit_checksum(torch.empty(0), dtype)[:2] == ((0,), 0)  # vLLM CPU's repacked linear layers
 
 
-def test_the_guard_compares_a_tensor_the_engine_holds_wider_in_the_engine_dtype(dpo):
-    """Issue 65: where vLLM's CPU backend repacks a bfloat16 linear layer for oneDNN (AVX-512 CPUs), it keeps the
-    layer's bias in float32, and the guard stopped a healthy GPT-NeoX run at version 0. A stand-in engine layer, so the
-    test holds on any CPU: a bias widened from bfloat16 matches the learner's bfloat16 checksum; one that holds a value
-    bfloat16 cannot, or a stale one, differs."""
-    torch.manual_seed(0)
-    learner = {"proj.weight": torch.randn(4, 8), "proj.bias": torch.randn(4)}
-    expected = {n: dpo.bit_checksum(t, torch.bfloat16) for n, t in learner.items()}
+def stand_in_engine(learner):
+    """An engine layer as vLLM's CPU backend holds a bfloat16 linear layer it repacks for oneDNN (AVX-512 CPUs): the
+    weight in bfloat16, the bias widened to float32 from bfloat16."""
     engine = torch.nn.Linear(8, 4).requires_grad_(False)
     engine.weight.copy_(learner["proj.weight"])
     engine = torch.nn.ModuleDict({"proj": engine.bfloat16()})
-    widened = learner["proj.bias"].bfloat16().float()
-    engine.proj.bias.data = widened  # as vLLM's oneDNN repack keeps it
+    engine.proj.bias.data = learner["proj.bias"].bfloat16().float()
+    return engine
+
+
+def test_the_guard_compares_a_tensor_the_engine_holds_wider_in_the_engine_dtype(dpo):
+    """Issue 65: where vLLM's CPU backend repacks a bfloat16 linear layer for oneDNN (AVX-512 CPUs), it keeps the
+    layer's bias in float32, and the guard stopped a healthy GPT-NeoX run at version 0. A stand-in engine layer, so the
+    test holds on any CPU: a bias widened from bfloat16 equals the learner's rounded to bfloat16; one that holds a
+    value bfloat16 cannot, or a stale one, differs; and a tensor the engine shows in another shape is left out."""
+    torch.manual_seed(0)
+    learner = {"proj.weight": torch.randn(4, 8), "proj.bias": torch.randn(4)}
+    engine = stand_in_engine(learner)
+    assert dpo.engine_mismatches(engine, learner, torch.bfloat16) == ([], list(learner), list(learner))
+    widened = engine.proj.bias.data
+    for bias in (widened * (1 + 2**-12), (widened + 0.5).bfloat16().float()):
+        engine.proj.bias.data = bias
+        assert dpo.engine_mismatches(engine, learner, torch.bfloat16)[0] == ["proj.bias"]
+    engine.proj.weight.data = torch.empty(0, dtype=torch.bfloat16)  # repacked: shown empty
+    assert dpo.engine_mismatches(engine, learner, torch.bfloat16)[1:] == (["proj.bias"], list(learner))
+
+
+def test_the_multigpu_guard_compares_a_tensor_the_engine_holds_wider_in_the_engine_dtype():
+    """The same for the multigpu variant's checksums: a bias widened from bfloat16 matches the learner's bfloat16
+    checksum; one that holds a value bfloat16 cannot, or a stale one, differs."""
+    dpo = load_script(MULTIGPU)
+    torch.manual_seed(0)
+    learner = {"proj.weight": torch.randn(4, 8), "proj.bias": torch.randn(4)}
+    expected = {n: dpo.bit_checksum(t, torch.bfloat16) for n, t in learner.items()}
+    engine = stand_in_engine(learner)
+    widened = engine.proj.bias.data
     assert dpo.engine_checksums(engine, list(learner), torch.bfloat16)[0] == expected
     # a value bfloat16 cannot hold (rounded, it would match), and a stale bias that it can: each differs
     for bias in (widened * (1 + 2**-12), (widened + 0.5).bfloat16().float()):
@@ -305,7 +329,7 @@ def guard_on_a_stale_body(policy_dir: str):
     empty): a stand-in holds the engine's tensors, rebuilt by hand as vLLM fuses them (qkv_proj = [q; k; v],
     gate_up_proj = [gate; up], `gpt_neox.` read as `model.`), under the names and with the model class's declarations
     of the real CPU engine, which answers the probe: every tensor is compared, and the stale body and two swapped rows
-    stop the guard. (2) The real CPU engine: its checksums cover the embeddings, norms and biases, and the probe
+    stop the guard. (2) The real CPU engine: the guard compares the embeddings, norms and biases, and the probe
     catches the stale body where it moves the answer (lr 1e-3, as the test asserts first)."""
     import contextlib
     import io
@@ -365,7 +389,7 @@ def guard_on_a_stale_body(policy_dir: str):
     total = len(
         [n for n in model.state_dict() if not (n == "lm_head.weight" and not neox)]
     )  # a tied head is the embedding
-    assert f"guard: checksums cover {total} of {total} tensors (100% of parameters)\n" == printed.getvalue()
+    assert f"guard: compares {total} of {total} tensors bit for bit (100% of parameters)\n" == printed.getvalue()
     for version in (1, 2):  # healthy
         check, weights = learner_step()
         dpo.push_weights_to_engine(llm, weights)

@@ -372,7 +372,7 @@ def test_bad_in_flight_flags_fail_with_one_message_before_the_engine_starts(
 
 @pytest.mark.slow
 def test_an_in_flight_guard_failure_quotes_no_logprob_gap_it_did_not_measure(tiny):
-    """In flight the guard compares the checksums only (the probe is a request of its own, which needs an idle
+    """In flight the guard compares the weights only (the probe is a request of its own, which needs an idle
     engine): a push that missed the layer norms stops it, and the message says what was compared (issue 55: it
     quoted a mean logprob gap of 0.0e+00 that no probe had measured)."""
     from transformers import AutoModelForCausalLM
@@ -390,8 +390,8 @@ def test_an_in_flight_guard_failure_quotes_no_logprob_gap_it_did_not_measure(tin
     llm = inflight.build_engine(args)
     served = {name: t.detach().clone() for name, t in model.state_dict().items()}
     moved = {name: t * (1 + 2**-4) if "norm" in name else t for name, t in served.items()}
-    check = inflight.weight_check(model, list(range(5, 37)), args, moved)  # checksums of norms the engine lacks
-    match = r"version 3 \(in flight: checksums only; \d+ tensors? differs? from the learner's"
+    check = inflight.weight_check(model, list(range(5, 37)), args, moved)  # norms the engine lacks
+    match = r"version 3 \(in flight: weights only; \d+ tensors? differs? from the learner's"
     with pytest.raises(RuntimeError, match=match) as e:
         inflight.check_weight_sync(llm, check, None, args, version=3, in_flight=True)
     assert "logprob gap" not in str(e.value)

@@ -51,6 +51,9 @@ MULTIGPU_CHANGES = {
     "start_tracking",
     "save_final",
     "choose_micro_batch_size",
+    "WeightCheck",
+    "weight_check",
+    "check_weight_sync",
 }  # and the micro-batch: on a GPU from its free memory, alike on every rank
 # what in-flight weight updates change in the GRPO core: the flags and their checks, step-by-step decoding with each
 # token's version, the in-flight push and guard, the thread that swaps, the engine's scheduling, the loop's metrics
@@ -79,6 +82,7 @@ LORA_CHANGES = {
     "check_weight_sync",
     "generation_thread",
     "main",
+    "WeightCheck",  # the adapter's checksums, not the weights
     "PolicyVersion",  # no weights: the adapter goes through its folder, and the hand-off carries its version and check
 }
 # and in the GRPO core: greedy evaluation through the version's adapter, and the final hand-off after the thread ended
@@ -87,6 +91,8 @@ GRPO_LORA_CHANGES = LORA_CHANGES | {"evaluate", "sync_engine"}
 # check, the engine's adapters, sampling with one, the hand-off, its folder and its guard, the policy, the merged save
 LORA_COMMON = (
     "PolicyVersion",
+    "WeightCheck",
+    "bit_checksum",
     "check_lora_args",
     "build_engine",
     "generate",
@@ -106,7 +112,14 @@ TOOLS_CHANGES = {"Args", "RunArgs", "generate", "evaluate", "produce_batch", "ma
 SCRIPTS = [*ASYNC_SCRIPTS, *(pair[1] for pair in PAIRS.values()), *MULTIGPU.values(), INFLIGHT, TOOLS, LORA, GRPO_LORA]
 # what the learner loop and the generation thread may call below the PLUMBING banner (STYLE.md, habit 11): logging,
 # saving, and the guard's engine half (`push_weights_to_engine`, the one other vLLM call, stays above, in GENERATION)
-BELOW_THE_BANNER = {"log_step", "log_samples", "log_evaluation", "save_policy", "check_weight_sync", "engine_checksums"}
+BELOW_THE_BANNER = {
+    "log_step",
+    "log_samples",
+    "log_evaluation",
+    "save_policy",
+    "check_weight_sync",
+    "engine_mismatches",
+}
 # and in a multigpu variant its scale-out plumbing, the same in all four (COMMON below), and the checkpoint it saves
 MULTIGPU_BELOW_THE_BANNER = {
     "any_rank",
@@ -157,9 +170,7 @@ COMMON = (
             "GuardState",
             "weight_check",
             "check_weight_sync",
-            "bit_checksum",
-            "fused_checksum",
-            "engine_checksums",
+            "engine_mismatches",
             "keep_models_eager",
             "pad_sequences",
             "token_logprobs",
@@ -235,6 +246,12 @@ COMMON = (
             "stop_requests",
             "choose_micro_batch_size",
             "learner_gpu_budget",
+            "WeightCheck",
+            "weight_check",
+            "check_weight_sync",
+            "bit_checksum",
+            "fused_checksum",
+            "engine_checksums",
         )
     ]
 )
@@ -378,8 +395,11 @@ def test_the_async_core_with_zero_async_steps_is_its_sync_twin_and_its_multigpu_
 @pytest.mark.parametrize("algo", ALGOS)
 def test_the_multigpu_variant_is_the_core_plus_scale_out(algo):
     core, variant = functions(PAIRS[algo][0]), functions(MULTIGPU[algo])
-    # the core's policy snapshot becomes a whole checkpoint (optimizer, random states, batches in flight)
-    assert set(core) - set(variant) <= {"save_policy"} and "save_checkpoint" in variant
+    # the core's policy snapshot becomes a whole checkpoint (optimizer, random states, batches in flight); the core's
+    # guard compares the engine's tensors with the learner's in its own process, the variant's checksums of them
+    # (its engine's workers may be other processes)
+    assert set(core) - set(variant) <= {"save_policy", "engine_mismatches"} and "save_checkpoint" in variant
+    assert {"bit_checksum", "fused_checksum", "engine_checksums"} <= set(variant) - set(core)
     changed = sorted(name for name in core if name in variant and core[name] != variant[name])
     assert set(changed) <= MULTIGPU_CHANGES, f"changed outside the list: {sorted(set(changed) - MULTIGPU_CHANGES)}"
 
@@ -393,8 +413,8 @@ def test_the_in_flight_variant_is_the_grpo_core_plus_in_flight_updates():
 
 def test_the_lora_variant_is_the_dpo_core_plus_adapters():
     core, variant = functions(PAIRS["dpo"][0]), functions(LORA)
-    # the adapter's check is save_adapter's; the engine's checksums by name are the weight guard's
-    assert set(core) - set(variant) == {"weight_check", "fused_checksum", "engine_checksums"}
+    # the adapter's check is save_adapter's; the engine's comparison with the pushed weights is the weight guard's
+    assert set(core) - set(variant) == {"weight_check", "engine_mismatches"}
     changed = sorted(name for name in core if name in variant and core[name] != variant[name])
     assert set(changed) <= LORA_CHANGES, f"changed outside the list: {sorted(set(changed) - LORA_CHANGES)}"
 
@@ -404,7 +424,7 @@ def test_the_grpo_lora_variant_is_the_grpo_core_plus_the_same_adapters():
     algorithm is the DPO variant's letter for letter (LORA_COMMON, with the constants it reads), and the base is never
     reloaded: no full-weight transport is left in the file."""
     core, variant = functions(PAIRS["grpo_gsm8k"][0]), functions(GRPO_LORA)
-    assert set(core) - set(variant) == {"weight_check", "fused_checksum", "engine_checksums"}
+    assert set(core) - set(variant) == {"weight_check", "engine_mismatches"}
     assert set(variant) - set(core) == set(functions(LORA)) - set(functions(PAIRS["dpo"][0]))
     changed = sorted(name for name in core if name in variant and core[name] != variant[name])
     assert set(changed) <= GRPO_LORA_CHANGES, f"changed outside the list: {sorted(set(changed) - GRPO_LORA_CHANGES)}"
