@@ -279,13 +279,13 @@ class WeightCheck(NamedTuple):
 
     probe: list  # token ids: any fixed ones
     logprobs: torch.Tensor  # the learner's, at temperature 1
-    checksums: dict  # name: `bit_checksum` of a tensor
+    weights: dict  # name: the learner's tensor, which the engine's must equal in --engine-dtype
 
 
 @torch.no_grad()
 def save_adapter(policy, version: int, probe, args: Args):
     """The learner's side of the hand-off: version `version`'s adapter in its folder (safetensors), and what an engine
-    serving it answers: the probe's logprobs at temperature 1 and the bit checksums of the tensors vLLM holds."""
+    serving it answers: the probe's logprobs at temperature 1 and the tensors vLLM must hold."""
     policy.save_pretrained(adapter_request(args, version).lora_path)
     ids = torch.tensor([probe], device=args.learner_device)
     ones = torch.ones_like(ids)  # every probe token attended to and scored
@@ -293,8 +293,9 @@ def save_adapter(policy, version: int, probe, args: Args):
     # as vLLM holds them: in --engine-dtype, B times alpha / r
     dtype, scaling = getattr(torch, args.engine_dtype), args.lora_alpha / args.lora_rank
     trained = get_peft_model_state_dict(policy)  # A and B, named as in the file
-    checksums = {n: bit_checksum(t.to(dtype) * (scaling if "lora_B" in n else 1), dtype) for n, t in trained.items()}
-    return WeightCheck(probe, logprobs, checksums)
+    return WeightCheck(
+        probe, logprobs, {n: t.to(dtype) * (scaling if "lora_B" in n else 1) for n, t in trained.items()}
+    )
 
 
 # ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
@@ -864,45 +865,27 @@ class GuardState(NamedTuple):
     engine_logprobs: torch.Tensor  # the engine's, at the last check
 
 
-def bit_checksum(tensor, dtype):
-    """(shape, elements, the sum of their bits in `dtype` as integers, and
-    that sum weighted by row, mod 2^64): a changed bit shows, in any row,
-    and so do rows in another order; the checksums of parts joined along
-    the rows combine (`fused_checksum`)."""
-    width = tensor.shape[-1] if tensor.dim() > 1 else 1
-    bits = tensor.reshape(-1, width).to(dtype)
-    bits = bits.view(torch.int16 if bits.element_size() == 2 else torch.int32)
-    # int32 bits are summed as int32 (no copy: 20x faster on a CPU), which
-    # wraps alike everywhere; int16 bits as int64: the sums are exact
-    rows = bits.sum(1, dtype=bits.dtype if width > 1 else torch.int64)
-    rows = rows.to(torch.int64)
-    at = torch.arange(1, len(rows) + 1, device=bits.device)
-    weighted = int((at * rows).sum()) % 2**64  # row i weighs i + 1
-    total = int(rows.sum()) % 2**64
-    return tuple(tensor.shape), tensor.numel(), total, weighted
-
-
-def engine_adapter_checksums(model, shapes):
-    """In an engine worker: the `bit_checksum` of each learner tensor (`shapes`: name: shape) as the engine
-    holds it, in vLLM 0.32's LoRA layers: `lora_a_stacked` / `lora_b_stacked`, one per fused part."""
+def engine_adapter_mismatches(model, weights):
+    """In the engine's worker: the learner's adapter tensors (`weights`) that the engine does not hold bit for bit in
+    vLLM 0.32's LoRA layers: `lora_a_stacked` / `lora_b_stacked`, one per fused part."""
     modules = dict(model.named_modules())
     fused = {p: (f, i) for f, parts in model.packed_modules_mapping.items() for i, p in enumerate(parts)}
-    held = {}
-    for name, shape in shapes.items():
+    differ = []
+    for name, tensor in weights.items():
         parent, leaf, matrix, _ = name.removeprefix("base_model.model.").rsplit(".", 3)
         layer, part = fused.get(leaf, (leaf, 0))  # q_proj: part 0 of qkv_proj
         stacked = getattr(modules.get(f"{parent}.{layer}"), f"{matrix.lower()}_stacked", None)
-        if stacked is not None:
-            slot = stacked[part][0, 0, : shape[0], : shape[1]]  # max_loras=1: slot 0
-            held[name] = bit_checksum(slot, slot.dtype)
-    return held
+        slot = None if stacked is None else stacked[part][0, 0, : tensor.shape[0], : tensor.shape[1]]  # max_loras=1
+        if slot is None or slot.dtype != tensor.dtype or not torch.equal(slot, tensor.to(slot.device)):
+            differ.append(name)
+    return differ
 
 
 def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int, adapter: LoRARequest):
     """The guard for adapters (docs/dpo.md#lora): the engine holds that adapter alone, its slot every tensor the
     learner trained, bit for bit, and through it the engine answers the probe as the learner does, and anew once the
     learner's answer has moved since the engine's last changed (`previous`)."""
-    probe, learner, checksums = expected.probe, expected.logprobs, expected.checksums
+    probe, learner = expected.probe, expected.logprobs
     if llm.llm_engine.list_loras() != {adapter.lora_int_id}:
         ids = sorted(llm.llm_engine.list_loras())
         raise RuntimeError(
@@ -913,10 +896,7 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int, ad
     output = llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False, lora_request=adapter)[0]
     engine = torch.tensor([lp[t].logprob for lp, t in zip(output.prompt_logprobs[1:], probe[1:])])
     # after the probe: it has put the adapter in the engine's slot
-    shapes = {n: c[0] for n, c in checksums.items()}
-    rpc = lambda w: engine_adapter_checksums(w.get_model(), shapes)
-    held = llm.collective_rpc(rpc)[0]
-    differ = [n for n, c in checksums.items() if held.get(n) != c]
+    differ = llm.collective_rpc(lambda w: engine_adapter_mismatches(w.get_model(), expected.weights))[0]
     gap = (engine - learner).abs().mean().item()
     tolerance = 1e-4 if args.engine_dtype in ("float32", "float") else 0.2
     # the learner's answer when the engine's last changed: the learner has moved from it since, the engine has not
@@ -927,7 +907,7 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int, ad
     stuck = (learner - learner_at_change).abs().mean().item() > 1e-3
     if differ or not gap <= tolerance or stuck:
         why = (
-            f"{len(differ)} of {len(checksums)} tensors differ from the learner's, e.g. {differ[0]}"
+            f"{len(differ)} of {len(expected.weights)} tensors differ from the learner's, e.g. {differ[0]}"
             if differ
             else "it answers as it did for an earlier version"
             if stuck

@@ -82,7 +82,6 @@ LORA_CHANGES = {
     "check_weight_sync",
     "generation_thread",
     "main",
-    "WeightCheck",  # the adapter's checksums, not the weights
     "PolicyVersion",  # no weights: the adapter goes through its folder, and the hand-off carries its version and check
 }
 # and in the GRPO core: greedy evaluation through the version's adapter, and the final hand-off after the thread ended
@@ -91,8 +90,6 @@ GRPO_LORA_CHANGES = LORA_CHANGES | {"evaluate", "sync_engine"}
 # check, the engine's adapters, sampling with one, the hand-off, its folder and its guard, the policy, the merged save
 LORA_COMMON = (
     "PolicyVersion",
-    "WeightCheck",
-    "bit_checksum",
     "check_lora_args",
     "build_engine",
     "generate",
@@ -100,7 +97,7 @@ LORA_COMMON = (
     "make_adapter_dir",
     "adapter_request",
     "save_adapter",
-    "engine_adapter_checksums",
+    "engine_adapter_mismatches",
     "check_weight_sync",
     "load_lora_policy",
     "save_merged",
