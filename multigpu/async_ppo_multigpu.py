@@ -1075,9 +1075,8 @@ def load_tokenizer(args: Args):
         tokenizer.pad_token = tokenizer.eos_token
         print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
     try:
-        extra = transformers.GenerationConfig.from_pretrained(
-            args.model_name_or_path
-        ).eos_token_id  # an id, a list, or None
+        # an id, a list, or None
+        extra = transformers.GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id
     except OSError:  # no generation_config.json
         extra = None
     eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}

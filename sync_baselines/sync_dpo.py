@@ -555,9 +555,8 @@ def load_tokenizer(args: Args):
         tokenizer.pad_token = tokenizer.eos_token
         print(f"note: the tokenizer has no pad token; padding with its EOS token {tokenizer.eos_token!r}")
     try:
-        extra = transformers.GenerationConfig.from_pretrained(
-            args.model_name_or_path
-        ).eos_token_id  # an id, a list, or None
+        # an id, a list, or None
+        extra = transformers.GenerationConfig.from_pretrained(args.model_name_or_path).eos_token_id
     except OSError:  # no generation_config.json
         extra = None
     eos = {tokenizer.eos_token_id, *(extra if isinstance(extra, list) else [extra])}
@@ -738,8 +737,10 @@ def engine_mismatches(model, weights, dtype):
         order = packed.get(leaf(target), [])
         names = sorted(parts.get(target, []), key=lambda n: order.index(leaf(n)) if leaf(n) in order else 0)
         served += names
-        learner = torch.cat([weights[n] for n in names]) if len(names) > 1 else weights[names[0]] if names else None
-        if learner is not None and learner.shape == held.shape:
+        if not names:
+            continue
+        learner = weights[names[0]] if len(names) == 1 else torch.cat([weights[n] for n in names])
+        if learner.shape == held.shape:
             compared += names
             if not torch.equal(held, learner.to(dtype).to(held.device, held.dtype)):
                 differ.append(target)
