@@ -465,18 +465,12 @@ def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt, each continued after every calculator call (`sample_with_tools`); returns prompt-major
     token ids, vLLM's logprob of each token it sampled, each token's 1 if the tool's, its calls and overruns."""
     samples_per_prompt = args.num_samples_per_prompt
-    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
-    params = [
-        SamplingParams(
-            n=samples_per_prompt,
-            temperature=args.temperature,
-            max_tokens=args.response_length,
-            logprobs=0,
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * samples_per_prompt) % 2**31,
-            **stop_at_call(args),  # without a calculator, the core's keywords
-        )
-        for j in range(len(prompts))
-    ]
+    # vLLM seeds sample c of a request seed + c: requests k apart share no seed
+    first = args.seed * 1_000_003 + step * args.prompts_per_step * samples_per_prompt
+    seeds = [(first + j * samples_per_prompt) % 2**31 for j in range(len(prompts))]
+    # logprobs=0: only the sampled token's; without a calculator, the core's keywords
+    sampling = dict(temperature=args.temperature, max_tokens=args.response_length, logprobs=0, **stop_at_call(args))
+    params = [SamplingParams(n=samples_per_prompt, seed=seed, **sampling) for seed in seeds]
     samples = sample_with_tools(llm, prompts, params, args)
     return [list(field) for field in zip(*samples)]  # Sample's fields
 

@@ -327,18 +327,12 @@ def score_responses(reward_model, tokenizer, args: Args, prompts, answers, respo
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
     samples_per_prompt = args.num_samples_per_prompt
-    # logprobs=0: only the sampled token's. vLLM seeds sample c of a request seed + c: requests k apart share no seed
-    params = [
-        SamplingParams(
-            n=samples_per_prompt,
-            temperature=args.temperature,
-            max_tokens=args.response_length,
-            logprobs=0,
-            seed=(args.seed * 1_000_003 + (step * args.prompts_per_step + j) * samples_per_prompt) % 2**31,
-            detokenize=False,
-        )
-        for j in range(len(prompts))
-    ]
+    # vLLM seeds sample c of a request seed + c: requests k apart share no seed
+    first = args.seed * 1_000_003 + step * args.prompts_per_step * samples_per_prompt
+    seeds = [(first + j * samples_per_prompt) % 2**31 for j in range(len(prompts))]
+    # logprobs=0: only the sampled token's
+    sampling = dict(temperature=args.temperature, max_tokens=args.response_length, logprobs=0, detokenize=False)
+    params = [SamplingParams(n=samples_per_prompt, seed=seed, **sampling) for seed in seeds]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     samples = [sample for output in outputs for sample in output.outputs]
     return (
