@@ -527,7 +527,7 @@ def main():
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
-            problems = [i // group_size for i in range(8)]  # of the first 8 samples
+            problems = [i // group_size for i in range(len(batch["responses"][:8]))]  # of the first 8 samples
             prompts, answers = [batch["prompts"][i] for i in problems], [batch["answers"][i] for i in problems]
             rows = zip(prompts, answers, batch["responses"], batch["rewards"])
             log_samples(writer, step, tokenizer, ["prompt", "answer", "response", "reward"], rows)
