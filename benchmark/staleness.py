@@ -1,180 +1,27 @@
-"""Staleness: how much does off-policy data cost each algorithm, and which correction buys it back? The paper's
-Sec. 3 protocol at CPU scale, with a gold reward that can still rise.
+"""The miniature task every staleness sweep runs on (Noukhovitch et al., 2025, Sec. 3, at CPU scale): its data,
+tokenizer and SFT policy, the sampler and the KL its evaluations use, and the paper's run budget for a setting.
+benchmark/staleness_paper.py builds on it (`prepare` is the first half of its prep); benchmark/staleness_sweep.py and
+benchmark/staleness_dpo.py read `budget`. The verifier-reward sweep this file once ran is in git's history
+(docs/benchmarks.md, History). `args` below is staleness_paper.py's Args (PREP_FLAGS, budget's fields, work_dir).
 
-    python benchmark/staleness.py --prep-only                          # build the miniature task once (~5 min, idle)
-    python benchmark/staleness.py --algorithms grpo_gsm8k --settings sync-1 --seeds 1 --learning-rates 1e-4 3e-4
-    python benchmark/staleness.py --time-budget-hours 2                # run the sweep until 2 h are used, then stop
-    python benchmark/staleness.py --report-only                        # rebuild staleness.md / .png from result files
-    python benchmark/staleness.py --quick --algorithms dpo --results-dir D --work-dir W   # the test suite's smoke run
-
-Paper (Noukhovitch et al., 2025, Sec. 3): train with N mini-batches per generation round (N-1 of the N updates use data
-from an older policy) and compare gold reward against KL to the initial policy. As in the paper's code (where a
-generation batch is num_mini_batches x the mini-batch), the mini-batch and the number of optimizer updates are the same
-for every setting: sync-N generates N mini-batches per round and runs 1/N as many rounds, so only off-policyness varies,
-not the number, size or learning-rate schedule of the updates. async-K trains on batches made K policy versions ago,
-under each of the scripts' three `--off-policy-correction` modes (DPO has no ratio and so no correction).
-
-  task     one-step GSM8K-format arithmetic word problems from tools/make_arithmetic.py; gold = the task's grader
-           (the same final-number rule as the scripts' verifier, checked in tests). Two-step problems (difficulty 2)
-           were tried first: RL did not raise this tiny model's held-out accuracy there at any learning rate tried
+  task     one-step GSM8K-format arithmetic word problems from tools/make_arithmetic.py (difficulty 1). Two-step
+           problems (difficulty 2) were tried first: RL did not raise this tiny model's held-out accuracy there
   policy   a 0.4M-parameter Llama trained here by SFT and stopped early, at about 0.2 greedy held-out accuracy, so
            that RL has room to raise it
-  reward   every algorithm trains on the scripts' own verifier (`--reward verifier`): the gold signal cannot be
-           over-optimised the way the earlier proxy reward model was
-  curves   every run saves a checkpoint every --eval-every-updates updates (`--keep-checkpoints 0`); each one is
-           evaluated here afterwards, so a run is a gold-vs-updates and a gold-vs-KL curve
-Every run is one subprocess of the real sync or async script. Each run writes one result file; a rerun skips finished
-runs, so the sweep can be done in chunks across sessions, and by several invocations at once (each run is claimed
-first; see `common.claim`).
+  budget   as in the paper's code (where a generation batch is num_mini_batches x the mini-batch), the mini-batch and
+           the number of optimizer updates are the same for every setting: sync-N generates N mini-batches per round
+           and runs 1/N as many rounds, so only off-policyness varies; async-K trains on batches made K versions ago
 """
 
 import json
-import math
 import os
 import platform
 import random
-import shutil
 import sys
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
-
-import tyro
-
-import common
-
-REPO = common.REPO
-task = common.arithmetic_task()  # the problem generator and its gold grader
 
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
-
-# ONE table of every per-algorithm choice; {sft} and {data} are filled in at run time. All four sample 4 responses per
-# prompt (the paper's GSM8K online DPO and RLOO use k = 4), so a mini-batch of P prompts is 4P episodes for every
-# algorithm; GRPO always grades with the verifier, the others are told to. Learning rates: from the sweep on sync-1,
-# seed 1 (docs/benchmarks.md), the highest rate whose held-out gold still rises late in the budget without collapsing
-# (GRPO collapsed at 1e-4: KL 74, gold 0.16).
-VERIFIER = ["--dataset-path", "{data}", "--prompt-template", PROMPT_TEMPLATE, "--num-samples-per-prompt", "4"]
-ALGORITHMS = {
-    "dpo": dict(
-        async_script="async_dpo.py",
-        sync_script="sync_baselines/sync_dpo.py",
-        learning_rate=1e-4,
-        flags=["--reward", "verifier", "--beta", "0.1"],
-        corrections=False,
-    ),
-    "rloo": dict(
-        async_script="async_rloo.py",
-        sync_script="sync_baselines/sync_rloo.py",
-        learning_rate=1e-4,
-        flags=["--reward", "verifier", "--kl-coef", "0.05"],
-        corrections=True,
-    ),
-    "ppo": dict(
-        async_script="async_ppo.py",
-        sync_script="sync_baselines/sync_ppo.py",
-        learning_rate=1e-4,
-        flags=["--reward", "verifier", "--kl-coef", "0.05"],
-        corrections=True,
-    ),
-    "grpo_gsm8k": dict(
-        async_script="async_grpo_gsm8k.py",
-        sync_script="sync_baselines/sync_grpo_gsm8k.py",
-        learning_rate=3e-5,
-        flags=["--num-eval-prompts", "0"],
-        corrections=True,
-    ),  # evaluated here
-}
-# flags every run gets (prompt/response sizes fit the generated problems; no sample tables: they cost time)
-COMMON_FLAGS = [
-    "--model-name-or-path",
-    "{sft}",
-    "--max-prompt-tokens",
-    "96",
-    "--temperature",
-    "0.7",
-    "--torch-threads",
-    "1",
-    "--sample-every",
-    "1000000",
-    "--keep-checkpoints",
-    "0",
-    "--weight-decay",
-    "0.01",
-]  # the AdamW default every committed run of this sweep was made with
-# the paper's off-policyness knobs: sync with N mini-batches per round (N=1 is fully on-policy), async with K steps of
-# lag under each correction
-SYNC_N = (1, 4, 16, 32)
-ASYNC_K = (1, 2, 4, 8)
-CORRECTIONS = ("paper", "behaviour", "decoupled")
-QUICK_SETTINGS = ["sync-1", "sync-2", "async-1", "async-1-decoupled"]
-
-
-def settings_of(algo: str):
-    """sync-N, then async-K (DPO) or async-K-<correction> (the others), in table order."""
-    if ALGORITHMS[algo]["corrections"]:
-        return [f"sync-{n}" for n in SYNC_N] + [f"async-{k}-{c}" for c in CORRECTIONS for k in ASYNC_K]
-    return [f"sync-{n}" for n in SYNC_N] + [f"async-{k}" for k in ASYNC_K]
-
-
-def parse_setting(setting: str):
-    """'sync-4' -> ('sync', 4, None); 'async-2-decoupled' -> ('async', 2, 'decoupled'); 'async-2' -> ('async', 2,
-    None)."""
-    kind, value, *correction = setting.split("-")
-    return kind, int(value), (correction[0] if correction else None)
-
-
-@dataclass
-class Args:
-    algorithms: List[str] = field(default_factory=lambda: list(ALGORITHMS))
-    """algorithms to run"""
-    settings: Optional[List[str]] = None
-    """settings to run (None: all of each algorithm): sync-N (N mini-batches per round), async-K (DPO) and
-    async-K-<paper|behaviour|decoupled> (K steps of lag under that --off-policy-correction)"""
-    seeds: List[int] = field(default_factory=lambda: [1, 2, 3])
-    """seeds of the RL runs (the prep is seeded separately and shared)"""
-    learning_rates: Optional[List[float]] = None
-    """learning rates to run (None: each algorithm's own from ALGORITHMS); result files of other rates are kept apart,
-    for the sweep that chose them"""
-    mini_batch_prompts: int = 16
-    """prompts per optimizer update, the same for every setting (a generation round of sync-N holds N mini-batches)"""
-    num_updates: int = 256
-    """optimizer updates per run, the same for every setting; must be divisible by every N"""
-    eval_every_updates: int = 32
-    """evaluate the policy every this many updates (a multiple of every N), so each run is a curve"""
-    response_length: int = 48
-    """maximum new tokens per response (worked solutions are ~22 tokens + EOS at difficulty 1, 35 at 2)"""
-    difficulty: int = 1
-    """arithmetic difficulty: operations per problem (operands up to 10*difficulty-1)"""
-    num_train_problems: int = 4096
-    """generated training problems (SFT and RL prompts)"""
-    num_eval_problems: int = 256
-    """held-out problems for every evaluation (disjoint from the training problems)"""
-    sft_max_steps: int = 3000
-    """SFT optimizer steps at most (batch 32)"""
-    sft_target_accuracy: float = 0.2
-    """SFT stops at the first check whose greedy held-out accuracy reaches this: competent, with headroom"""
-    eval_samples: int = 4
-    """samples per held-out problem (temperature 0.7) for the gold reward and the KL"""
-    prep_threads: int = 2
-    """torch threads for the prep and the evaluations (the RL runs use --torch-threads 1 per role)"""
-    results_dir: str = str(REPO / "benchmark" / "results" / "staleness")
-    """where result files, staleness.md and staleness*.png go"""
-    work_dir: str = str(REPO / "benchmark" / "work" / "staleness")
-    """scratch space (git-ignored): data, tokenizer, SFT policy, run folders"""
-    max_runs: Optional[int] = None
-    """stop after this many new runs (None: no limit)"""
-    time_budget_hours: Optional[float] = None
-    """do not start a run that would likely end after this many hours of this invocation (None: no limit)"""
-    quick: bool = False
-    """smoke mode for the test suite: tiny prep, 4 updates, 1 seed, settings sync-1, sync-2, async-1(-decoupled)"""
-    prep_only: bool = False
-    """build (or load) the prep and stop"""
-    report_only: bool = False
-    """only rebuild staleness.md and the plots from existing result files"""
-    force: bool = False
-    """rerun runs whose result file exists"""
 
 
 # PREP: data, tokenizer, SFT policy. Built once; prep.json records what was measured.
@@ -182,7 +29,7 @@ def write_jsonl(path: Path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def make_data(args: Args, task, data_dir: Path):
+def make_data(args, task, data_dir: Path):
     """Train / held-out problems (disjoint questions) as GSM8K-format JSONL, what the scripts' --dataset-path reads."""
     train = task.make_arithmetic_problems(args.num_train_problems, args.difficulty, seed=0)
     seen = {p["question"] for p in train}
@@ -302,7 +149,7 @@ def grade(task, tokenizer, responses, answers, n):
     return [task.grade(tokenizer.decode(r, skip_special_tokens=True), answers[i // n]) for i, r in enumerate(responses)]
 
 
-def evaluate_policy(policy, sft, tokenizer, task, eval_set, args: Args, seed: int):
+def evaluate_policy(policy, sft, tokenizer, task, eval_set, args, seed: int):
     """Gold reward (verifier accuracy) of T=0.7 samples and of greedy answers, and KL(pi || pi_sft) on pi's samples."""
     prompts, answers = eval_set
     n, eos = args.eval_samples, tokenizer.eos_token_id
@@ -327,7 +174,7 @@ def evaluate_policy(policy, sft, tokenizer, task, eval_set, args: Args, seed: in
     )
 
 
-def train_sft(args: Args, tokenizer, task, train, eval_set, out_dir: Path, log):
+def train_sft(args, tokenizer, task, train, eval_set, out_dir: Path, log):
     """SFT of a small Llama on prompt + worked answer + EOS, stopped once greedy held-out accuracy reaches the
     target."""
     import torch
@@ -399,7 +246,7 @@ PREP_FLAGS = (
 )
 
 
-def prepare(args: Args, task):
+def prepare(args, task):
     """Build data, tokenizer and SFT policy once; returns the prep numbers (from prep.json if built)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -450,7 +297,14 @@ def prepare(args: Args, task):
     return prep
 
 
-# SWEEP: one subprocess per (algorithm, setting, learning rate, seed), then the evaluation of each of its checkpoints
+# SETTINGS: sync-N and async-K, as the sweeps name them, and the budget every run of a sweep shares
+def parse_setting(setting: str):
+    """'sync-4' -> ('sync', 4, None); 'async-2-decoupled' -> ('async', 2, 'decoupled'); 'async-2' -> ('async', 2,
+    None)."""
+    kind, value, *correction = setting.split("-")
+    return kind, int(value), (correction[0] if correction else None)
+
+
 def setting_flags(setting: str):
     """The script (sync or async twin), the number N of mini-batches per generation round, and the flags."""
     kind, value, correction = parse_setting(setting)
@@ -463,7 +317,7 @@ def setting_flags(setting: str):
     )
 
 
-def budget(args: Args, setting: str):
+def budget(args, setting: str):
     """The paper's protocol: N mini-batches of a fixed size per generation round, num_updates / N rounds; a checkpoint
     every eval_every_updates updates, or every round where a round holds more updates (issue 54's sync-128)."""
     n = setting_flags(setting)[1]
@@ -473,482 +327,3 @@ def budget(args: Args, setting: str):
         "--response-length": args.response_length,
         "--save-every": max(1, args.eval_every_updates // n),
     }
-
-
-def result_path(args: Args, algo: str, setting: str, learning_rate: float, seed: int):
-    return Path(args.results_dir) / "runs" / f"{algo}__{setting}__lr{learning_rate:g}__seed{seed}.json"
-
-
-def run_one(args: Args, task, algo: str, setting: str, learning_rate: float, seed: int, path: Path):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    work = Path(args.work_dir)
-    spec = ALGORITHMS[algo]
-    script_key, n, flags_of_setting = setting_flags(setting)
-    # str.replace, not str.format: --prompt-template holds a literal {question}
-    flags = COMMON_FLAGS + VERIFIER + spec["flags"] + ["--learning-rate", f"{learning_rate:g}"]
-    for key, value in {"{sft}": work / "sft", "{data}": work / "data"}.items():
-        flags = [f.replace(key, str(value)) for f in flags]
-    cwd = work / "runs" / path.stem
-    shutil.rmtree(cwd, ignore_errors=True)
-    cwd.mkdir(parents=True)
-    cmd = [
-        sys.executable,
-        str(REPO / spec[script_key]),
-        *flags,
-        *flags_of_setting,
-        "--seed",
-        str(seed),
-        *[str(x) for item in budget(args, setting).items() for x in item],
-        "--output-dir",
-        str(cwd / "model"),
-    ]
-    print(f"== {path.stem}: {' '.join(cmd)}", flush=True)
-    start = time.time()
-    common.run_script(cmd, cwd, path.stem)
-    run_seconds = time.time() - start
-    (metrics_path,) = list((cwd / "runs").glob("*/metrics.jsonl"))
-    metrics = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    # the curve: the SFT policy (update 0), every checkpoint, the final policy
-    points = [(int(c.name.split("_")[1]) * n, c / "policy") for c in (cwd / "runs").glob("*/checkpoint_*")]
-    points = [(0, work / "sft")] + sorted(points) + [(args.num_updates, cwd / "model")]
-    torch.set_num_threads(args.prep_threads)
-    tokenizer = AutoTokenizer.from_pretrained(work / "sft")
-    sft = AutoModelForCausalLM.from_pretrained(work / "sft").eval()
-    test = [json.loads(line) for line in (work / "data" / "test.jsonl").read_text().splitlines()]
-    curve = []
-    for updates, folder in points:
-        policy = AutoModelForCausalLM.from_pretrained(folder).eval()
-        # the evaluation seed differs per run seed, not per setting or point: all are compared on the same random draws
-        curve.append(
-            dict(
-                updates=updates,
-                **evaluate_policy(policy, sft, tokenizer, task, encode(tokenizer, test), args, seed=1000 + seed),
-            )
-        )
-    # how far off-policy the data really were, over the whole run: async's engine-vs-learner logprob gap (before each
-    # step's first update: K versions of drift), and the largest importance ratio (sync-N's drift within a round)
-    over_run = lambda key, how: how([m[key] for m in metrics]) if all(key in m for m in metrics) else None
-    off_policy = dict(
-        logprob_gap_mean=over_run("async/behaviour_learner_logprob_gap", lambda v: sum(v) / len(v)),
-        logprob_gap_max=over_run("async/behaviour_learner_logprob_gap", max),
-        importance_ratio_max=over_run("policy/importance_ratio_max", max),
-        clipfrac_mean=over_run("policy/clipfrac", lambda v: sum(v) / len(v)),
-    )
-    result = dict(
-        algorithm=algo,
-        setting=setting,
-        learning_rate=learning_rate,
-        seed=seed,
-        command=cmd[1:],
-        **{k: v for k, v in curve[-1].items() if k != "updates"},
-        curve=curve,
-        off_policy=off_policy,
-        episodes=metrics[-1]["episodes"],
-        run_seconds=round(run_seconds, 1),
-        eval_seconds=round(time.time() - start - run_seconds, 1),
-        date=time.strftime("%Y-%m-%d %H:%M"),
-        machine=f"{platform.machine()}, {os.cpu_count()} cores",
-        final_metrics=metrics[-1],
-    )
-    path.write_text(json.dumps(result, indent=1))
-    shutil.rmtree(cwd, ignore_errors=True)  # the run folder and its checkpoints are not needed any more
-    print(
-        "   gold " + " ".join(f"{p['gold_reward']:.3f}" for p in curve) + f"  final KL {curve[-1]['kl']:.3f}  "
-        f"({run_seconds:.0f}s run + {result['eval_seconds']:.0f}s eval)",
-        flush=True,
-    )
-    return time.time() - start
-
-
-# REPORT: rebuilt from the result files alone
-def mean_std(values):
-    m = sum(values) / len(values)
-    return m, (math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else float("nan"))
-
-
-def gold_at_kl(curve, kl: float):
-    """Gold where the run's curve (in update order) first reaches this KL, interpolated linearly between its points."""
-    for a, b in zip(curve, curve[1:]):
-        if a["kl"] <= kl <= b["kl"]:
-            t = (kl - a["kl"]) / (b["kl"] - a["kl"]) if b["kl"] > a["kl"] else 1.0
-            return a["gold_reward"] + t * (b["gold_reward"] - a["gold_reward"])
-    return float("nan")
-
-
-def mean_curve(runs):
-    """Seed-mean gold and KL at each evaluated update count (every seed of a setting is evaluated at the same ones)."""
-    return [
-        dict(
-            updates=points[0]["updates"],
-            gold_reward=mean_std([p["gold_reward"] for p in points])[0],
-            kl=mean_std([p["kl"] for p in points])[0],
-        )
-        for points in zip(*[r["curve"] for r in runs])
-    ]
-
-
-def load_results(results_dir: Path):
-    """{(algorithm, setting): [runs at the algorithm's own learning rate]}, and every sync-1 run (the rate sweep)."""
-    runs, rate_sweep = defaultdict(list), defaultdict(list)
-    for path in sorted((results_dir / "runs").glob("*__*__lr*__seed*.json")):
-        r = json.loads(path.read_text())
-        if r["algorithm"] not in ALGORITHMS:
-            continue
-        if r["setting"] == "sync-1":
-            rate_sweep[(r["algorithm"], r["learning_rate"])].append(r)
-        if r["learning_rate"] == ALGORITHMS[r["algorithm"]]["learning_rate"]:
-            runs[(r["algorithm"], r["setting"])].append(r)
-    for (algo, setting), rs in runs.items():
-        if len({(r["episodes"], len(r["curve"])) for r in rs}) > 1:
-            sys.exit(f"error: {algo} {setting} has result files of different budgets in {results_dir / 'runs'}")
-    return runs, rate_sweep
-
-
-def report(results_dir: Path):
-    """Rebuild staleness.md, staleness.png (gold vs KL) and staleness_updates.png (gold vs updates)."""
-    runs, rate_sweep = load_results(results_dir)
-    prep_path = results_dir / "runs" / "prep.json"
-    prep = json.loads(prep_path.read_text()) if prep_path.exists() else None
-    fmt = lambda ms: f"{ms[0]:.3f} ± {ms[1]:.3f}" if not math.isnan(ms[1]) else f"{ms[0]:.3f}"
-    lines = [
-        "Staleness with a verifiable reward: every algorithm trains on the verifier that also scores it (reward = "
-        "gold), so nothing can be over-optimised and this does not test the paper's Sec. 3 question (a proxy "
-        "reward model, gold win-rate against KL): that is benchmark/staleness_paper.py (staleness_paper/first.md). "
-        "Gold = verifier accuracy of temperature-0.7 samples on held-out problems; KL = mean over the policy's "
-        "own samples of sum_t log pi - log pi_sft (T=0.7).",
-        "sync-N: N mini-batches per generation round; async-K[-correction]: batches generated K policy versions "
-        "ago, trained with that --off-policy-correction. Gold at matched KL: each run's gold where its curve "
-        "first reaches the largest KL that every run of the algorithm reaches (linear between evaluations).",
-        "Produced by `python benchmark/staleness.py` (see its docstring); mean ± std over seeds.",
-        "",
-    ]
-    if prep:
-        init = prep["initial_policy"]
-        lines += [
-            f"Initial SFT policy: gold {init['gold_reward']:.3f}, greedy {init['greedy_accuracy']:.3f} "
-            f"({prep['policy_parameters']:,} parameters, difficulty {prep['difficulty']}).",
-            "",
-        ]
-    lines += [
-        "| algorithm | setting | final gold | gold at matched KL | matched KL | final KL | final greedy | "
-        "seeds | episodes | s/run |",
-        "|" + "---|" * 10,
-    ]
-    for algo in ALGORITHMS:
-        found = [s for s in settings_of(algo) + ["sync-2", "sync-8"] if runs.get((algo, s))]
-        if not found:
-            continue
-        matched = min(max(p["kl"] for p in r["curve"]) for s in found for r in runs[(algo, s)])
-        for setting in found:
-            rs = runs[(algo, setting)]
-            gold_matched = mean_std([gold_at_kl(r["curve"], matched) for r in rs])
-            lines.append(
-                f"| {algo} | {setting} | {fmt(mean_std([r['gold_reward'] for r in rs]))} | "
-                f"{fmt(gold_matched)} | {matched:.3f} | {fmt(mean_std([r['kl'] for r in rs]))} | "
-                f"{fmt(mean_std([r['greedy_accuracy'] for r in rs]))} | {len(rs)} | {rs[0]['episodes']} | "
-                f"{mean_std([r['run_seconds'] + r['eval_seconds'] for r in rs])[0]:.0f} |"
-            )
-    lines += cost_tables(runs, prep) + off_policy_table(runs)
-    if rate_sweep:
-        lines += [
-            "",
-            "Learning-rate sweep on sync-1, one seed per rate (the lowest seed run at every rate, the one the "
-            "rates were chosen on; the chosen rate's seed means are in the first table). Gold at each "
-            "evaluation, from update 0; the rate each algorithm uses is marked *:",
-            "",
-            "| algorithm | learning rate | gold along the run | final KL | seed |",
-            "|---|---|---|---|---|",
-        ]
-        for (algo, lr), rs in sorted(rate_sweep.items()):
-            run = min(rs, key=lambda r: r["seed"])
-            mark = " *" if lr == ALGORITHMS[algo]["learning_rate"] else ""
-            golds = " ".join(f"{p['gold_reward']:.3f}" for p in run["curve"])
-            lines.append(f"| {algo} | {lr:g}{mark} | {golds} | {run['curve'][-1]['kl']:.3f} | {run['seed']} |")
-    (results_dir / "staleness.md").write_text("\n".join(lines) + "\n")
-    if runs:
-        plot(runs, prep, results_dir)
-    return lines
-
-
-# the settings whose cost ranks the algorithms: the most off-policy of each kind, async under the paper's own loss
-RANKED = ("sync-16", "sync-32", "async-4", "async-8")
-# a setting's cost is measured on the mean gold of the last evaluations, not on the final one alone: one evaluation's
-# sampling noise (~0.02) is as large as the costs themselves
-LATE_EVALUATIONS = 3
-
-
-def late_gold(run):
-    return sum(p["gold_reward"] for p in run["curve"][-LATE_EVALUATIONS:]) / len(run["curve"][-LATE_EVALUATIONS:])
-
-
-def final_gold(run):
-    return run["gold_reward"]
-
-
-def cost_tables(runs, prep):
-    """What staleness costs each algorithm (late gold minus its sync-1's, seed means), the ranking by the mean cost
-    over RANKED (the paper's finding: online DPO loses less than PPO and RLOO), and the corrections side by side at
-    the largest K."""
-    fmt = lambda ms: f"{ms[0]:+.3f} ± {ms[1]:.3f}" if not math.isnan(ms[1]) else f"{ms[0]:+.3f}"
-
-    def cost(algo, setting, gold=late_gold):
-        """Gold minus sync-1's: the mean over seeds, and the std of the per-seed differences (seed s of a setting
-        against seed s of sync-1, which shares its SFT policy and data order)."""
-        base = {r["seed"]: gold(r) for r in runs.get((algo, "sync-1"), [])}
-        diffs = [gold(r) - base[r["seed"]] for r in runs.get((algo, setting), []) if r["seed"] in base]
-        return mean_std(diffs) if diffs else None
-
-    def named(algo, setting):  # async-K means async-K-paper for the algorithms that have corrections
-        kind, k, _ = parse_setting(setting)
-        return f"{setting}-paper" if kind == "async" and ALGORITHMS[algo]["corrections"] else setting
-
-    algos = [a for a in ALGORITHMS if runs.get((a, "sync-1"))]
-    if not algos:
-        return []
-    columns = [f"sync-{n}" for n in SYNC_N[1:]] + [f"async-{k}" for k in ASYNC_K]
-    late = [p["updates"] for p in runs[(algos[0], "sync-1")][0]["curve"][-LATE_EVALUATIONS:]]
-    noise = ""
-    if prep:  # sampling noise alone: the binomial standard error of a difference of two golds
-        n = prep["flags"]["num_eval_problems"] * prep["flags"]["eval_samples"]
-        gold = mean_std([r["gold_reward"] for a in algos for r in runs[(a, "sync-1")]])[0]
-        se = math.sqrt(2 * gold * (1 - gold) / n)
-        noise = (
-            f" One evaluation is the accuracy of {n:,} samples, so two runs' golds differ by about {se:.3f} from "
-            f"sampling alone (one standard error); a mean of {len(late)} evaluations lowers that, to "
-            f"{se / math.sqrt(len(late)):.3f} if their draws were independent (they share random numbers, so "
-            "the seeds' spread is the real measure)."
-        )
-    lines = [
-        "",
-        f"What staleness costs: late gold (the mean gold of the evaluations at updates "
-        f"{', '.join(map(str, late))}) minus sync-1's, per seed, then mean ± std over seeds (async-K under the "
-        "paper's loss, `--off-policy-correction paper`, for the algorithms that have a ratio)."
-        + noise
-        + f" Order: by the mean cost over {', '.join(RANKED)}, smallest cost first, an order of means, not a tested "
-        "ranking (± the std over seeds of each "
-        "seed's own mean cost); the same mean on the final gold alone is shown beside it.",
-        "",
-        "| algorithm | sync-1 late gold | " + " | ".join(columns) + " | mean cost | on final gold | rank |",
-        "|" + "---|" * (len(columns) + 5),
-    ]
-
-    def seed_spread(algo):
-        """The std over seeds of each seed's own mean cost over RANKED (seeds that have every RANKED setting): how far
-        the ranking's number moves from one seed to the next."""
-        per_seed = {}
-        for setting in ("sync-1",) + RANKED:
-            for r in runs.get((algo, named(algo, setting)), []):
-                per_seed.setdefault(r["seed"], {})[setting] = late_gold(r)
-        means = [sum(g[s] - g["sync-1"] for s in RANKED) / len(RANKED) for g in per_seed.values() if len(g) == 5]
-        return mean_std(means)[1] if means else float("nan")
-
-    mean_cost = {}
-    for algo in algos:
-        costs = {s: cost(algo, named(algo, s)) for s in columns}
-        if all(costs[s] for s in RANKED):
-            mean_cost[algo] = [
-                sum(cost(algo, named(algo, s), gold)[0] for s in RANKED) / len(RANKED)
-                for gold in (late_gold, final_gold)
-            ] + [seed_spread(algo)]
-    order = sorted(mean_cost, key=lambda a: mean_cost[a][0], reverse=True)
-    for algo in algos:
-        costs = {s: cost(algo, named(algo, s)) for s in columns}
-        base = mean_std([late_gold(r) for r in runs[(algo, "sync-1")]])
-        lines.append(
-            f"| {algo} | {base[0]:.3f} | "
-            + " | ".join(fmt(costs[s]) if costs[s] else "–" for s in columns)
-            + (
-                f" | {fmt((mean_cost[algo][0], mean_cost[algo][2]))} | {mean_cost[algo][1]:+.3f} | "
-                f"{order.index(algo) + 1 if len(order) > 1 else '–'} |"
-                if algo in mean_cost
-                else " | – | – | (incomplete) |"
-            )
-        )
-    corrected = [a for a in algos if ALGORITHMS[a]["corrections"]]
-    if corrected:
-        lines += [
-            "",
-            "Which correction recovers what staleness costs: late gold minus sync-1's at the largest lags, "
-            "per `--off-policy-correction` (mean ± std over seeds).",
-            "",
-            "| algorithm | K | " + " | ".join(CORRECTIONS) + " |",
-            "|" + "---|" * (len(CORRECTIONS) + 2),
-        ]
-        for algo in corrected:
-            for k in ASYNC_K[-2:]:
-                costs = [cost(algo, f"async-{k}-{c}") for c in CORRECTIONS]
-                lines.append(f"| {algo} | {k} | " + " | ".join(fmt(c) if c else "–" for c in costs) + " |")
-    return lines
-
-
-def off_policy_table(runs):
-    """How far off-policy each setting's data really were, from the runs' own metrics (mean over seeds; runs made
-    before the benchmark recorded this are left out)."""
-    lines = []
-    for algo in ALGORITHMS:
-        for setting in settings_of(algo):
-            have = [r["off_policy"] for r in runs.get((algo, setting), []) if r.get("off_policy")]
-            if not have:
-                continue
-            mean = lambda key, f: f.format(sum(h[key] for h in have) / len(have)) if have[0][key] is not None else "–"
-            lines.append(
-                f"| {algo} | {setting} | {mean('logprob_gap_mean', '{:.1e}')} | "
-                f"{mean('logprob_gap_max', '{:.1e}')} | {mean('importance_ratio_max', '{:.3f}')} | "
-                f"{mean('clipfrac_mean', '{:.4f}')} | {len(have)} |"
-            )
-    if not lines:
-        return []
-    return [
-        "",
-        "How far off-policy the data were, over each run: the mean and largest per-step gap |vLLM logprob - "
-        "learner logprob| of the sampled tokens before the step's first update (`async/behaviour_learner_logprob_"
-        "gap`: K policy versions of drift in async, ~1e-6 in sync), the largest importance ratio (sync-N's drift "
-        "within a round shows here) and the mean clipped fraction.",
-        "",
-        "| algorithm | setting | gap, mean | gap, max | importance ratio, max | clipfrac | seeds |",
-        "|---|---|---|---|---|---|---|",
-    ] + lines
-
-
-def plot(runs, prep, results_dir: Path):
-    """One row per algorithm; columns: sync N, then async K under each correction (sync-1 dashed as the reference)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    algos = [a for a in ALGORITHMS if any(key[0] == a for key in runs)]
-    columns = ["sync"] + [f"async, {c}" for c in CORRECTIONS]
-    for x_key, name, x_label in (
-        ("kl", "staleness.png", "KL(pi || pi_sft)"),
-        ("updates", "staleness_updates.png", "optimizer updates"),
-    ):
-        fig, axes = plt.subplots(len(algos), 4, figsize=(14, 3.0 * len(algos)), squeeze=False, sharey="row")
-        for row, algo in zip(axes, algos):
-            for col, (ax, column) in enumerate(zip(row, columns)):
-                for setting in settings_of(algo) + ["sync-2", "sync-8"]:
-                    kind, value, correction = parse_setting(setting)
-                    in_column = (kind == "sync" and col == 0) or (
-                        kind == "async"
-                        and col > 0
-                        and (correction == CORRECTIONS[col - 1] or (correction is None and col == 1))
-                    )
-                    reference = setting == "sync-1" and col > 0
-                    if not runs.get((algo, setting)) or not (in_column or reference):
-                        continue
-                    curve = mean_curve(runs[(algo, setting)])
-                    if reference:
-                        style = dict(color="k", linestyle="--", label="sync-1")
-                    elif kind == "sync":
-                        style = dict(
-                            color=plt.get_cmap("viridis")(math.log2(value) / 5.5), marker="o", label=f"N={value}"
-                        )
-                    else:
-                        style = dict(
-                            color=plt.get_cmap("Reds")(0.35 + 0.65 * math.log2(value) / 3),
-                            marker="^",
-                            label=f"K={value}",
-                        )
-                    ax.plot([p[x_key] for p in curve], [p["gold_reward"] for p in curve], markersize=3, **style)
-                ax.set_title(
-                    f"{algo}: {column}"
-                    if col == 0 or ALGORITHMS[algo]["corrections"] or col == 1
-                    else f"{algo}: (no correction modes)",
-                    fontsize=9,
-                )
-                ax.grid(alpha=0.3)
-                if ax.get_legend_handles_labels()[0]:
-                    ax.legend(fontsize=7)
-            row[0].set_ylabel("gold (held-out accuracy)")
-        for ax in axes[-1]:
-            ax.set_xlabel(x_label)
-        fig.tight_layout()
-        fig.savefig(results_dir / name, dpi=110)
-        plt.close(fig)
-
-
-def quick_settings(args: Args):
-    """--quick: tiny everything, so that the whole pipeline runs inside the test suite in minutes. Only fields left at
-    their defaults shrink: a flag given explicitly next to --quick wins."""
-    args.settings = [s for s in (args.settings or QUICK_SETTINGS) if s in QUICK_SETTINGS]
-    args.seeds = args.seeds[:1]
-    quick = dict(
-        num_updates=4,
-        eval_every_updates=2,
-        num_train_problems=128,
-        num_eval_problems=8,
-        sft_max_steps=10,
-        eval_samples=2,
-        mini_batch_prompts=2,
-        response_length=32,
-    )
-    defaults = Args()
-    for name, value in quick.items():
-        if getattr(args, name) == getattr(defaults, name):
-            setattr(args, name, value)
-
-
-def check(args: Args):
-    """Bad flags fail in one line before anything is built."""
-    unknown = [a for a in args.algorithms if a not in ALGORITHMS]
-    if unknown:
-        sys.exit(f"error: unknown --algorithms {unknown}; known: {list(ALGORITHMS)}")
-    known = {s for a in ALGORITHMS for s in settings_of(a)} | set(QUICK_SETTINGS) | {"sync-2", "sync-8"}
-    if args.settings is not None and [s for s in args.settings if s not in known]:
-        sys.exit(f"error: unknown --settings {[s for s in args.settings if s not in known]}; known: {sorted(known)}")
-    for s in args.settings or [s for a in args.algorithms for s in settings_of(a)]:
-        n = setting_flags(s)[1]
-        if args.eval_every_updates % n or args.num_updates % args.eval_every_updates:
-            sys.exit(
-                f"error: --eval-every-updates {args.eval_every_updates} must be a multiple of N of {s} and "
-                f"divide --num-updates {args.num_updates}"
-            )
-
-
-if __name__ == "__main__":
-    args = tyro.cli(Args)
-    if args.quick:
-        quick_settings(args)
-    check(args)
-    results_dir = Path(args.results_dir)
-    (results_dir / "runs").mkdir(parents=True, exist_ok=True)
-    if not args.report_only:
-        invocation_start, durations, new_runs = time.time(), [], 0
-        prep = prepare(args, task)
-        (results_dir / "runs" / "prep.json").write_text(json.dumps(prep, indent=1))
-        if not args.prep_only:
-            # seed-major order: a partial sweep has one complete seed of every setting before it starts the next seed
-            for seed in args.seeds:
-                for algo in args.algorithms:
-                    for learning_rate in args.learning_rates or [ALGORITHMS[algo]["learning_rate"]]:
-                        for setting in args.settings or settings_of(algo):
-                            if parse_setting(setting)[2] and not ALGORITHMS[algo]["corrections"]:
-                                continue  # DPO has no --off-policy-correction
-                            path = result_path(args, algo, setting, learning_rate, seed)
-                            if path.exists() and not args.force:
-                                common.check_same_budget(path, budget(args, setting))
-                                print(f"== {path.stem}: done already ({path})")
-                                continue
-                            if args.max_runs is not None and new_runs >= args.max_runs:
-                                continue
-                            expected = max(durations) if durations else 0.0
-                            if (
-                                args.time_budget_hours is not None
-                                and time.time() - invocation_start + expected > 3600 * args.time_budget_hours
-                            ):
-                                print(f"== time budget reached: not starting {path.stem}")
-                                continue
-                            claimed = common.claim(Path(args.work_dir), path.stem)
-                            if claimed is None:
-                                print(f"== {path.stem}: being run by another invocation, skipped", flush=True)
-                                continue
-                            try:
-                                if path.exists() and not args.force:  # finished by another one meanwhile
-                                    continue
-                                durations.append(run_one(args, task, algo, setting, learning_rate, seed, path))
-                                new_runs += 1
-                            finally:
-                                claimed.unlink(missing_ok=True)
-    print("\n".join(report(results_dir)))

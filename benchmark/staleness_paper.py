@@ -24,8 +24,8 @@ The paper's protocol, and what stands for each part of it here:
            lands), the final win-rate's drop below sync-1's, then the mean shortfall of the curve below sync-1's over
            the KL range every run of the algorithm reaches; both paired by seed, "separated" only under a Holm
            correction over the family of tests
-GRPO trains on a verifier and has no proxy: it is reported apart, in benchmark/staleness.py's verifier sweep. Every run
-is one subprocess of the real script; a run writes one result file, a rerun skips it, so the sweep spans sessions.
+GRPO trains on a verifier and has no proxy: it is not in this protocol. Every run is one subprocess of the real script;
+a run writes one result file, a rerun skips it, so the sweep spans sessions.
 """
 
 import json
@@ -1410,7 +1410,7 @@ def check(args: Args):
     """Bad flags fail in one line before anything is built."""
     unknown = [a for a in args.algorithms if a not in ALGORITHMS]
     if unknown:
-        sys.exit(f"error: unknown --algorithms {unknown}; known: {list(ALGORITHMS)} (GRPO: benchmark/staleness.py)")
+        sys.exit(f"error: unknown --algorithms {unknown}; known: {list(ALGORITHMS)} (GRPO has no proxy)")
     known = {s for a in ALGORITHMS for s in settings_of(a, GATE_SYNC_N)}  # holds QUICK_SETTINGS
     if args.settings is not None and [s for s in args.settings if s not in known]:
         sys.exit(f"error: unknown --settings {[s for s in args.settings if s not in known]}; known: {sorted(known)}")
