@@ -1,21 +1,21 @@
 # docs: docs/dpo.md -- Asynchronous RLHF (Noukhovitch et al., ICLR 2025), online DPO
-"""Asynchronous online DPO: a generation thread samples with policy version i-K while the learner trains step i.
+"""Asynchronous online DPO: vLLM samples with policy version i-K while the learner trains step i.
 
-The thread drives an in-process vLLM engine and picks each prompt's best and worst sample by reward; the learner does
-DPO on the pairs. `diff async_dpo.py sync_baselines/sync_dpo.py` shows what asynchrony changes.
+The thread drives an in-process vLLM engine and pairs each prompt's best and worst sample by reward;
+the learner does DPO on them. `diff async_dpo.py sync_baselines/sync_dpo.py` shows the asynchrony.
 
-    python async_dpo.py                                   # the paper's TL;DR setup (a GPU and hub access)
-    python async_dpo.py --async-steps 2 --num-mini-batches 4   # the paper's off-policyness knobs
+    python async_dpo.py  # the paper's TL;DR setup (a GPU and hub access)
+    python async_dpo.py --async-steps 2 --num-mini-batches 4  # the paper's off-policyness knobs
 """
 
 import os
 
-# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
-# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+# set before importing vLLM (docs/async.md#design-decisions): the engine lives in this process
+# (weights passed as tensors), patches no learner code (bytecode hook); no TF32 anywhere
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
-os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
 
 import glob
 import json
@@ -45,7 +45,7 @@ from vllm import LLM, SamplingParams
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
 
 
-# the flags that teach; the others (engine sizing, memory, logging, saving) are RunArgs's, below the banner
+# teaching flags; the rest (engine sizing, memory, logging, saving) are in RunArgs, below the banner
 @dataclass
 class Args:
     # algorithm
@@ -86,30 +86,30 @@ class Args:
     reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
     """sequence classifier with the policy's tokenizer"""
     reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
+    """model: reward model score; verifier: 1 if the final number is the answer, else 0"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
     dataset_path: Optional[str] = None
     """verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
 
 
-# ALGO LOGIC: online DPO (Guo et al., 2024). Of the k samples of a prompt, the reward's best and worst form a pair;
-# DPO (Rafailov et al., 2023) trains on the pairs against a frozen reference. Pure functions, unit-tested.
+# ALGO LOGIC: online DPO (Guo et al., 2024): the reward's best and worst of a prompt's k samples
+# pair up; DPO (Rafailov et al., 2023) trains on them against a frozen reference. Pure, unit-tested.
 def select_pairs(scores: torch.Tensor, k: int):
-    """Indices (into the flat prompt-major sample list) of the best and worst of each prompt's k samples."""
+    """Flat prompt-major indices of the best and worst of each prompt's k samples."""
     grouped = scores.view(-1, k)
     offsets = torch.arange(grouped.shape[0]) * k
     return offsets + grouped.argmax(dim=1), offsets + grouped.argmin(dim=1)
 
 
 def dpo_loss(chosen_logratio, rejected_logratio, beta):
-    """DPO (Rafailov et al., 2023, eq. 7) on per-pair sums of log pi - log pi_ref over response tokens."""
+    """DPO (Rafailov et al., 2023, eq. 7) on per-pair response-token sums of log pi - log pi_ref."""
     return -F.logsigmoid(beta * (chosen_logratio - rejected_logratio)).mean()
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
-    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    """Right-padded prompt+response ids, attention mask and response-token mask. Every loss reads
+    the mask as `response_mask[:, 1:]`: `token_logprobs` puts token t+1's logprob in column t."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
     attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
@@ -121,9 +121,9 @@ def pad_sequences(prompts, responses, pad_token_id, device):
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
-    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
-    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
+    """Response-token logprobs at the sampling temperature, (batch, length - 1): column t holds
+    token t+1, 0 off the response. The output layer runs from the first response column (`start`)
+    on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -134,9 +134,9 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
-    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
-    passes bit for bit and the first update's ratio is exactly 1."""
+    """`token_logprobs` without gradient: the reference's, or the learner's before its update
+    (pi_old). Run on the loop's `mini_batches` (PPO: first epoch's) in its micro-batches, so values
+    equal the loop's first forward passes bit for bit: the first update's ratio is exactly 1."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -148,19 +148,19 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    """Mini-batch stats from micro-batch [(share, {name: value})]: weighted means, `_max` maxima."""
     return {
         name: max(s[name] for _, s in micro_batch_stats)
         if name.endswith("_max")
@@ -170,18 +170,18 @@ def combine_stats(micro_batch_stats):
 
 
 def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
     return torch.autocast(
         torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
     )
 
 
-# REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
-# final number against the problem's reference answer (--reward verifier); both run in the generation thread
+# REWARD: a reward model (sequence classifier) scores each response (--reward model), or a verifier
+# grades its final number against the answer (--reward verifier); both run in the generation thread
 def score_responses(reward_model, tokenizer, args: Args, prompts, answers, responses, contains_eos):
-    """The score of each response (k per prompt, prompt-major). --reward verifier: its final number graded against the
-    problem's answer, as written, with or without EOS (as in the paper's GSM8K runs); --reward model: the reward
-    model's score, or --missing-eos-penalty for a response without EOS."""
+    """Each response's score (k per prompt, prompt-major). --reward verifier: its final number
+    graded against the problem's answer, as written, with or without EOS (as in the paper's GSM8K
+    runs); --reward model: the reward model's score, or --missing-eos-penalty without EOS."""
     samples_per_prompt = args.num_samples_per_prompt
     if args.reward == "verifier":
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -195,9 +195,9 @@ def score_responses(reward_model, tokenizer, args: Args, prompts, answers, respo
     return torch.where(contains_eos, scores, penalty)
 
 
-# GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
+# GENERATION: engine calls for one batch (sample, take new weights): same code as the sync script
 def generate(llm: LLM, prompts, args: Args, step: int):
-    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    """k samples per prompt, prompt-major: token ids and vLLM's logprob of each sampled token."""
     samples_per_prompt = args.num_samples_per_prompt
     # vLLM seeds sample c of a request seed + c: requests k apart share no seed
     first = args.seed * 1_000_003 + step * args.prompts_per_step * samples_per_prompt
@@ -214,7 +214,7 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
-    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale."""
+    """Learner weights into the engine in place (worker's `reload_weights`); cached KV is stale."""
     llm.collective_rpc(
         "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
     )
@@ -253,14 +253,14 @@ class WeightCheck(NamedTuple):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
-    """What an engine with `model`'s weights (`state_dict`, if a copy of them) answers: the probe's logprobs at
-    temperature 1, and the weights themselves."""
+    """What an engine with `model`'s weights (`state_dict`, if a copy of them) answers: the probe's
+    logprobs at temperature 1, and the weights themselves."""
     ids = torch.tensor([probe], device=args.learner_device)
     logprobs = token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
     return WeightCheck(probe, logprobs, model.state_dict() if state_dict is None else state_dict)
 
 
-# ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
+# ASYNC: the generation thread (actor) and its hand-off to the learner: all the sync twin lacks
 class PolicyVersion(NamedTuple):
     """What the learner hands the generation thread, once per version a batch needs."""
 
@@ -270,11 +270,11 @@ class PolicyVersion(NamedTuple):
 
 
 def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, guard_state, weights_queue, data_queue):
-    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
-    Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
-    reproducible); `data_queue` holds at most K batches. An exception takes the place of the next batch."""
+    """The actor (Cleanba's hand-off): learner step i's batch comes from exactly policy version
+    max(0, i-K). Before batch i it loads every version up to i-K, waiting if need be (seeded runs
+    reproduce); `data_queue` holds at most K batches. An exception replaces the next batch."""
     try:
-        SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
+        SET_TORCH_THREADS(args.torch_threads)  # OpenMP counts are per OS thread (vLLM checks them)
         version = 0
         for step, (prompts, answers) in enumerate(prompt_batches):
             waiting_time = weight_sync_time = 0.0
@@ -289,13 +289,13 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
                 weight_sync_time += time.time() - start
             batch = produce_batch(llm, reward_model, tokenizer, args, prompts, answers, step)
             times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": waiting_time}
-            data_queue.put({**batch, **times, "async/actor_version": version})  # blocks while K batches wait
+            data_queue.put({**batch, **times, "async/actor_version": version})  # blocks if K wait
     except BaseException as e:  # a thread must never die silently
         data_queue.put(e)
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
+    """`q.get` with a timeout naming what it waited for; re-raises the thread's exception."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -310,7 +310,7 @@ def main():
     check_args(args)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    num_gpus = torch.cuda.device_count()  # the engine (and reward model) on GPU 0, the learner on GPU 1 if there is one
+    num_gpus = torch.cuda.device_count()  # engine, reward model on GPU 0; learner on GPU 1 if any
     args.engine_device, args.learner_device = ("cuda:0", f"cuda:{min(num_gpus - 1, 1)}") if num_gpus else ("cpu", "cpu")
     SET_TORCH_THREADS(args.torch_threads)
 
@@ -319,10 +319,10 @@ def main():
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
-    # data before any model, so that bad data fails in seconds; then the run folder, now that the inputs are good
+    # data before models: bad data fails in seconds; then the run folder, once inputs are good
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers = load_prompts(args, tokenizer)
-    prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
+    prompt_batches = split_into_steps(prompts, answers, args)  # [i]: learner step i's prompts
     first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
     probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
@@ -343,11 +343,12 @@ def main():
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
     keep_models_eager(policy, ref_policy, reward_model)
-    guard_state = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)  # it starts at version 0
+    # the engine starts at version 0
+    guard_state = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)
 
     # ASYNC: the generation thread runs at most K versions ahead; a daemon: a crashed run ends it
     weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches or the thread's exception
     thread_args = (llm, reward_model, tokenizer, args, prompt_batches, guard_state, weights_queue, data_queue)
     thread = threading.Thread(target=generation_thread, args=thread_args, daemon=True)
     thread.start()
@@ -361,34 +362,35 @@ def main():
         batch = receive(data_queue, args.queue_timeout, f"the batch of learner step {step}")
         learner_waiting = time.time() - wait_start
 
-        # ALGO LOGIC: DPO on the pairs, in N sequential mini-batches, each accumulated over micro-batches
+        # ALGO LOGIC: DPO on the pairs, in N sequential mini-batches accumulated over micro-batches
         train_start = time.time()
         num_pairs = len(batch["prompts"])
-        input_ids, attention_mask, response_mask = pad_sequences(  # chosen sequences first, then rejected
+        input_ids, attention_mask, response_mask = pad_sequences(  # chosen first, then rejected
             batch["prompts"] * 2, batch["chosen"] + batch["rejected"], tokenizer.pad_token_id, args.learner_device
         )
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
         stats = defaultdict(list)  # name: one value per mini-batch
-        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
+        token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in chunks(torch.arange(num_pairs), num_pairs // args.num_mini_batches):
             optimizer.zero_grad()
             micro_batch_stats = []
             for pairs in chunks(mini_batch, max(1, args.micro_batch_size // 2)):
-                rows = torch.cat([pairs, pairs + num_pairs])  # the chosen and the rejected row of each pair
+                rows = torch.cat([pairs, pairs + num_pairs])  # each pair's chosen and rejected row
                 with learner_autocast(args):
                     per_token = token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
-                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(per_token, response_mask[rows], batch["behaviour_logprobs"], rows)
                 logprobs = per_token.sum(1)
                 logratio = logprobs - ref_logprobs[rows]
                 loss = dpo_loss(logratio[: len(pairs)], logratio[len(pairs) :], args.beta)
-                share = len(pairs) / len(mini_batch)  # gradients of share-weighted means add up to the mini-batch's
+                share = len(pairs) / len(mini_batch)  # so the gradients add up to the mini-batch's
                 (loss * share).backward()
                 chosen_rejected = (logprobs[: len(pairs)] - logprobs[len(pairs) :]).mean().item()
                 stat = {"losses/dpo_loss": loss.item(), "policy/chosen_rejected_logratio": chosen_rejected}
-                micro_batch_stats.append((share, {**stat, "objective/kl": logratio.mean().item()}))  # before the update
+                # measured before the update
+                micro_batch_stats.append((share, {**stat, "objective/kl": logratio.mean().item()}))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
@@ -396,7 +398,7 @@ def main():
                 stats[key].append(value)
         training_time = time.time() - train_start
 
-        # ASYNC: version step+1 to the generator if a future batch needs it: a host-memory copy (training goes on)
+        # ASYNC: version step+1 to the actor if a future batch needs it: host copy, training goes on
         if step + 1 + args.async_steps < args.num_learner_steps:
             weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.state_dict().items()}
             weights_queue.put(PolicyVersion(step + 1, weights, weight_check(policy, probe, args, weights)))
@@ -404,12 +406,13 @@ def main():
         # TRY NOT TO MODIFY: logging
         metrics = {
             **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
-            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/scores": batch["scores"].mean().item(),
             "objective/score_margin": batch["score_margin"].mean().item(),
-            # all k samples scored alike (common with a 0/1 verifier): chosen = rejected, a pair without gradient
+            # all k samples tied (common with a 0/1 verifier): chosen = rejected, no gradient
             "objective/tied_pairs": (batch["score_margin"] == 0).float().mean().item(),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
@@ -712,8 +715,8 @@ NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][
 
 
 def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
-    last one, canonical."""
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless
+    `marker_only`) the text's last one, canonical."""
     marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
     if marked:
         numbers = [] if marked.group(2) else [marked.group(1)]
@@ -727,8 +730,8 @@ def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
 
 
 def verify(text: str, answer: str, marker_only: bool):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
-    `marker_only`: --require-answer-marker."""
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else
+    0.0, found); `marker_only`: --require-answer-marker."""
     extracted = extract_answer(text, marker_only)
     return float(extracted is not None and extracted == answer), extracted is not None
 

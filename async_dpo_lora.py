@@ -1,22 +1,22 @@
-# docs: docs/dpo.md#lora -- async_dpo.py with LoRA: adapters, not weights, reach the engine version by version
-"""Asynchronous online DPO with LoRA: the learner trains a low-rank adapter (PEFT) on a frozen base, and each policy
-version reaches the engine as its own adapter (vLLM's `LoRARequest`): the batch of step i is sampled by the base with
-exactly version max(0, i-K)'s adapter, and the hand-off is an adapter of a few MB, never a reload of the base. The
-frozen reference is the base with the adapter disabled: no second copy of the weights. `diff async_dpo.py
-async_dpo_lora.py` shows what LoRA changes.
+# docs: docs/dpo.md#lora -- async_dpo.py with LoRA: adapters, not weights, reach vLLM per version
+"""Asynchronous online DPO with LoRA: the learner trains a low-rank adapter (PEFT) on a frozen base.
+Each policy version reaches the engine as its own adapter (vLLM's `LoRARequest`): the batch of step
+i is sampled by the base with exactly version max(0, i-K)'s adapter, and the hand-off is an adapter
+of a few MB, never a reload of the base. The frozen reference is the base with the adapter disabled:
+no second copy of the weights. `diff async_dpo.py async_dpo_lora.py` shows what LoRA changes.
 
-    python async_dpo_lora.py                              # the paper's TL;DR setup (a GPU and hub access), rank 16
-    python async_dpo_lora.py --lora-rank 1 --learning-rate 3e-5   # rank 1 (LoRA without regret: ~10x the rate)
+    python async_dpo_lora.py  # the paper's TL;DR setup (a GPU and hub access), rank 16
+    python async_dpo_lora.py --lora-rank 1 --learning-rate 3e-5  # ~10x rate (LoRA without regret)
 """
 
 import os
 
-# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
-# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+# set before importing vLLM (docs/async.md#design-decisions): the engine lives in this process
+# (weights passed as tensors), patches no learner code (bytecode hook); no TF32 anywhere
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
-os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
 
 import atexit
 import glob
@@ -49,7 +49,7 @@ from vllm.lora.request import LoRARequest
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
 
 
-# the flags that teach; the others (engine sizing, memory, logging, saving) are RunArgs's, below the banner
+# teaching flags; the rest (engine sizing, memory, logging, saving) are in RunArgs, below the banner
 @dataclass
 class Args:
     # algorithm
@@ -60,8 +60,8 @@ class Args:
     num_mini_batches: int = 1
     """N: sequential optimizer steps per generation round (the paper's off-policyness knob)"""
     learning_rate: float = 3e-5
-    """AdamW learning rate of the adapter, decayed linearly to 0: 10x the core's 3e-6, as LoRA's best rate is ~10x full
-    fine-tuning's (Schulman et al., "LoRA Without Regret", Thinking Machines, 2025)"""
+    """adapter's AdamW learning rate, linear decay to 0: 10x the core's 3e-6, as LoRA's best rate is
+    ~10x full fine-tuning's (Schulman et al., "LoRA Without Regret", Thinking Machines, 2025)"""
     weight_decay: float = 0.0
     """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
     beta: float = 0.1
@@ -73,14 +73,14 @@ class Args:
 
     # LoRA (Hu et al., 2022) through PEFT; vLLM serves each version's adapter
     lora_rank: int = 16
-    """rank r of every adapter (1-512; vLLM's --max-lora-rank is the next of 1, 8, 16, 32, 64, 128, 256, 320, 512)"""
+    """LoRA rank r, 1-512 (vLLM's --max-lora-rank: next of 1, 8, 16, 32, 64, 128, 256, 320, 512)"""
     lora_alpha: float = 32.0
     """LoRA's alpha: the adapter's update is scaled by alpha / r"""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    """linear layers that get an adapter (every attention and MLP projection: "LoRA Without Regret" finds attention
-    alone worse); only names vLLM applies adapters to are accepted (LORA_MODULES)"""
+    """linear layers that get an adapter (every attention and MLP projection: "LoRA Without Regret"
+    finds attention alone worse); only names vLLM applies adapters to are accepted (LORA_MODULES)"""
     save_merged: bool = False
-    """also save the final policy merged into the base, as a plain model folder, in --output-dir/merged"""
+    """also save the final policy, merged into the base, as a plain model in --output-dir/merged"""
 
     # async
     async_steps: int = 1
@@ -102,30 +102,30 @@ class Args:
     reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
     """sequence classifier with the policy's tokenizer"""
     reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
+    """model: reward model score; verifier: 1 if the final number is the answer, else 0"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
     dataset_path: Optional[str] = None
     """verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
 
 
-# ALGO LOGIC: online DPO (Guo et al., 2024). Of the k samples of a prompt, the reward's best and worst form a pair;
-# DPO (Rafailov et al., 2023) trains on the pairs against a frozen reference. Pure functions, unit-tested.
+# ALGO LOGIC: online DPO (Guo et al., 2024): the reward's best and worst of a prompt's k samples
+# pair up; DPO (Rafailov et al., 2023) trains on them against a frozen reference. Pure, unit-tested.
 def select_pairs(scores: torch.Tensor, k: int):
-    """Indices (into the flat prompt-major sample list) of the best and worst of each prompt's k samples."""
+    """Flat prompt-major indices of the best and worst of each prompt's k samples."""
     grouped = scores.view(-1, k)
     offsets = torch.arange(grouped.shape[0]) * k
     return offsets + grouped.argmax(dim=1), offsets + grouped.argmin(dim=1)
 
 
 def dpo_loss(chosen_logratio, rejected_logratio, beta):
-    """DPO (Rafailov et al., 2023, eq. 7) on per-pair sums of log pi - log pi_ref over response tokens."""
+    """DPO (Rafailov et al., 2023, eq. 7) on per-pair response-token sums of log pi - log pi_ref."""
     return -F.logsigmoid(beta * (chosen_logratio - rejected_logratio)).mean()
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
-    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    """Right-padded prompt+response ids, attention mask and response-token mask. Every loss reads
+    the mask as `response_mask[:, 1:]`: `token_logprobs` puts token t+1's logprob in column t."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
     attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
@@ -137,9 +137,9 @@ def pad_sequences(prompts, responses, pad_token_id, device):
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
-    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
-    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
+    """Response-token logprobs at the sampling temperature, (batch, length - 1): column t holds
+    token t+1, 0 off the response. The output layer runs from the first response column (`start`)
+    on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -150,9 +150,9 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
-    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
-    passes bit for bit and the first update's ratio is exactly 1."""
+    """`token_logprobs` without gradient: the reference's, or the learner's before its update
+    (pi_old). Run on the loop's `mini_batches` (PPO: first epoch's) in its micro-batches, so values
+    equal the loop's first forward passes bit for bit: the first update's ratio is exactly 1."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -164,19 +164,19 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    """Mini-batch stats from micro-batch [(share, {name: value})]: weighted means, `_max` maxima."""
     return {
         name: max(s[name] for _, s in micro_batch_stats)
         if name.endswith("_max")
@@ -186,18 +186,18 @@ def combine_stats(micro_batch_stats):
 
 
 def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
     return torch.autocast(
         torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
     )
 
 
-# REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
-# final number against the problem's reference answer (--reward verifier); both run in the generation thread
+# REWARD: a reward model (sequence classifier) scores each response (--reward model), or a verifier
+# grades its final number against the answer (--reward verifier); both run in the generation thread
 def score_responses(reward_model, tokenizer, args: Args, prompts, answers, responses, contains_eos):
-    """The score of each response (k per prompt, prompt-major). --reward verifier: its final number graded against the
-    problem's answer, as written, with or without EOS (as in the paper's GSM8K runs); --reward model: the reward
-    model's score, or --missing-eos-penalty for a response without EOS."""
+    """Each response's score (k per prompt, prompt-major). --reward verifier: its final number
+    graded against the problem's answer, as written, with or without EOS (as in the paper's GSM8K
+    runs); --reward model: the reward model's score, or --missing-eos-penalty without EOS."""
     samples_per_prompt = args.num_samples_per_prompt
     if args.reward == "verifier":
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -211,10 +211,10 @@ def score_responses(reward_model, tokenizer, args: Args, prompts, answers, respo
     return torch.where(contains_eos, scores, penalty)
 
 
-# GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
+# GENERATION: engine calls for one batch (sample, take new weights): same code as the sync script
 def generate(llm: LLM, prompts, args: Args, step: int, adapter: LoRARequest):
-    """k samples per prompt by the base with `adapter`; returns token ids and vLLM's logprob of each sampled token,
-    prompt-major."""
+    """k samples per prompt by the base with `adapter`; returns token ids and vLLM's logprob of each
+    sampled token, prompt-major."""
     samples_per_prompt = args.num_samples_per_prompt
     # vLLM seeds sample c of a request seed + c: requests k apart share no seed
     first = args.seed * 1_000_003 + step * args.prompts_per_step * samples_per_prompt
@@ -232,8 +232,8 @@ def generate(llm: LLM, prompts, args: Args, step: int, adapter: LoRARequest):
 
 
 def push_weights_to_engine(llm: LLM, adapter: LoRARequest, previous: Optional[LoRARequest]):
-    """Version `adapter` into the engine (vLLM loads it from its folder now), and the previous one out: no batch needs
-    it again. The base is never touched; the prefix cache keys its blocks by adapter, so no block is stale."""
+    """Version `adapter` into the engine (vLLM loads its folder now), the previous one out: no batch
+    needs it again. Base untouched; the prefix cache keys blocks by adapter: none is stale."""
     if previous is not None:
         llm.llm_engine.remove_lora(previous.lora_int_id)
         shutil.rmtree(previous.lora_path, ignore_errors=True)
@@ -241,7 +241,7 @@ def push_weights_to_engine(llm: LLM, adapter: LoRARequest, previous: Optional[Lo
 
 
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, step: int, adapter: LoRARequest):
-    """Generate k samples per prompt with `adapter`, score them, and pick each prompt's (chosen, rejected) pair."""
+    """Sample k per prompt with `adapter`, score them, pick each prompt's (chosen, rejected) pair"""
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step, adapter)
     generation_time = time.time() - start
@@ -263,7 +263,7 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
 
 
 def adapter_request(args: Args, version: int):
-    """Version `version`'s adapter as vLLM names it: its own id (a cached adapter is never served as another)."""
+    """Version `version`'s adapter for vLLM: its own id, so no cached adapter serves as another."""
     folder = os.path.join(args.adapter_dir, f"v{version}")
     return LoRARequest(f"policy-v{version}", version + 1, folder)
 
@@ -278,8 +278,8 @@ class WeightCheck(NamedTuple):
 
 @torch.no_grad()
 def save_adapter(policy, version: int, probe, args: Args):
-    """The learner's side of the hand-off: version `version`'s adapter in its folder (safetensors), and what an engine
-    serving it answers: the probe's logprobs at temperature 1 and the tensors vLLM must hold."""
+    """The learner's side of the hand-off: `version`'s adapter in its folder (safetensors), and what
+    an engine serving it answers: the probe's logprobs at temperature 1, tensors vLLM must hold."""
     policy.save_pretrained(adapter_request(args, version).lora_path)
     ids = torch.tensor([probe], device=args.learner_device)
     ones = torch.ones_like(ids)  # every probe token attended to and scored
@@ -292,21 +292,21 @@ def save_adapter(policy, version: int, probe, args: Args):
     )
 
 
-# ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
+# ASYNC: the generation thread (actor) and its hand-off to the learner: all the sync twin lacks
 class PolicyVersion(NamedTuple):
-    """What the learner hands the generation thread, once per version a batch needs: the adapter itself is in its
-    folder (`save_adapter`)."""
+    """What the learner hands the generation thread, once per version a batch needs: the adapter
+    itself is in its folder (`save_adapter`)."""
 
     version: int  # learner steps taken
     expected: "WeightCheck"  # what an engine serving it answers
 
 
 def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, guard_state, weights_queue, data_queue):
-    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
-    Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
-    reproducible); `data_queue` holds at most K batches. An exception takes the place of the next batch."""
+    """The actor (Cleanba's hand-off): learner step i's batch comes from exactly policy version
+    max(0, i-K). Before batch i it loads every version up to i-K, waiting if need be (seeded runs
+    reproduce); `data_queue` holds at most K batches. An exception replaces the next batch."""
     try:
-        SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
+        SET_TORCH_THREADS(args.torch_threads)  # OpenMP counts are per OS thread (vLLM checks them)
         version = 0
         adapter = adapter_request(args, 0)
         for step, (prompts, answers) in enumerate(prompt_batches):
@@ -324,13 +324,13 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
                 weight_sync_time += time.time() - start
             batch = produce_batch(llm, reward_model, tokenizer, args, prompts, answers, step, adapter)
             times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": waiting_time}
-            data_queue.put({**batch, **times, "async/actor_version": version})  # blocks while K batches wait
+            data_queue.put({**batch, **times, "async/actor_version": version})  # blocks if K wait
     except BaseException as e:  # a thread must never die silently
         data_queue.put(e)
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
+    """`q.get` with a timeout naming what it waited for; re-raises the thread's exception."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -345,7 +345,7 @@ def main():
     check_args(args)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    num_gpus = torch.cuda.device_count()  # the engine (and reward model) on GPU 0, the learner on GPU 1 if there is one
+    num_gpus = torch.cuda.device_count()  # engine, reward model on GPU 0; learner on GPU 1 if any
     args.engine_device, args.learner_device = ("cuda:0", f"cuda:{min(num_gpus - 1, 1)}") if num_gpus else ("cpu", "cpu")
     SET_TORCH_THREADS(args.torch_threads)
 
@@ -354,10 +354,10 @@ def main():
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
-    # data before any model, so that bad data fails in seconds; then the run folder, now that the inputs are good
+    # data before models: bad data fails in seconds; then the run folder, once inputs are good
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers = load_prompts(args, tokenizer)
-    prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
+    prompt_batches = split_into_steps(prompts, answers, args)  # [i]: learner step i's prompts
     first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
     probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
@@ -367,11 +367,11 @@ def main():
     args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
     writer, metrics_file = start_tracking(args)
 
-    # models: the policy (a frozen base and a trained adapter; its reference is the base, the adapter disabled) and
-    # the reward model, which labels beside the engine
+    # models: the policy (a frozen base and a trained adapter; its reference is the base, the
+    # adapter disabled) and the reward model, which labels beside the engine
     policy = load_lora_policy(args)
     reward_model = load_scalar_model(args.reward_model_path, args.engine_device) if args.reward == "model" else None
-    trained = [p for p in policy.parameters() if p.requires_grad]  # the adapter's A and B matrices only
+    trained = [p for p in policy.parameters() if p.requires_grad]  # only the adapter's A and B
     optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
@@ -385,7 +385,7 @@ def main():
 
     # ASYNC: the generation thread runs at most K versions ahead; a daemon: a crashed run ends it
     weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches or the thread's exception
     thread_args = (llm, reward_model, tokenizer, args, prompt_batches, guard_state, weights_queue, data_queue)
     thread = threading.Thread(target=generation_thread, args=thread_args, daemon=True)
     thread.start()
@@ -399,35 +399,36 @@ def main():
         batch = receive(data_queue, args.queue_timeout, f"the batch of learner step {step}")
         learner_waiting = time.time() - wait_start
 
-        # ALGO LOGIC: DPO on the pairs, in N sequential mini-batches, each accumulated over micro-batches
+        # ALGO LOGIC: DPO on the pairs, in N sequential mini-batches accumulated over micro-batches
         train_start = time.time()
         num_pairs = len(batch["prompts"])
-        input_ids, attention_mask, response_mask = pad_sequences(  # chosen sequences first, then rejected
+        input_ids, attention_mask, response_mask = pad_sequences(  # chosen first, then rejected
             batch["prompts"] * 2, batch["chosen"] + batch["rejected"], tokenizer.pad_token_id, args.learner_device
         )
         with policy.disable_adapter():  # the reference: the base alone
             ref_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args).sum(1)
         stats = defaultdict(list)  # name: one value per mini-batch
-        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
+        token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in chunks(torch.arange(num_pairs), num_pairs // args.num_mini_batches):
             optimizer.zero_grad()
             micro_batch_stats = []
             for pairs in chunks(mini_batch, max(1, args.micro_batch_size // 2)):
-                rows = torch.cat([pairs, pairs + num_pairs])  # the chosen and the rejected row of each pair
+                rows = torch.cat([pairs, pairs + num_pairs])  # each pair's chosen and rejected row
                 with learner_autocast(args):
                     per_token = token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
-                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(per_token, response_mask[rows], batch["behaviour_logprobs"], rows)
                 logprobs = per_token.sum(1)
                 logratio = logprobs - ref_logprobs[rows]
                 loss = dpo_loss(logratio[: len(pairs)], logratio[len(pairs) :], args.beta)
-                share = len(pairs) / len(mini_batch)  # gradients of share-weighted means add up to the mini-batch's
+                share = len(pairs) / len(mini_batch)  # so the gradients add up to the mini-batch's
                 (loss * share).backward()
                 chosen_rejected = (logprobs[: len(pairs)] - logprobs[len(pairs) :]).mean().item()
                 stat = {"losses/dpo_loss": loss.item(), "policy/chosen_rejected_logratio": chosen_rejected}
-                micro_batch_stats.append((share, {**stat, "objective/kl": logratio.mean().item()}))  # before the update
+                # measured before the update
+                micro_batch_stats.append((share, {**stat, "objective/kl": logratio.mean().item()}))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
@@ -435,20 +436,21 @@ def main():
                 stats[key].append(value)
         training_time = time.time() - train_start
 
-        # ASYNC: version step+1's adapter to the generator if a future batch needs it (a file of a few MB)
+        # ASYNC: version step+1's adapter to the generator if a future batch needs it (a few MB)
         if step + 1 + args.async_steps < args.num_learner_steps:
-            expected = save_adapter(policy, step + 1, probe, args)  # the adapter is in its folder now
+            expected = save_adapter(policy, step + 1, probe, args)  # adapter now in its folder
             weights_queue.put(PolicyVersion(step + 1, expected))
 
         # TRY NOT TO MODIFY: logging
         metrics = {
             **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
-            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/scores": batch["scores"].mean().item(),
             "objective/score_margin": batch["score_margin"].mean().item(),
-            # all k samples scored alike (common with a 0/1 verifier): chosen = rejected, a pair without gradient
+            # all k samples tied (common with a 0/1 verifier): chosen = rejected, no gradient
             "objective/tied_pairs": (batch["score_margin"] == 0).float().mean().item(),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
@@ -785,8 +787,8 @@ NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][
 
 
 def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
-    last one, canonical."""
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless
+    `marker_only`) the text's last one, canonical."""
     marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
     if marked:
         numbers = [] if marked.group(2) else [marked.group(1)]
@@ -800,8 +802,8 @@ def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
 
 
 def verify(text: str, answer: str, marker_only: bool):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
-    `marker_only`: --require-answer-marker."""
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else
+    0.0, found); `marker_only`: --require-answer-marker."""
     extracted = extract_answer(text, marker_only)
     return float(extracted is not None and extracted == answer), extracted is not None
 

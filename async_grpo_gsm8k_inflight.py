@@ -1,23 +1,23 @@
-# docs: docs/grpo_gsm8k.md#in-flight-weight-updates -- async_grpo_gsm8k.py with in-flight weight updates
-"""Asynchronous GRPO on GSM8K with in-flight weight updates: batch i starts with policy version max(0, i-K), as in
-the core, and the engine takes the next one, i-K+1, *while the batch is being decoded* (PipelineRL's idea), at a
-declared decoding step (`--in-flight fixed`: reproducible) or as soon as it arrives (`asap`). Every sampled token
-records the version that sampled it (checked against vLLM's own labels), and the learner's default correction
-weighs each token by its own behaviour logprob.
-`diff async_grpo_gsm8k.py async_grpo_gsm8k_inflight.py` shows what in-flight updates add to the core.
+# docs: docs/grpo_gsm8k.md#in-flight-weight-updates -- async_grpo_gsm8k.py with in-flight updates
+"""Asynchronous GRPO on GSM8K with in-flight weight updates (PipelineRL's idea).
+Batch i starts with policy version max(0, i-K), as in the core; the engine takes the next one,
+i-K+1, *while the batch is decoded*: at a declared decoding step (`--in-flight fixed`: reproducible)
+or as soon as it arrives (`asap`). Every sampled token records the version that sampled it (checked
+against vLLM's labels), and the learner's default correction weighs each token by its own behaviour
+logprob. `diff async_grpo_gsm8k.py async_grpo_gsm8k_inflight.py` shows what in-flight updates add.
 
-    python async_grpo_gsm8k_inflight.py                                      # the swap after decoding step 64
-    python async_grpo_gsm8k_inflight.py --in-flight asap --async-steps 2     # fastest, not reproducible
+    python async_grpo_gsm8k_inflight.py  # the swap after decoding step 64
+    python async_grpo_gsm8k_inflight.py --in-flight asap --async-steps 2  # fastest, irreproducible
 """
 
 import os
 
-# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
-# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+# set before importing vLLM (docs/async.md#design-decisions): the engine lives in this process
+# (weights passed as tensors), patches no learner code (bytecode hook); no TF32 anywhere
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
-os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
 
 import glob
 import json
@@ -48,7 +48,7 @@ from vllm.sampling_params import RequestOutputKind
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
 
 
-# the flags that teach; the others (engine sizing, memory, logging, saving) are RunArgs's, below the banner
+# teaching flags; the rest (engine sizing, memory, logging, saving) are in RunArgs, below the banner
 @dataclass
 class Args:
     # algorithm
@@ -63,15 +63,15 @@ class Args:
     weight_decay: float = 0.0
     """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
     scale_rewards: bool = True
-    """divide centred rewards by the group std (DeepSeekMath); --no-scale-rewards only centres them, Dr. GRPO's
-    advantage (Dr. GRPO also aggregates with --loss-aggregation constant)"""
+    """divide centred rewards by the group std (DeepSeekMath); --no-scale-rewards only centres them,
+    Dr. GRPO's advantage (Dr. GRPO also aggregates with --loss-aggregation constant)"""
     loss_aggregation: Literal["sequence", "token", "constant"] = "sequence"
-    """how per-token terms become the loss (`aggregate`): sequence = mean over each response, then over responses
-    (DeepSeekMath's GRPO); token = mean over all response tokens (DAPO); constant = sum over tokens divided by
-    responses x --response-length (Dr. GRPO, no length bias)"""
+    """how per-token terms become the loss (`aggregate`): sequence = mean over each response, then
+    over responses (DeepSeekMath's GRPO); token = mean over all response tokens (DAPO); constant =
+    sum over tokens / (responses x --response-length) (Dr. GRPO, no length bias)"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "decoupled"
-    """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md);
-    `paper` takes a batch as sampled by the learner's policy; in flight its tokens mix versions (docs/grpo_gsm8k.md)"""
+    """PPO ratio anchor and staleness weights (`off_policy_anchor`, docs/async.md); `paper` assumes
+    the learner's policy sampled a batch; in flight, its tokens mix versions (docs/grpo_gsm8k.md)"""
     cliprange: float = 0.2
     """PPO clip range of the token-level ratio pi / pi_anchor"""
     importance_weight_cap: float = 2.0
@@ -85,25 +85,25 @@ class Args:
 
     # async
     async_steps: int = 1
-    """K: the batch of learner step i starts with exactly policy version max(0, i-K); in flight, its later tokens
-    may come from the next one, i-K+1 (never newer: batch i+1 starts with it)"""
+    """K: the batch of learner step i starts with exactly policy version max(0, i-K); in flight, its
+    later tokens may come from i-K+1 (never newer: batch i+1 starts with it)"""
     in_flight: Literal["off", "fixed", "asap"] = "fixed"
-    """when version i-K+1 enters batch i: fixed = after decoding step --in-flight-chunk (waiting for the learner if
-    need be; reproducible where the KV cache holds the whole batch, else refused), asap = as soon as it is
-    published, off = never: the core (async_grpo_gsm8k.py) if both run one --off-policy-correction (the defaults
-    differ: the core's is paper)"""
+    """when version i-K+1 enters batch i: fixed = after decoding step --in-flight-chunk (waiting for
+    the learner if need be; reproducible if the KV cache holds the whole batch, else refused),
+    asap = once it is published, off = never: the core (async_grpo_gsm8k.py) if both run one
+    --off-policy-correction (the defaults differ: the core's is paper)"""
     in_flight_chunk: Optional[int] = None
     """C: fixed's swap: tokens after decoding step C are version i-K+1's; None: 64, at most half
     --response-length"""
     in_flight_kv: Optional[Literal["keep", "recompute"]] = None
-    """the KV cache of sequences in flight at a swap: keep the old weights' (PipelineRL) or recompute it (AReaL);
-    None: keep"""
+    """the KV cache of sequences in flight at a swap: keep the old weights' (PipelineRL) or
+    recompute it (AReaL); None: keep"""
 
     # generation
     temperature: float = 0.7
     """sampling temperature; the learner's logprobs use the same temperature"""
     num_samples_per_prompt: int = 4
-    """G: solutions per problem, normalised together (the paper's GSM8K configs sample 8; 4 fits a CPU run)"""
+    """G: solutions per problem, normalised together (paper's GSM8K configs: 8; 4 fits a CPU run)"""
     response_length: int = 512
     """maximum new tokens per response"""
     engine_dtype: str = "float32"
@@ -118,10 +118,10 @@ class Args:
     """a folder with GSM8K-format train/test.jsonl; overrides --dataset-name"""
 
 
-# ALGO LOGIC: GRPO (Shao et al., 2024): group-normalised rewards, a clipped token-level surrogate; pure, unit-tested
+# ALGO LOGIC: GRPO (Shao et al., 2024): group-normalised rewards, per-token clip; pure, unit-tested
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool, eps: float = 1e-4):
-    """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2) of every token of a sample: (r - group mean) / (group
-    std + eps), std unbiased and eps 1e-4 as in TRL; unscaled: Dr. GRPO (Liu et al., 2025). Equal rewards give 0."""
+    """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2) of every token: (r - group mean) /
+    (group std + eps), unbiased std, eps 1e-4 as TRL; unscaled: Dr. GRPO (Liu et al., 2025)."""
     grouped = rewards.view(-1, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_rewards:
@@ -130,10 +130,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool
 
 
 def aggregate(values, mask, aggregation: str, response_length: int):
-    """A micro-batch's loss from per-token values, per --loss-aggregation. `sequence`: the mean over each response's
-    tokens, then over responses (DeepSeekMath's GRPO objective, eq. 3), so a long response's tokens weigh less, the
-    length bias Dr. GRPO names (Liu et al., 2025, Sec. 3.1); `token`: the mean over all response tokens (DAPO, Yu et
-    al., 2025); `constant`: the sum over tokens divided by responses x response_length, a constant (Dr. GRPO)."""
+    """A micro-batch's loss from per-token values, per --loss-aggregation. `sequence`: mean per
+    response, then over responses (DeepSeekMath eq. 3), so long responses' tokens weigh less (the
+    length bias Dr. GRPO names, Liu et al., 2025, Sec. 3.1); `token`: mean over all tokens (DAPO, Yu
+    et al., 2025); `constant`: sum / (responses x response_length), a constant (Dr. GRPO)."""
     if aggregation == "sequence":
         return ((values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
     if aggregation == "token":
@@ -142,19 +142,19 @@ def aggregate(values, mask, aggregation: str, response_length: int):
 
 
 def micro_batch_share(rows, mini_batch, response_mask, aggregation: str):
-    """The micro-batch's weight, so that the gradients of share-weighted losses add up to the mini-batch's: its share
-    of the responses, or under `token` aggregation of the response tokens."""
+    """The micro-batch's weight, so gradients of share-weighted losses add up to the mini-batch's:
+    its share of the responses, or under `token` aggregation of the response tokens."""
     if aggregation == "token":
         return (response_mask[rows, 1:].sum() / response_mask[mini_batch, 1:].sum()).item()
     return len(rows) / len(mini_batch)
 
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
-    """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
-    (docs/async.md#the-off-policy-correction-three-modes); per token (RLOO's loss sums the log-ratio per sequence).
-    paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
-    (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
-    Neither output carries gradient, whatever the caller passes."""
+    """Per `--off-policy-correction` (docs/async.md#the-off-policy-correction-three-modes): the PPO
+    ratio's anchor logprobs and each term's importance weight, per token (RLOO's loss sums the
+    log-ratio per sequence). paper: pi_old (the learner's own, before the step's first update),
+    weight 1, as the paper's code. behaviour: mu (vLLM's, of version i-K), weight 1. decoupled:
+    pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022). Neither output carries gradient."""
     if correction == "behaviour":
         return behaviour_logprobs.detach(), torch.ones_like(behaviour_logprobs)
     old_logprobs = old_logprobs.detach()
@@ -164,20 +164,20 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
 
 
 def effective_sample_size(importance_weights):
-    """Kish's effective sample size of the weights as a fraction of their number, (sum w)^2 / (n sum w^2): 1 when all
-    are equal (paper and behaviour modes), near 1/n when one term carries the batch (Kong, 1992)."""
+    """Kish's effective sample size of the weights over n, (sum w)^2 / (n sum w^2): 1 when all are
+    equal (paper, behaviour modes), ~1/n when one term carries the batch (Kong, 1992)."""
     return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
-    """PPO's pessimistic clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al., 2017),
-    optionally dual-clipped, and a mask of the terms it leaves without gradient (the clipped branch won, or the dual
-    clip bound it): for A > 0 those with r > 1 + eps, for A < 0 those with r < 1 - eps or r > dual_clip."""
+    """PPO's clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al.,
+    2017), optionally dual-clipped, and a mask of terms without gradient (clipped branch won, or
+    dual clip bound): A > 0 and r > 1 + eps; A < 0 and r < 1 - eps or r > dual_clip."""
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
     losses = torch.max(unclipped, clipped)
     no_gradient = clipped > unclipped
-    if dual_clip is not None:  # for A < 0 the loss grows with r without bound; the dual clip caps it at -A * c
+    if dual_clip is not None:  # A < 0: loss grows with r unbounded; the dual clip caps it at -A * c
         bound = (advantages < 0) & (losses > -advantages * dual_clip)
         losses = torch.where(bound, -advantages * dual_clip, losses)
         no_gradient = no_gradient | bound
@@ -187,7 +187,7 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
 def grpo_policy_loss(
     new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip, aggregation, length
 ):
-    """Clipped token-level surrogate of pi / pi_anchor, each term times its importance weight (`off_policy_anchor`)."""
+    """Clipped token-level surrogate of pi / pi_anchor, terms weighted per `off_policy_anchor`."""
     mask = mask.float()
     log_ratio = (new_logprobs - anchor_logprobs) * mask
     ratio = torch.exp(log_ratio)
@@ -200,21 +200,22 @@ def grpo_policy_loss(
             "policy/clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
             "policy/zero_gradient_frac": no_gradient[tokens].float().mean().item(),
             "policy/importance_weight_mean": importance_weights[tokens].mean().item(),
-            "policy/approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
+            # k3 estimator (Schulman, 2020)
+            "policy/approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),
         }
     return aggregate(importance_weights * per_token, mask, aggregation, length), stats
 
 
 def kl_penalty(new_logprobs, ref_logprobs, mask, aggregation: str, length: int):
-    """k3 estimate of KL(pi || pi_ref) per token, aggregated like the loss (DeepSeekMath eq. 4): >= 0, unbiased only on
-    samples of pi (here mu's); as a loss, its expected gradient is that of KL(pi_ref || pi), not KL(pi || pi_ref)."""
+    """k3 estimate of KL(pi || pi_ref), aggregated like the loss (DeepSeekMath eq. 4): >= 0,
+    unbiased only on pi's samples (here mu's); as a loss: KL(pi_ref || pi)'s expected gradient."""
     log_ratio = (ref_logprobs - new_logprobs) * mask
     return aggregate(torch.exp(log_ratio) - log_ratio - 1, mask.float(), aggregation, length)
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
-    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    """Right-padded prompt+response ids, attention mask and response-token mask. Every loss reads
+    the mask as `response_mask[:, 1:]`: `token_logprobs` puts token t+1's logprob in column t."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
     attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
@@ -226,9 +227,9 @@ def pad_sequences(prompts, responses, pad_token_id, device):
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
-    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
-    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
+    """Response-token logprobs at the sampling temperature, (batch, length - 1): column t holds
+    token t+1, 0 off the response. The output layer runs from the first response column (`start`)
+    on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -239,9 +240,9 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
-    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
-    passes bit for bit and the first update's ratio is exactly 1."""
+    """`token_logprobs` without gradient: the reference's, or the learner's before its update
+    (pi_old). Run on the loop's `mini_batches` (PPO: first epoch's) in its micro-batches, so values
+    equal the loop's first forward passes bit for bit: the first update's ratio is exactly 1."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -253,7 +254,7 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
-    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (column t = token t+1, 0 elsewhere)."""
+    """vLLM's per-sample logprobs in `token_logprobs`' layout (column t = token t+1, else 0)."""
     mask = response_mask[:, 1:].bool()
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
@@ -261,19 +262,19 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    """Mini-batch stats from micro-batch [(share, {name: value})]: weighted means, `_max` maxima."""
     return {
         name: max(s[name] for _, s in micro_batch_stats)
         if name.endswith("_max")
@@ -283,20 +284,20 @@ def combine_stats(micro_batch_stats):
 
 
 def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
     return torch.autocast(
         torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
     )
 
 
-# REWARD: a verifier, not a model: 1 if a solution's final number is the reference answer (see `extract_answer`), else 0
-# a number as written in solutions: sign (not the minus of "5-3"), $, thousands commas, decimals, exponent (2.5e3)
+# REWARD: a verifier, not a model: 1 if the final number is the answer (`extract_answer`), else 0
+# a number in solutions: sign (not "5-3"'s minus), $, thousands commas, decimals, exponent (2.5e3)
 NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
 
 
 def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
-    last one, canonical."""
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless
+    `marker_only`) the text's last one, canonical."""
     marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
     if marked:
         numbers = [] if marked.group(2) else [marked.group(1)]
@@ -310,26 +311,26 @@ def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
 
 
 def verify(text: str, answer: str, marker_only: bool):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
-    `marker_only`: --require-answer-marker."""
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else
+    0.0, found); `marker_only`: --require-answer-marker."""
     extracted = extract_answer(text, marker_only)
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
 def score_responses(tokenizer, args: Args, answers, responses):
-    """The verifier's reward of each response (G per problem, problem-major): 1.0 if its final number is the problem's
-    answer, else 0.0, graded as written (with or without EOS); and whether it has a final number at all."""
+    """Each response's verifier reward (G per problem, problem-major): 1.0 if its final number is
+    the answer, else 0.0, graded as written (EOS or not); and whether it has a final number."""
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     sample_answers = [a for a in answers for _ in range(args.num_samples_per_prompt)]
     rewards, found = zip(*[verify(t, a, args.require_answer_marker) for t, a in zip(texts, sample_answers)])
     return torch.tensor(rewards), found
 
 
-# GENERATION: sample, take new weights, evaluate greedily, make one batch: the same code in the sync twin
+# GENERATION: sample, take new weights, evaluate greedily, make a batch: same code in the sync twin
 def generate(llm: LLM, prompts, args: Args, step: int, between_steps):
-    """k samples per prompt, decoded one engine step at a time (vLLM's `add_request`/`step`, what `LLM.generate` runs)
-    so that `between_steps(decoding_steps)` can load new weights while they are in flight; it returns the version the
-    engine then holds. Returns token ids, vLLM's logprob of each sampled token and the version that sampled it."""
+    """k samples per prompt, decoded step by step (vLLM's `add_request`/`step`, as in
+    `LLM.generate`) so `between_steps(decoding_steps)` can load new weights mid-flight and return
+    the engine's version. Returns token ids, vLLM's logprobs and the version that sampled each."""
     samples_per_prompt = args.num_samples_per_prompt
     engine = llm.llm_engine
     # logprobs=0: only the sampled token's; DELTA: each step's new tokens
@@ -378,9 +379,9 @@ def generate(llm: LLM, prompts, args: Args, step: int, between_steps):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: Optional[dict], in_flight_kv=None):
-    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale.
-    In flight the running sequences keep their KV (`keep`, PipelineRL) or are preempted and prefilled anew with the new
-    weights (`recompute`: vLLM's reset of running requests); `keep`'s stale blocks go once the engine is idle (None)."""
+    """Learner weights into the engine in place (the worker's `reload_weights`); cached KV blocks go
+    stale. In flight, sequences keep their KV (`keep`, PipelineRL) or are preempted and re-prefilled
+    (`recompute`: vLLM resets running requests); `keep`'s stale blocks go once idle (None)."""
     if state_dict is not None:
         llm.collective_rpc(
             "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
@@ -396,7 +397,7 @@ def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
 
 
 def evaluate(llm: LLM, eval_set, args: Args, version: int):
-    """Greedy (temperature 0) accuracy of the weights the engine holds (policy `version`) on held-out problems."""
+    """Greedy (temperature 0) held-out accuracy of the engine's weights (policy `version`)."""
     start = time.time()
     prompts, answers = eval_set
     params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
@@ -413,7 +414,7 @@ def evaluate(llm: LLM, eval_set, args: Args, version: int):
 
 
 def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int, between_steps):
-    """Generate G samples per problem and grade each against the reference answer (the verifier is the reward)."""
+    """Generate G samples per problem, graded against the answer (the verifier is the reward)."""
     start = time.time()
     responses, logprobs, versions = generate(llm, prompts, args, step, between_steps)
     generation_time = time.time() - start
@@ -444,14 +445,14 @@ class WeightCheck(NamedTuple):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
-    """What an engine with `model`'s weights (`state_dict`, if a copy of them) answers: the probe's logprobs at
-    temperature 1, and the weights themselves."""
+    """What an engine with `model`'s weights (`state_dict`, if a copy of them) answers: the probe's
+    logprobs at temperature 1, and the weights themselves."""
     ids = torch.tensor([probe], device=args.learner_device)
     logprobs = token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
     return WeightCheck(probe, logprobs, model.state_dict() if state_dict is None else state_dict)
 
 
-# ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
+# ASYNC: the generation thread (actor) and its hand-off to the learner: all the sync twin lacks
 class PolicyVersion(NamedTuple):
     """What the learner hands the generation thread, once per version a batch needs."""
 
@@ -461,12 +462,12 @@ class PolicyVersion(NamedTuple):
 
 
 def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guard_state, weights_queue, data_queue):
-    """The actor: batch i starts with exactly policy version max(0, i-K), as in the core, and may take the next one,
-    i-K+1, between two decoding steps (never a newer one: batch i+1 starts with i-K+1): under `fixed` after step C,
-    waiting for it if need be (a seeded run is reproducible), under `asap` as soon as it has arrived. A due
-    evaluation runs at a batch's start; `data_queue` holds at most K batches, an exception in place of the next."""
+    """The actor: batch i starts with exactly version max(0, i-K) as in the core and may take i-K+1
+    between decoding steps (never newer: batch i+1 starts with it): under `fixed` after step C,
+    waiting if need be (reproducible when seeded), under `asap` on arrival. Due evaluations run at a
+    batch's start; `data_queue` holds at most K batches, an exception in place of the next."""
     try:
-        SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
+        SET_TORCH_THREADS(args.torch_threads)  # OpenMP counts are per OS thread (vLLM checks them)
         version = 0
         # vLLM labels each token with this (checked in `generate`)
         llm.llm_engine.set_weight_version("0")
@@ -487,7 +488,7 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guar
                 push_weights_to_engine(llm, incoming.weights, args.in_flight_kv if in_flight else None)
                 llm.llm_engine.set_weight_version(str(version))
                 guard_state = check_weight_sync(llm, incoming.expected, guard_state, args, version, in_flight)
-                unprobed = None  # an in-flight version: its weights compared and dropped, its probe pending
+                unprobed = None  # in-flight version: weights compared and dropped, probe pending
                 if in_flight:
                     unprobed = incoming._replace(weights=None, expected=incoming.expected._replace(weights={}))
                 times["time/weight_sync"] += time.time() - start
@@ -502,7 +503,7 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guar
                     load(in_flight=True)
                 return version
 
-            # the engine is idle again: the in-flight version's probe, and keep's stale blocks dropped
+            # the engine is idle again: probe the in-flight version, drop keep's stale blocks
             if unprobed:
                 start = time.time()
                 push_weights_to_engine(llm, None)
@@ -523,7 +524,8 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guar
             if eval_set.prompts and due:
                 evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
             batch = produce_batch(llm, tokenizer, args, prompts, answers, step, between_steps)
-            batch["time/generation"] -= sum(times.values()) - loading  # in-flight loads and waits count as theirs
+            # in-flight loads and waits count as theirs
+            batch["time/generation"] -= sum(times.values()) - loading
             batch = {**batch, **times, "async/actor_version": start_version, "evaluation": evaluation}
             data_queue.put(batch)  # blocks while K batches wait
     except BaseException as e:  # a thread must never die silently
@@ -531,7 +533,7 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guar
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
+    """`q.get` with a timeout naming what it waited for; re-raises the thread's exception."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -551,7 +553,7 @@ def main():
         args.in_flight_chunk = args.in_flight_chunk or min(64, args.response_length // 2)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    num_gpus = torch.cuda.device_count()  # the engine on GPU 0, the learner on GPU 1 if there is one, else beside it
+    num_gpus = torch.cuda.device_count()  # engine on GPU 0, learner on GPU 1 if any, else beside it
     args.engine_device, args.learner_device = ("cuda:0", f"cuda:{min(num_gpus - 1, 1)}") if num_gpus else ("cpu", "cpu")
     SET_TORCH_THREADS(args.torch_threads)
 
@@ -560,11 +562,11 @@ def main():
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
-    # data before any model, so that bad data fails in seconds; then the run folder, now that the inputs are good
+    # data before models: bad data fails in seconds; then the run folder, once inputs are good
     group_size = args.num_samples_per_prompt  # G
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers, eval_set = load_problem_sets(args, tokenizer)
-    prompt_batches = split_into_steps(prompts, answers, args)  # the problems of learner step i: prompt_batches[i]
+    prompt_batches = split_into_steps(prompts, answers, args)  # [i]: learner step i's problems
     first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
     probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(
@@ -575,7 +577,7 @@ def main():
     writer, metrics_file = start_tracking(args)
     eval_file = open(f"runs/{args.run_name}/eval.jsonl", "w")
 
-    # models: the policy, and its frozen reference only with a KL term (without one it is never used)
+    # models: the policy, and its frozen reference only with a KL term (unused without one)
     policy = load_causal_lm(args.model_name_or_path, args.learner_device)
     ref_policy = (
         load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False) if args.kl_coef > 0 else None
@@ -587,7 +589,7 @@ def main():
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
     if args.in_flight == "fixed":
-        # one swap step for every sequence only if none waits for KV blocks: the cache holds a batch (vLLM keeps 1)
+        # one swap step for all only if none waits for KV blocks: cache holds a batch (vLLM keeps 1)
         cache = llm.llm_engine.vllm_config.cache_config
         size, held = cache.block_size, cache.num_gpu_blocks - 1
         need = max(
@@ -601,11 +603,12 @@ def main():
                 "raise --kv-cache-gib (GPU: --gpu-memory-utilization) or run asap"
             )
     keep_models_eager(policy, ref_policy)
-    guard_state = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)  # it starts at version 0
+    # the engine starts at version 0
+    guard_state = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)
 
     # ASYNC: the generation thread runs at most K versions ahead; a daemon: a crashed run ends it
     weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches or the thread's exception
     thread_args = (llm, tokenizer, args, prompt_batches, eval_set, guard_state, weights_queue, data_queue)
     thread = threading.Thread(target=generation_thread, args=thread_args, daemon=True)
     thread.start()
@@ -632,8 +635,9 @@ def main():
         )
         mini_batches = chunks(torch.arange(len(input_ids)), len(input_ids) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
-        old_logprobs = None  # pi_old, the learner's own logprobs before this step's updates (paper, decoupled modes)
-        if args.off_policy_correction != "behaviour":  # in the loop's micro-batches: its first ratios are exactly 1
+        old_logprobs = None  # pi_old: the learner's, before this step's updates (paper, decoupled)
+        # in the loop's micro-batches: its first ratios are exactly 1
+        if args.off_policy_correction != "behaviour":
             old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, mini_batches)
         if ref_policy is not None:
             ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
@@ -641,7 +645,7 @@ def main():
             args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
         )
         stats = defaultdict(list)  # name: one value per mini-batch
-        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
+        token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -650,7 +654,7 @@ def main():
                     new_logprobs = token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
-                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(new_logprobs, response_mask[rows], batch["behaviour_logprobs"], rows)
                 mask = response_mask[rows, 1:]
                 loss, policy_stats = grpo_policy_loss(
@@ -679,7 +683,7 @@ def main():
                 stats[key].append(value)
         training_time = time.time() - train_start
 
-        # ASYNC: version step+1 to the generator if a later batch needs it (in flight: batch step+K, mid-batch step+K-1)
+        # ASYNC: send step+1 if a batch needs it (in flight: batch step+K takes it mid-batch)
         ahead = args.async_steps - (args.in_flight != "off")
         if step + 1 + ahead < args.num_learner_steps:
             weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.state_dict().items()}
@@ -691,12 +695,13 @@ def main():
         grouped_rewards = batch["rewards"].view(-1, group_size)
         metrics = {
             **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
-            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/accuracy": batch["rewards"].mean().item(),
             "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
             "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
@@ -712,14 +717,15 @@ def main():
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
-            problems = [i // group_size for i in range(len(batch["responses"][:8]))]  # of the first 8 samples
+            # the problems of the first 8 samples
+            problems = [i // group_size for i in range(len(batch["responses"][:8]))]
             prompts, answers = [batch["prompts"][i] for i in problems], [batch["answers"][i] for i in problems]
             rows = zip(prompts, answers, batch["responses"], batch["rewards"])
             log_samples(writer, step, tokenizer, ["prompt", "answer", "response", "reward"], rows)
         save_policy(args, step, policy, tokenizer, stop_signals)  # when due
     thread.join(timeout=60)  # the learner took its last batch: the thread is returning
 
-    # the final weights never reached the engine during training; the thread has ended, so the engine is free
+    # the engine never got the final weights in training; the thread has ended, so it is free
     if eval_set.prompts:
         sync_engine(llm, policy, probe, args, args.num_learner_steps)
         log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)

@@ -1,11 +1,11 @@
-# docs: docs/multigpu.md#dpo -- async_dpo.py plus torchrun learners, a tensor-parallel engine and exact resume
-"""async_dpo.py (online DPO) scaled out: torchrun learner processes (DDP, or FSDP2 with --fsdp) split every
-mini-batch, rank 0 owning the engine and the logs; --engine-tensor-parallel-size splits the engine; --save-every and
+# docs: docs/multigpu.md#dpo -- async_dpo.py plus torchrun, a tensor-parallel engine, exact resume
+"""async_dpo.py scaled out: torchrun learners (DDP, or FSDP2 with --fsdp) split every mini-batch,
+rank 0 owning the engine and logs; --engine-tensor-parallel-size splits the engine; --save-every and
 --resume-from give exact resume (optimizer, random states, batches in flight). `diff async_dpo.py
-multigpu/async_dpo_multigpu.py` is the lesson on scaling out; with --async-steps 0 this file is sync at scale.
+multigpu/async_dpo_multigpu.py` is the lesson; --async-steps 0 makes it sync at scale.
 
-    torchrun --nproc-per-node 3 multigpu/async_dpo_multigpu.py --prompts-per-step 48  # 1+3 GPUs: 3 ranks x 16 prompts
-    python multigpu/async_dpo_multigpu.py --save-every 50        # then --resume-from runs/<run>
+    torchrun --nproc-per-node 3 multigpu/async_dpo_multigpu.py --prompts-per-step 48  # 1+3 GPUs
+    python multigpu/async_dpo_multigpu.py --save-every 50  # then --resume-from runs/<run>
 """
 
 import contextlib
@@ -14,40 +14,41 @@ import os
 import signal
 import threading
 
-if __name__ == "__mp_main__":  # a process of vLLM's engine: multiprocessing's spawn ran this file first, as __mp_main__
+if __name__ == "__mp_main__":  # a vLLM engine process: spawn ran this file first, as __mp_main__
 
     def pass_on_the_parents_signals(parent: int):
-        """SIGINT and SIGTERM, blocked below, arrive here. One from the process that started this one (vLLM's own
-        shutdown, or the death signal) goes to the handler vLLM set; one from anyone else (a scheduler signals every
-        process of a job) is dropped: the learner takes it, saves what it needs from this engine, and its exit ends
-        the engine."""
+        """SIGINT and SIGTERM, blocked below, arrive here. One from the parent process (vLLM's own
+        shutdown, or the death signal) goes to the handler vLLM set; one from anyone else (a
+        scheduler signals every process of a job) is dropped: the learner takes it, saves what it
+        needs from this engine, and its exit ends the engine."""
         while True:
             info = signal.sigwaitinfo({signal.SIGINT, signal.SIGTERM})
             handler = signal.getsignal(info.si_signo)
             if info.si_pid == parent and callable(handler):
-                # the engine core's handler sets its shutdown flag (safe in any thread); a worker's raises SystemExit,
-                # kept in this thread: vLLM ends a worker by closing its death pipe, the SIGTERM is its fallback
+                # engine core's handler sets its shutdown flag (thread-safe); a worker's SystemExit
+                # is caught here: vLLM ends workers via their death pipe, SIGTERM as fallback
                 with contextlib.suppress(SystemExit, KeyboardInterrupt):
                     handler(info.si_signo, None)
-            elif info.si_pid == parent:  # no handler of vLLM's (not yet, or no more): the default, ending the process
+            elif info.si_pid == parent:  # no vLLM handler (not yet, or no more): the default exit
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {info.si_signo})
                 signal.raise_signal(info.si_signo)
 
-    os.setsid()  # a session of its own: a Ctrl-C or a SIGTERM to the run's process group does not reach it
-    ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG: a SIGTERM if the learner is killed (SIGKILL, the OOM killer)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # before any thread: they inherit it
+    os.setsid()  # own session: a Ctrl-C or SIGTERM to the run's process group does not reach it
+    ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG: SIGTERM if the learner dies (SIGKILL, OOM)
+    # before any thread: they inherit it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     threading.Thread(target=pass_on_the_parents_signals, args=(os.getppid(),), daemon=True).start()
-# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
-# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+# set before importing vLLM (docs/async.md#design-decisions): the engine lives in this process
+# (weights passed as tensors), patches no learner code (bytecode hook); no TF32 anywhere
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
-os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
-# but under torchrun (one rank too) in a process of its own, as vLLM would take torchrun's torch.distributed world as
-# its own (the weights then go through shared memory); forced: 0 breaks torchrun
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
+# but under torchrun (even one rank) in a process of its own: vLLM would take torchrun's
+# torch.distributed world as its own (weights then go via shared memory); forced: 0 breaks torchrun
 if "TORCHELASTIC_RUN_ID" in os.environ:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the guard's checksums reach engine processes pickled
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # guard checksums travel pickled
 
 import atexit
 import collections
@@ -81,10 +82,10 @@ from tqdm import tqdm
 from vllm import LLM, SamplingParams
 
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
-WEIGHTS_FILE = threading.Lock()  # held while push_weights_to_engine's file exists; at exit, taken for good
+WEIGHTS_FILE = threading.Lock()  # held while push_weights_to_engine's file exists; for good at exit
 
 
-# the flags that teach; the others (engine sizing, memory, logging, saving) are RunArgs's, below the banner
+# teaching flags; the rest (engine sizing, memory, logging, saving) are in RunArgs, below the banner
 @dataclass
 class Args:
     # algorithm
@@ -125,30 +126,30 @@ class Args:
     reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
     """sequence classifier with the policy's tokenizer"""
     reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
+    """model: reward model score; verifier: 1 if the final number is the answer, else 0"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
     dataset_path: Optional[str] = None
     """verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
 
 
-# ALGO LOGIC: online DPO (Guo et al., 2024). Of the k samples of a prompt, the reward's best and worst form a pair;
-# DPO (Rafailov et al., 2023) trains on the pairs against a frozen reference. Pure functions, unit-tested.
+# ALGO LOGIC: online DPO (Guo et al., 2024): the reward's best and worst of a prompt's k samples
+# pair up; DPO (Rafailov et al., 2023) trains on them against a frozen reference. Pure, unit-tested.
 def select_pairs(scores: torch.Tensor, k: int):
-    """Indices (into the flat prompt-major sample list) of the best and worst of each prompt's k samples."""
+    """Flat prompt-major indices of the best and worst of each prompt's k samples."""
     grouped = scores.view(-1, k)
     offsets = torch.arange(grouped.shape[0]) * k
     return offsets + grouped.argmax(dim=1), offsets + grouped.argmin(dim=1)
 
 
 def dpo_loss(chosen_logratio, rejected_logratio, beta):
-    """DPO (Rafailov et al., 2023, eq. 7) on per-pair sums of log pi - log pi_ref over response tokens."""
+    """DPO (Rafailov et al., 2023, eq. 7) on per-pair response-token sums of log pi - log pi_ref."""
     return -F.logsigmoid(beta * (chosen_logratio - rejected_logratio)).mean()
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
-    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    """Right-padded prompt+response ids, attention mask and response-token mask. Every loss reads
+    the mask as `response_mask[:, 1:]`: `token_logprobs` puts token t+1's logprob in column t."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
     attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
@@ -160,9 +161,9 @@ def pad_sequences(prompts, responses, pad_token_id, device):
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
-    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
-    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
+    """Response-token logprobs at the sampling temperature, (batch, length - 1): column t holds
+    token t+1, 0 off the response. The output layer runs from the first response column (`start`)
+    on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -173,9 +174,9 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
-    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
-    passes bit for bit and the first update's ratio is exactly 1. Each rank computes its share; all get every row."""
+    """`token_logprobs` without gradient: the reference's, or pi_old (the pre-update learner's), in
+    the loop's `mini_batches` (PPO: first epoch's) and micro-batches: bit for bit its first forward
+    passes, so the first ratio is exactly 1. Each rank computes a share; all get every row."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -188,19 +189,19 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    """Mini-batch stats from micro-batch [(share, {name: value})]: weighted means, `_max` maxima."""
     return {
         name: max(s[name] for _, s in micro_batch_stats)
         if name.endswith("_max")
@@ -210,18 +211,18 @@ def combine_stats(micro_batch_stats):
 
 
 def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
     return torch.autocast(
         torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
     )
 
 
-# REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
-# final number against the problem's reference answer (--reward verifier); both run in the generation thread
+# REWARD: a reward model (sequence classifier) scores each response (--reward model), or a verifier
+# grades its final number against the answer (--reward verifier); both run in the generation thread
 def score_responses(reward_model, tokenizer, args: Args, prompts, answers, responses, contains_eos):
-    """The score of each response (k per prompt, prompt-major). --reward verifier: its final number graded against the
-    problem's answer, as written, with or without EOS (as in the paper's GSM8K runs); --reward model: the reward
-    model's score, or --missing-eos-penalty for a response without EOS."""
+    """Each response's score (k per prompt, prompt-major). --reward verifier: its final number
+    graded against the problem's answer, as written, with or without EOS (as in the paper's GSM8K
+    runs); --reward model: the reward model's score, or --missing-eos-penalty without EOS."""
     samples_per_prompt = args.num_samples_per_prompt
     if args.reward == "verifier":
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -235,9 +236,9 @@ def score_responses(reward_model, tokenizer, args: Args, prompts, answers, respo
     return torch.where(contains_eos, scores, penalty)
 
 
-# GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
+# GENERATION: engine calls for one batch (sample, take new weights): same code as the sync script
 def generate(llm: LLM, prompts, args: Args, step: int):
-    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    """k samples per prompt, prompt-major: token ids and vLLM's logprob of each sampled token."""
     samples_per_prompt = args.num_samples_per_prompt
     # vLLM seeds sample c of a request seed + c: requests k apart share no seed
     first = args.seed * 1_000_003 + step * args.prompts_per_step * samples_per_prompt
@@ -254,14 +255,14 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str] = None):
-    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale.
-    Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a safetensors file
-    in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
+    """Learner weights into the engine in place (worker's `reload_weights`); cached KV is stale.
+    Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a
+    safetensors file in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
         llm.collective_rpc(
             "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
         )
-    else:  # a full copy of the weights, in a folder gone once the engine has read it (at exit too: init_distributed)
+    else:  # full weights in a folder gone once the engine read it (at exit too: init_distributed)
         with (
             WEIGHTS_FILE,
             tempfile.TemporaryDirectory(
@@ -269,8 +270,8 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
                 dir=weights_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None),
             ) as folder,
         ):
-            # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
-            # memory, and vLLM's reload, given only one of the two names, unties them: measured)
+            # every name, as in this process; a tied weight's second name gets a copy (safetensors
+            # refuses shared memory; vLLM's reload, given one name, unties them: measured)
             tensors, seen = {}, set()
             for name, tensor in state_dict.items():
                 tensor = tensor.detach().cpu().contiguous()
@@ -278,7 +279,7 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
                 seen.add(tensor.data_ptr())
             safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
             llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
-    # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
+    # cached prompt KV blocks come from the old weights; reusing them would silently mix policies
     llm.reset_prefix_cache()
 
 
@@ -314,7 +315,7 @@ class WeightCheck(NamedTuple):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
-    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
+    """Engine answer for `model`'s weights: probe logprobs at T=1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
     dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
     return WeightCheck(
@@ -324,7 +325,7 @@ def weight_check(model, probe, args: Args, state_dict=None):
     )
 
 
-# ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
+# ASYNC: the generation thread (actor) and its hand-off to the learner: all the sync twin lacks
 class PolicyVersion(NamedTuple):
     """What the learner hands the generation thread, once per version a batch needs."""
 
@@ -336,20 +337,21 @@ class PolicyVersion(NamedTuple):
 def generation_thread(
     llm, reward_model, tokenizer, args: Args, prompt_batches, guard_state, weights_queue, spare_weights, data_queue
 ):
-    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
-    Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
-    reproducible); `data_queue` holds at most K batches. An exception takes the place of the next batch."""
+    """The actor (Cleanba's hand-off): learner step i's batch comes from exactly policy version
+    max(0, i-K). Before batch i it loads every version up to i-K, waiting if need be (seeded runs
+    reproduce); `data_queue` holds at most K batches. An exception replaces the next batch."""
     try:
-        SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
+        SET_TORCH_THREADS(args.torch_threads)  # OpenMP counts are per OS thread (vLLM checks them)
         version = args.start_step
-        # a resumed run starts from version s and already holds the batches of steps s .. s+K-1 (its checkpoint's)
+        # a resumed run starts at version s; its checkpoint holds the batches of steps s .. s+K-1
         first = args.start_step + min(args.async_steps, len(prompt_batches) - args.start_step) if args.start_step else 0
         for step, (prompts, answers) in enumerate(prompt_batches[first:], first):
             waiting_time = weight_sync_time = 0.0
             while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
                 incoming = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
-                if incoming is None:  # the learner stops (a signal) and waits for this thread: no engine call in flight
+                # the learner stops (a signal) and waits for this thread: no engine call in flight
+                if incoming is None:
                     return
                 version = incoming.version
                 waiting_time += time.time() - start
@@ -357,16 +359,16 @@ def generation_thread(
                 push_weights_to_engine(llm, incoming.weights, args.weights_dir)
                 guard_state = check_weight_sync(llm, incoming.expected, guard_state, args, version)
                 weight_sync_time += time.time() - start
-                spare_weights.put(incoming.weights)  # the engine holds its own copy now: the learner may reuse this
+                spare_weights.put(incoming.weights)  # engine copied it: the learner may reuse it
             batch = produce_batch(llm, reward_model, tokenizer, args, prompts, answers, step)
             times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": waiting_time}
-            data_queue.put({**batch, **times, "async/actor_version": version})  # blocks while K batches wait
+            data_queue.put({**batch, **times, "async/actor_version": version})  # blocks if K wait
     except BaseException as e:  # a thread must never die silently
         data_queue.put(e)
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
+    """`q.get` with a timeout naming what it waited for; re-raises the thread's exception."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -381,7 +383,7 @@ def main():
     check_args(args)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    init_distributed(args)  # placement: torchrun's learner processes, rank 0's engine; plain python: rank 0 of 1
+    init_distributed(args)  # torchrun's learner ranks, rank 0's engine; plain python: rank 0 of 1
     resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
     SET_TORCH_THREADS(args.torch_threads)
 
@@ -391,13 +393,14 @@ def main():
     torch.manual_seed(args.seed)
     generators = {}  # the learner's own random generators, saved in checkpoints: none here
 
-    # data before any model, so that bad data fails in seconds; then rank 0's run folder, now that the inputs are good
+    # data before models: bad data fails in seconds; then rank 0's run folder, once inputs are good
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers = load_prompts(args, tokenizer)
-    prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
+    prompt_batches = split_into_steps(prompts, answers, args)  # [i]: learner step i's prompts
     first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
     probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
-    sequences = 2 * args.prompts_per_step // args.num_mini_batches // args.world_size  # in a mini-batch
+    # sequences in a mini-batch
+    sequences = 2 * args.prompts_per_step // args.num_mini_batches // args.world_size
     args.micro_batch_size = choose_micro_batch_size(args, sequences, max(map(len, prompts)) + args.response_length)
     args.start_step = resumed["step"] if resumed else 0
     writer = metrics_file = None
@@ -411,7 +414,7 @@ def main():
         writer, metrics_file = start_tracking(args, resumed)
     args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
 
-    # models: the policy, its frozen reference, and the reward model, which labels beside rank 0's engine
+    # models: policy, frozen reference, and the reward model, which labels beside rank 0's engine
     policy = load_causal_lm(f"{resumed['path']}/policy" if resumed else args.model_name_or_path, args.learner_device)
     ref_policy = load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False)
     if args.gradient_checkpointing:
@@ -432,7 +435,7 @@ def main():
     if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
         guard_state = sync_engine(llm, policy, probe, args, args.start_step)
         restore_random_states(resumed, generators, args.learner_device)
-    else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
+    else:  # every rank computes the check (FSDP2 gathers probe logprobs); rank 0's engine answers
         expected = weight_check(policy, probe, args, full_state_dict(policy, args))
         guard_state = (
             check_weight_sync(llm, expected, None, args, 0) if args.rank == 0 and not args.replay_from else None
@@ -440,8 +443,8 @@ def main():
 
     # ASYNC: the generation thread runs at most K versions ahead; a daemon: a crashed run ends it
     weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
-    spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    spare_weights = queue.Queue()  # engine-loaded copies, back to the learner: see copy_for_engine
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches or the thread's exception
     pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
     thread = threading.Thread(
         target=generation_thread,
@@ -461,7 +464,7 @@ def main():
     if args.rank == 0 and not args.replay_from:
         thread.start()
 
-    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed goes on from the checkpoint
+    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed continues
     reward_key = "objective/scores"  # shown by the progress bar and the summary
     progress = tqdm(
         range(args.start_step, args.num_learner_steps),
@@ -487,62 +490,64 @@ def main():
         batch = from_rank_0(batch, args)  # every rank trains on its share of it
         learner_waiting = time.time() - wait_start
 
-        # ALGO LOGIC: DPO on the pairs, in N sequential mini-batches, each accumulated over micro-batches
+        # ALGO LOGIC: DPO on the pairs, in N sequential mini-batches accumulated over micro-batches
         train_start = time.time()
         num_pairs = len(batch["prompts"])
-        input_ids, attention_mask, response_mask = pad_sequences(  # chosen sequences first, then rejected
+        input_ids, attention_mask, response_mask = pad_sequences(  # chosen first, then rejected
             batch["prompts"] * 2, batch["chosen"] + batch["rejected"], tokenizer.pad_token_id, args.learner_device
         )
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
         stats = defaultdict(list)  # name: one value per mini-batch
-        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
+        token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in chunks(torch.arange(num_pairs), num_pairs // args.num_mini_batches):
             optimizer.zero_grad()
             micro_batch_stats = []
             micro_batches = chunks(rank_rows(mini_batch, args), max(1, args.micro_batch_size // 2))
             for i, pairs in enumerate(micro_batches):
-                rows = torch.cat([pairs, pairs + num_pairs])  # the chosen and the rejected row of each pair
+                rows = torch.cat([pairs, pairs + num_pairs])  # each pair's chosen and rejected row
                 with gradient_sync(policy, last=i == len(micro_batches) - 1), learner_autocast(args):
                     per_token = token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
-                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(per_token, response_mask[rows], batch["behaviour_logprobs"], rows)
                 logprobs = per_token.sum(1)
                 logratio = logprobs - ref_logprobs[rows]
                 loss = dpo_loss(logratio[: len(pairs)], logratio[len(pairs) :], args.beta)
-                # gradients of share-weighted means add up to the mini-batch's; the ranks' are averaged, hence x ranks
+                # so gradients add up to the mini-batch's; the ranks' are averaged, hence x ranks
                 share = args.world_size * len(pairs) / len(mini_batch)
                 (loss * share).backward()
                 chosen_rejected = (logprobs[: len(pairs)] - logprobs[len(pairs) :]).mean().item()
                 stat = {"losses/dpo_loss": loss.item(), "policy/chosen_rejected_logratio": chosen_rejected}
-                micro_batch_stats.append((share, {**stat, "objective/kl": logratio.mean().item()}))  # before the update
+                # measured before the update
+                micro_batch_stats.append((share, {**stat, "objective/kl": logratio.mean().item()}))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
             for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
-        token_gap = gather_rows(token_gap[None], args).sum(0)  # every rank's micro-batches: the batch's sums
+        token_gap = gather_rows(token_gap[None], args).sum(0)  # sums over all ranks' micro-batches
 
-        # ASYNC: version step+1 to the generator if a future batch needs it: a host-memory copy (training goes on)
+        # ASYNC: version step+1 to the actor if a future batch needs it: host copy, training goes on
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
-            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
+            # every rank: under FSDP2 the weights and probe logprobs are gathered from all shards
             weights = full_state_dict(policy, args)
             expected = weight_check(policy, probe, args, weights)
-            if args.rank == 0:  # a copy into CPU memory is complete on return: no CUDA stream to synchronise
+            if args.rank == 0:  # a CPU copy is complete on return: no CUDA stream to sync
                 weights_queue.put(PolicyVersion(step + 1, copy_for_engine(weights, spare_weights, args), expected))
-            del weights  # not needed while training (FSDP2: rank 0's gathered copy); the engine's is in the queue
+            del weights  # unused in training (FSDP2: rank 0's gathered copy); engine's is queued
 
         # TRY NOT TO MODIFY: logging
         metrics = {
             **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
-            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/scores": batch["scores"].mean().item(),
             "objective/score_margin": batch["score_margin"].mean().item(),
-            # all k samples scored alike (common with a 0/1 verifier): chosen = rejected, a pair without gradient
+            # all k samples tied (common with a 0/1 verifier): chosen = rejected, no gradient
             "objective/tied_pairs": (batch["score_margin"] == 0).float().mean().item(),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
@@ -559,7 +564,7 @@ def main():
         stop = any_rank(bool(stop_signals), args)  # all ranks stop after the same step
         save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
         if stop or save_due:
-            # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
+            # ASYNC: the next K batches came from versions no checkpoint holds: saved with it
             while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
                 pending.append(
                     receive(data_queue, args.queue_timeout, f"the batch of learner step {step + 1 + len(pending)}")
@@ -575,9 +580,9 @@ def main():
                 generators,
                 metrics["time/elapsed"],
             )
-            if stop:  # rank 0 names the checkpoint, which exists once save_checkpoint returns; the others end silently
-                if thread.is_alive():  # an engine call in flight at exit crashed the teardown (rc 139) or left vLLM's
-                    weights_queue.put(None)  # shared memory: the thread ends at its next wait for weights (issue 55)
+            if stop:  # rank 0 names the checkpoint (it exists now); the others end silently
+                if thread.is_alive():  # an engine call at exit crashed (rc 139) or leaked vLLM's
+                    weights_queue.put(None)  # shared memory: thread ends at next wait (issue 55)
                     thread.join(timeout=args.queue_timeout)
                 sys.exit(
                     f"{stop_signals[0] if stop_signals else 'a signal to another rank'}: stopped after learner step "
@@ -589,16 +594,16 @@ def main():
         thread.join(timeout=60)  # the learner took its last batch: the thread is returning
 
     weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # the group we joined; plain python's is the engine's own (vLLM's
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # joined group; plain python's is the engine's (vLLM's
         dist.destroy_process_group()  # teardown destroys it at exit, and fails once it is gone)
-    if args.rank > 0:  # rank 0 saves and reports; the others skip the interpreter's teardown, in which DDP's gloo
-        sys.stdout.flush()  # group can deadlock on the GIL (pytorch/pytorch#56297; seen here: a rank stuck at exit)
+    if args.rank > 0:  # rank 0 saves, reports; the rest skip interpreter teardown, where DDP's gloo
+        sys.stdout.flush()  # group can deadlock on the GIL (pytorch/pytorch#56297; seen here)
         os._exit(0)
     args.output_dir = save_final(args, unwrap(policy), tokenizer, weights)
     metrics_file.close()
     writer.close()
     print_summary(args, reward_key)
-    if args.replay_from:  # the numbers above are of the recorded batches: this run generated and scored none
+    if args.replay_from:  # numbers above: the recorded batches'; this run generated and scored none
         print(f"replay of:   {args.replay_from} (trained on its recorded batches: nothing generated or scored here)")
 
 
@@ -930,8 +935,8 @@ NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][
 
 
 def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
-    last one, canonical."""
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless
+    `marker_only`) the text's last one, canonical."""
     marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
     if marked:
         numbers = [] if marked.group(2) else [marked.group(1)]
@@ -945,8 +950,8 @@ def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
 
 
 def verify(text: str, answer: str, marker_only: bool):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
-    `marker_only`: --require-answer-marker."""
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else
+    0.0, found); `marker_only`: --require-answer-marker."""
     extracted = extract_answer(text, marker_only)
     return float(extracted is not None and extracted == answer), extracted is not None
 
@@ -1109,8 +1114,8 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
 
 
 def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
-    """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
-    (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
+    """Load the policy's current weights into rank 0's engine and check it serves them. Every rank
+    calls this (under FSDP2 the weights and probe logprobs are gathered from all shards)."""
     weights = full_state_dict(policy, args)
     expected = weight_check(policy, probe, args, weights)
     if args.rank == 0:
@@ -1119,11 +1124,11 @@ def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
 
 
 def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
-    """The engine's own copy of the learner's weights (which go on changing), written into one the engine has loaded
-    if `spare_weights` holds one (faster than a new one: docs/benchmarks.md); vLLM copies what it loads (tested)."""
+    """The engine's own copy of the learner's (changing) weights, written into one it has loaded if
+    `spare_weights` holds one (faster: docs/benchmarks.md); vLLM copies what it loads (tested)."""
     try:
         spare = spare_weights.get_nowait()
-    except queue.Empty:  # in CPU memory, as in the core: K+1 copies on the engine's GPU left Pythia-2.8b no room
+    except queue.Empty:  # on CPU as in the core: K+1 engine-GPU copies left Pythia-2.8b no room
         return {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
     for name, t in weights.items():
         spare[name].copy_(t.detach())

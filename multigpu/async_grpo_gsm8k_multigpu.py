@@ -1,13 +1,13 @@
-# docs: docs/multigpu.md#grpo_gsm8k -- async_grpo_gsm8k.py plus torchrun, a tensor-parallel engine and exact resume
-"""async_grpo_gsm8k.py (GRPO on GSM8K) scaled out: torchrun learner processes (DDP, or FSDP2 with --fsdp) split every
-mini-batch, rank 0 owning the engine and the logs; --engine-tensor-parallel-size splits the engine; --save-every and
---resume-from give exact resume (optimizer, random states, batches in flight); the first mini-batch's pi_old comes from
-its training forward. `diff async_grpo_gsm8k.py multigpu/async_grpo_gsm8k_multigpu.py` is the lesson on scaling out;
-with --async-steps 0 this file is sync at scale.
+# docs: docs/multigpu.md#grpo_gsm8k -- async_grpo_gsm8k.py: torchrun, tensor-parallel engine, resume
+"""async_grpo_gsm8k.py scaled out: torchrun learners (DDP, or FSDP2 with --fsdp) split every
+mini-batch, rank 0 owning the engine and logs; --engine-tensor-parallel-size splits the engine;
+--save-every and --resume-from give exact resume (optimizer, random states, batches in flight); the
+first mini-batch's pi_old comes from its training forward. `diff async_grpo_gsm8k.py
+multigpu/async_grpo_gsm8k_multigpu.py` is the lesson; --async-steps 0 makes it sync at scale.
 
-    torchrun --nproc-per-node 3 multigpu/async_grpo_gsm8k_multigpu.py --prompts-per-step 48  # 1+3 GPUs: 3 ranks x 16
-    torchrun --nproc-per-node 2 multigpu/async_grpo_gsm8k_multigpu.py --fsdp   # learners sharded with FSDP2
-    python multigpu/async_grpo_gsm8k_multigpu.py --save-every 50        # then --resume-from runs/<run>
+    torchrun --nproc-per-node 3 multigpu/async_grpo_gsm8k_multigpu.py --prompts-per-step 48
+    torchrun --nproc-per-node 2 multigpu/async_grpo_gsm8k_multigpu.py --fsdp  # sharded learners
+    python multigpu/async_grpo_gsm8k_multigpu.py --save-every 50  # then --resume-from runs/<run>
 """
 
 import contextlib
@@ -16,40 +16,41 @@ import os
 import signal
 import threading
 
-if __name__ == "__mp_main__":  # a process of vLLM's engine: multiprocessing's spawn ran this file first, as __mp_main__
+if __name__ == "__mp_main__":  # a vLLM engine process: spawn ran this file first, as __mp_main__
 
     def pass_on_the_parents_signals(parent: int):
-        """SIGINT and SIGTERM, blocked below, arrive here. One from the process that started this one (vLLM's own
-        shutdown, or the death signal) goes to the handler vLLM set; one from anyone else (a scheduler signals every
-        process of a job) is dropped: the learner takes it, saves what it needs from this engine, and its exit ends
-        the engine."""
+        """SIGINT and SIGTERM, blocked below, arrive here. One from the parent process (vLLM's own
+        shutdown, or the death signal) goes to the handler vLLM set; one from anyone else (a
+        scheduler signals every process of a job) is dropped: the learner takes it, saves what it
+        needs from this engine, and its exit ends the engine."""
         while True:
             info = signal.sigwaitinfo({signal.SIGINT, signal.SIGTERM})
             handler = signal.getsignal(info.si_signo)
             if info.si_pid == parent and callable(handler):
-                # the engine core's handler sets its shutdown flag (safe in any thread); a worker's raises SystemExit,
-                # kept in this thread: vLLM ends a worker by closing its death pipe, the SIGTERM is its fallback
+                # engine core's handler sets its shutdown flag (thread-safe); a worker's SystemExit
+                # is caught here: vLLM ends workers via their death pipe, SIGTERM as fallback
                 with contextlib.suppress(SystemExit, KeyboardInterrupt):
                     handler(info.si_signo, None)
-            elif info.si_pid == parent:  # no handler of vLLM's (not yet, or no more): the default, ending the process
+            elif info.si_pid == parent:  # no vLLM handler (not yet, or no more): the default exit
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {info.si_signo})
                 signal.raise_signal(info.si_signo)
 
-    os.setsid()  # a session of its own: a Ctrl-C or a SIGTERM to the run's process group does not reach it
-    ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG: a SIGTERM if the learner is killed (SIGKILL, the OOM killer)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # before any thread: they inherit it
+    os.setsid()  # own session: a Ctrl-C or SIGTERM to the run's process group does not reach it
+    ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG: SIGTERM if the learner dies (SIGKILL, OOM)
+    # before any thread: they inherit it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     threading.Thread(target=pass_on_the_parents_signals, args=(os.getppid(),), daemon=True).start()
-# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
-# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+# set before importing vLLM (docs/async.md#design-decisions): the engine lives in this process
+# (weights passed as tensors), patches no learner code (bytecode hook); no TF32 anywhere
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
-os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
-# but under torchrun (one rank too) in a process of its own, as vLLM would take torchrun's torch.distributed world as
-# its own (the weights then go through shared memory); forced: 0 breaks torchrun
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
+# but under torchrun (even one rank) in a process of its own: vLLM would take torchrun's
+# torch.distributed world as its own (weights then go via shared memory); forced: 0 breaks torchrun
 if "TORCHELASTIC_RUN_ID" in os.environ:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the guard's checksums reach engine processes pickled
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # guard checksums travel pickled
 
 import atexit
 import collections
@@ -83,10 +84,10 @@ from tqdm import tqdm
 from vllm import LLM, SamplingParams
 
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
-WEIGHTS_FILE = threading.Lock()  # held while push_weights_to_engine's file exists; at exit, taken for good
+WEIGHTS_FILE = threading.Lock()  # held while push_weights_to_engine's file exists; for good at exit
 
 
-# the flags that teach; the others (engine sizing, memory, logging, saving) are RunArgs's, below the banner
+# teaching flags; the rest (engine sizing, memory, logging, saving) are in RunArgs, below the banner
 @dataclass
 class Args:
     # algorithm
@@ -101,14 +102,14 @@ class Args:
     weight_decay: float = 0.0
     """AdamW weight decay (the paper's code: 0.0; torch's default would be 0.01)"""
     scale_rewards: bool = True
-    """divide centred rewards by the group std (DeepSeekMath); --no-scale-rewards only centres them, Dr. GRPO's
-    advantage (Dr. GRPO also aggregates with --loss-aggregation constant)"""
+    """divide centred rewards by the group std (DeepSeekMath); --no-scale-rewards only centres them,
+    Dr. GRPO's advantage (Dr. GRPO also aggregates with --loss-aggregation constant)"""
     loss_aggregation: Literal["sequence", "token", "constant"] = "sequence"
-    """how per-token terms become the loss (`aggregate`): sequence = mean over each response, then over responses
-    (DeepSeekMath's GRPO); token = mean over all response tokens (DAPO); constant = sum over tokens divided by
-    responses x --response-length (Dr. GRPO, no length bias)"""
+    """how per-token terms become the loss (`aggregate`): sequence = mean over each response, then
+    over responses (DeepSeekMath's GRPO); token = mean over all response tokens (DAPO); constant =
+    sum over tokens / (responses x --response-length) (Dr. GRPO, no length bias)"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
-    """what the PPO ratio is taken against, and how staleness is weighted (see `off_policy_anchor`, docs/async.md)"""
+    """the PPO ratio's anchor and how staleness is weighted (`off_policy_anchor`, docs/async.md)"""
     cliprange: float = 0.2
     """PPO clip range of the token-level ratio pi / pi_anchor"""
     importance_weight_cap: float = 2.0
@@ -128,7 +129,7 @@ class Args:
     temperature: float = 0.7
     """sampling temperature; the learner's logprobs use the same temperature"""
     num_samples_per_prompt: int = 4
-    """G: solutions per problem, normalised together (the paper's GSM8K configs sample 8; 4 fits a CPU run)"""
+    """G: solutions per problem, normalised together (paper's GSM8K configs: 8; 4 fits a CPU run)"""
     response_length: int = 512
     """maximum new tokens per response"""
     engine_dtype: str = "float32"
@@ -143,10 +144,10 @@ class Args:
     """a folder with GSM8K-format train/test.jsonl; overrides --dataset-name"""
 
 
-# ALGO LOGIC: GRPO (Shao et al., 2024): group-normalised rewards, a clipped token-level surrogate; pure, unit-tested
+# ALGO LOGIC: GRPO (Shao et al., 2024): group-normalised rewards, per-token clip; pure, unit-tested
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool, eps: float = 1e-4):
-    """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2) of every token of a sample: (r - group mean) / (group
-    std + eps), std unbiased and eps 1e-4 as in TRL; unscaled: Dr. GRPO (Liu et al., 2025). Equal rewards give 0."""
+    """GRPO's outcome advantage (Shao et al., 2024, Sec. 4.1.2) of every token: (r - group mean) /
+    (group std + eps), unbiased std, eps 1e-4 as TRL; unscaled: Dr. GRPO (Liu et al., 2025)."""
     grouped = rewards.view(-1, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_rewards:
@@ -155,10 +156,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: bool
 
 
 def aggregate(values, mask, aggregation: str, response_length: int):
-    """A micro-batch's loss from per-token values, per --loss-aggregation. `sequence`: the mean over each response's
-    tokens, then over responses (DeepSeekMath's GRPO objective, eq. 3), so a long response's tokens weigh less, the
-    length bias Dr. GRPO names (Liu et al., 2025, Sec. 3.1); `token`: the mean over all response tokens (DAPO, Yu et
-    al., 2025); `constant`: the sum over tokens divided by responses x response_length, a constant (Dr. GRPO)."""
+    """A micro-batch's loss from per-token values, per --loss-aggregation. `sequence`: mean per
+    response, then over responses (DeepSeekMath eq. 3), so long responses' tokens weigh less (the
+    length bias Dr. GRPO names, Liu et al., 2025, Sec. 3.1); `token`: mean over all tokens (DAPO, Yu
+    et al., 2025); `constant`: sum / (responses x response_length), a constant (Dr. GRPO)."""
     if aggregation == "sequence":
         return ((values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
     if aggregation == "token":
@@ -167,19 +168,19 @@ def aggregate(values, mask, aggregation: str, response_length: int):
 
 
 def micro_batch_share(rows, mini_batch, response_mask, aggregation: str):
-    """The micro-batch's weight, so that the gradients of share-weighted losses add up to the mini-batch's: its share
-    of the responses, or under `token` aggregation of the response tokens."""
+    """The micro-batch's weight, so gradients of share-weighted losses add up to the mini-batch's:
+    its share of the responses, or under `token` aggregation of the response tokens."""
     if aggregation == "token":
         return (response_mask[rows, 1:].sum() / response_mask[mini_batch, 1:].sum()).item()
     return len(rows) / len(mini_batch)
 
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
-    """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
-    (docs/async.md#the-off-policy-correction-three-modes); per token (RLOO's loss sums the log-ratio per sequence).
-    paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
-    (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
-    Neither output carries gradient, whatever the caller passes."""
+    """Per `--off-policy-correction` (docs/async.md#the-off-policy-correction-three-modes): the PPO
+    ratio's anchor logprobs and each term's importance weight, per token (RLOO's loss sums the
+    log-ratio per sequence). paper: pi_old (the learner's own, before the step's first update),
+    weight 1, as the paper's code. behaviour: mu (vLLM's, of version i-K), weight 1. decoupled:
+    pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022). Neither output carries gradient."""
     if correction == "behaviour":
         return behaviour_logprobs.detach(), torch.ones_like(behaviour_logprobs)
     old_logprobs = old_logprobs.detach()
@@ -189,20 +190,20 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
 
 
 def effective_sample_size(importance_weights):
-    """Kish's effective sample size of the weights as a fraction of their number, (sum w)^2 / (n sum w^2): 1 when all
-    are equal (paper and behaviour modes), near 1/n when one term carries the batch (Kong, 1992)."""
+    """Kish's effective sample size of the weights over n, (sum w)^2 / (n sum w^2): 1 when all are
+    equal (paper, behaviour modes), ~1/n when one term carries the batch (Kong, 1992)."""
     return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
-    """PPO's pessimistic clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al., 2017),
-    optionally dual-clipped, and a mask of the terms it leaves without gradient (the clipped branch won, or the dual
-    clip bound it): for A > 0 those with r > 1 + eps, for A < 0 those with r < 1 - eps or r > dual_clip."""
+    """PPO's clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al.,
+    2017), optionally dual-clipped, and a mask of terms without gradient (clipped branch won, or
+    dual clip bound): A > 0 and r > 1 + eps; A < 0 and r < 1 - eps or r > dual_clip."""
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
     losses = torch.max(unclipped, clipped)
     no_gradient = clipped > unclipped
-    if dual_clip is not None:  # for A < 0 the loss grows with r without bound; the dual clip caps it at -A * c
+    if dual_clip is not None:  # A < 0: loss grows with r unbounded; the dual clip caps it at -A * c
         bound = (advantages < 0) & (losses > -advantages * dual_clip)
         losses = torch.where(bound, -advantages * dual_clip, losses)
         no_gradient = no_gradient | bound
@@ -212,7 +213,7 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
 def grpo_policy_loss(
     new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip, aggregation, length
 ):
-    """Clipped token-level surrogate of pi / pi_anchor, each term times its importance weight (`off_policy_anchor`)."""
+    """Clipped token-level surrogate of pi / pi_anchor, terms weighted per `off_policy_anchor`."""
     mask = mask.float()
     log_ratio = (new_logprobs - anchor_logprobs) * mask
     ratio = torch.exp(log_ratio)
@@ -225,21 +226,22 @@ def grpo_policy_loss(
             "policy/clipfrac": ((ratio - 1).abs() > cliprange)[tokens].float().mean().item(),
             "policy/zero_gradient_frac": no_gradient[tokens].float().mean().item(),
             "policy/importance_weight_mean": importance_weights[tokens].mean().item(),
-            "policy/approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),  # k3 estimator (Schulman, 2020)
+            # k3 estimator (Schulman, 2020)
+            "policy/approx_kl": ((ratio - 1) - log_ratio)[tokens].mean().item(),
         }
     return aggregate(importance_weights * per_token, mask, aggregation, length), stats
 
 
 def kl_penalty(new_logprobs, ref_logprobs, mask, aggregation: str, length: int):
-    """k3 estimate of KL(pi || pi_ref) per token, aggregated like the loss (DeepSeekMath eq. 4): >= 0, unbiased only on
-    samples of pi (here mu's); as a loss, its expected gradient is that of KL(pi_ref || pi), not KL(pi || pi_ref)."""
+    """k3 estimate of KL(pi || pi_ref), aggregated like the loss (DeepSeekMath eq. 4): >= 0,
+    unbiased only on pi's samples (here mu's); as a loss: KL(pi_ref || pi)'s expected gradient."""
     log_ratio = (ref_logprobs - new_logprobs) * mask
     return aggregate(torch.exp(log_ratio) - log_ratio - 1, mask.float(), aggregation, length)
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
-    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    """Right-padded prompt+response ids, attention mask and response-token mask. Every loss reads
+    the mask as `response_mask[:, 1:]`: `token_logprobs` puts token t+1's logprob in column t."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
     attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
@@ -251,9 +253,9 @@ def pad_sequences(prompts, responses, pad_token_id, device):
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
-    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
-    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
+    """Response-token logprobs at the sampling temperature, (batch, length - 1): column t holds
+    token t+1, 0 off the response. The output layer runs from the first response column (`start`)
+    on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -264,9 +266,9 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
-    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
-    passes bit for bit and the first update's ratio is exactly 1. Each rank computes its share; all get every row."""
+    """`token_logprobs` without gradient: the reference's, or pi_old (the pre-update learner's), in
+    the loop's `mini_batches` (PPO: first epoch's) and micro-batches: bit for bit its first forward
+    passes, so the first ratio is exactly 1. Each rank computes a share; all get every row."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -279,7 +281,7 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
-    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (column t = token t+1, 0 elsewhere)."""
+    """vLLM's per-sample logprobs in `token_logprobs`' layout (column t = token t+1, else 0)."""
     mask = response_mask[:, 1:].bool()
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
@@ -287,19 +289,19 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    """Mini-batch stats from micro-batch [(share, {name: value})]: weighted means, `_max` maxima."""
     return {
         name: max(s[name] for _, s in micro_batch_stats)
         if name.endswith("_max")
@@ -309,20 +311,20 @@ def combine_stats(micro_batch_stats):
 
 
 def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
     return torch.autocast(
         torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
     )
 
 
-# REWARD: a verifier, not a model: 1 if a solution's final number is the reference answer (see `extract_answer`), else 0
-# a number as written in solutions: sign (not the minus of "5-3"), $, thousands commas, decimals, exponent (2.5e3)
+# REWARD: a verifier, not a model: 1 if the final number is the answer (`extract_answer`), else 0
+# a number in solutions: sign (not "5-3"'s minus), $, thousands commas, decimals, exponent (2.5e3)
 NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
 
 
 def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
-    last one, canonical."""
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless
+    `marker_only`) the text's last one, canonical."""
     marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
     if marked:
         numbers = [] if marked.group(2) else [marked.group(1)]
@@ -336,24 +338,24 @@ def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
 
 
 def verify(text: str, answer: str, marker_only: bool):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
-    `marker_only`: --require-answer-marker."""
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else
+    0.0, found); `marker_only`: --require-answer-marker."""
     extracted = extract_answer(text, marker_only)
     return float(extracted is not None and extracted == answer), extracted is not None
 
 
 def score_responses(tokenizer, args: Args, answers, responses):
-    """The verifier's reward of each response (G per problem, problem-major): 1.0 if its final number is the problem's
-    answer, else 0.0, graded as written (with or without EOS); and whether it has a final number at all."""
+    """Each response's verifier reward (G per problem, problem-major): 1.0 if its final number is
+    the answer, else 0.0, graded as written (EOS or not); and whether it has a final number."""
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     sample_answers = [a for a in answers for _ in range(args.num_samples_per_prompt)]
     rewards, found = zip(*[verify(t, a, args.require_answer_marker) for t, a in zip(texts, sample_answers)])
     return torch.tensor(rewards), found
 
 
-# GENERATION: sample, take new weights, evaluate greedily, make one batch: the same code in the sync twin
+# GENERATION: sample, take new weights, evaluate greedily, make a batch: same code in the sync twin
 def generate(llm: LLM, prompts, args: Args, step: int):
-    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    """k samples per prompt, prompt-major: token ids and vLLM's logprob of each sampled token."""
     samples_per_prompt = args.num_samples_per_prompt
     # vLLM seeds sample c of a request seed + c: requests k apart share no seed
     first = args.seed * 1_000_003 + step * args.prompts_per_step * samples_per_prompt
@@ -370,14 +372,14 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str] = None):
-    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale.
-    Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a safetensors file
-    in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
+    """Learner weights into the engine in place (worker's `reload_weights`); cached KV is stale.
+    Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a
+    safetensors file in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
         llm.collective_rpc(
             "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
         )
-    else:  # a full copy of the weights, in a folder gone once the engine has read it (at exit too: init_distributed)
+    else:  # full weights in a folder gone once the engine read it (at exit too: init_distributed)
         with (
             WEIGHTS_FILE,
             tempfile.TemporaryDirectory(
@@ -385,8 +387,8 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
                 dir=weights_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None),
             ) as folder,
         ):
-            # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
-            # memory, and vLLM's reload, given only one of the two names, unties them: measured)
+            # every name, as in this process; a tied weight's second name gets a copy (safetensors
+            # refuses shared memory; vLLM's reload, given one name, unties them: measured)
             tensors, seen = {}, set()
             for name, tensor in state_dict.items():
                 tensor = tensor.detach().cpu().contiguous()
@@ -394,13 +396,13 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
                 seen.add(tensor.data_ptr())
             safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
             llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
-    # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
+    # cached prompt KV blocks come from the old weights; reusing them would silently mix policies
     llm.reset_prefix_cache()
 
 
 def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
-    """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
-    (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
+    """Load the policy's current weights into rank 0's engine and check it serves them. Every rank
+    calls this (under FSDP2 the weights and probe logprobs are gathered from all shards)."""
     weights = full_state_dict(policy, args)
     expected = weight_check(policy, probe, args, weights)
     if args.rank == 0:
@@ -409,7 +411,7 @@ def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
 
 
 def evaluate(llm: LLM, eval_set, args: Args, version: int):
-    """Greedy (temperature 0) accuracy of the weights the engine holds (policy `version`) on held-out problems."""
+    """Greedy (temperature 0) held-out accuracy of the engine's weights (policy `version`)."""
     start = time.time()
     prompts, answers = eval_set
     params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
@@ -426,7 +428,7 @@ def evaluate(llm: LLM, eval_set, args: Args, version: int):
 
 
 def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
-    """Generate G samples per problem and grade each against the reference answer (the verifier is the reward)."""
+    """Generate G samples per problem, graded against the answer (the verifier is the reward)."""
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
@@ -456,7 +458,7 @@ class WeightCheck(NamedTuple):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
-    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
+    """Engine answer for `model`'s weights: probe logprobs at T=1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
     dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
     return WeightCheck(
@@ -466,7 +468,7 @@ def weight_check(model, probe, args: Args, state_dict=None):
     )
 
 
-# ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
+# ASYNC: the generation thread (actor) and its hand-off to the learner: all the sync twin lacks
 class PolicyVersion(NamedTuple):
     """What the learner hands the generation thread, once per version a batch needs."""
 
@@ -478,20 +480,21 @@ class PolicyVersion(NamedTuple):
 def generation_thread(
     llm, tokenizer, args: Args, prompt_batches, eval_set, guard_state, weights_queue, spare_weights, data_queue
 ):
-    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
-    Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
-    reproducible), evaluating each due one; `data_queue` holds at most K batches, an exception in place of the next."""
+    """The actor (Cleanba's hand-off): step i's batch comes from exactly version max(0, i-K). Before
+    batch i it loads each version up to i-K, waiting if need be (so seeded runs reproduce), and
+    evaluates those due; `data_queue` holds at most K batches, an exception in place of the next."""
     try:
-        SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
+        SET_TORCH_THREADS(args.torch_threads)  # OpenMP counts are per OS thread (vLLM checks them)
         version, last_evaluated = args.start_step, -1
-        # a resumed run starts from version s and already holds the batches of steps s .. s+K-1 (its checkpoint's)
+        # a resumed run starts at version s; its checkpoint holds the batches of steps s .. s+K-1
         first = args.start_step + min(args.async_steps, len(prompt_batches) - args.start_step) if args.start_step else 0
         for step, (prompts, answers) in enumerate(prompt_batches[first:], first):
             waiting_time = weight_sync_time = 0.0
             while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
                 incoming = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
-                if incoming is None:  # the learner stops (a signal) and waits for this thread: no engine call in flight
+                # the learner stops (a signal) and waits for this thread: no engine call in flight
+                if incoming is None:
                     return
                 version = incoming.version
                 waiting_time += time.time() - start
@@ -499,7 +502,7 @@ def generation_thread(
                 push_weights_to_engine(llm, incoming.weights, args.weights_dir)
                 guard_state = check_weight_sync(llm, incoming.expected, guard_state, args, version)
                 weight_sync_time += time.time() - start
-                spare_weights.put(incoming.weights)  # the engine holds its own copy now: the learner may reuse this
+                spare_weights.put(incoming.weights)  # engine copied it: the learner may reuse it
             evaluation = None
             if eval_set.prompts and version % args.eval_every == 0 and version > last_evaluated:
                 evaluation, last_evaluated = evaluate(llm, eval_set, args, version), version
@@ -512,7 +515,7 @@ def generation_thread(
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
+    """`q.get` with a timeout naming what it waited for; re-raises the thread's exception."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -527,7 +530,7 @@ def main():
     check_args(args)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    init_distributed(args)  # placement: torchrun's learner processes, rank 0's engine; plain python: rank 0 of 1
+    init_distributed(args)  # torchrun's learner ranks, rank 0's engine; plain python: rank 0 of 1
     resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
     SET_TORCH_THREADS(args.torch_threads)
 
@@ -537,14 +540,15 @@ def main():
     torch.manual_seed(args.seed)
     generators = {}  # the learner's own random generators, saved in checkpoints: none here
 
-    # data before any model, so that bad data fails in seconds; then rank 0's run folder, now that the inputs are good
+    # data before models: bad data fails in seconds; then rank 0's run folder, once inputs are good
     group_size = args.num_samples_per_prompt  # G
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers, eval_set = load_problem_sets(args, tokenizer)
-    prompt_batches = split_into_steps(prompts, answers, args)  # the problems of learner step i: prompt_batches[i]
+    prompt_batches = split_into_steps(prompts, answers, args)  # [i]: learner step i's problems
     first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
     probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
-    sequences = args.prompts_per_step * group_size // args.num_mini_batches // args.world_size  # in a mini-batch
+    # in a mini-batch
+    sequences = args.prompts_per_step * group_size // args.num_mini_batches // args.world_size
     args.micro_batch_size = choose_micro_batch_size(args, sequences, max(map(len, prompts)) + args.response_length)
     args.start_step = resumed["step"] if resumed else 0
     writer = metrics_file = eval_file = None
@@ -559,7 +563,7 @@ def main():
         eval_file = open(f"runs/{args.run_name}/eval.jsonl", "a" if resumed else "w")
     args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
 
-    # models: the policy, and its frozen reference only with a KL term (without one it is never used)
+    # models: the policy, and its frozen reference only with a KL term (unused without one)
     policy = load_causal_lm(f"{resumed['path']}/policy" if resumed else args.model_name_or_path, args.learner_device)
     ref_policy = (
         load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False) if args.kl_coef > 0 else None
@@ -579,7 +583,7 @@ def main():
     if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
         guard_state = sync_engine(llm, policy, probe, args, args.start_step)
         restore_random_states(resumed, generators, args.learner_device)
-    else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
+    else:  # every rank computes the check (FSDP2 gathers probe logprobs); rank 0's engine answers
         expected = weight_check(policy, probe, args, full_state_dict(policy, args))
         guard_state = (
             check_weight_sync(llm, expected, None, args, 0) if args.rank == 0 and not args.replay_from else None
@@ -587,8 +591,8 @@ def main():
 
     # ASYNC: the generation thread runs at most K versions ahead; a daemon: a crashed run ends it
     weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
-    spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    spare_weights = queue.Queue()  # engine-loaded copies, back to the learner: see copy_for_engine
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches or the thread's exception
     pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
     thread = threading.Thread(
         target=generation_thread,
@@ -598,7 +602,7 @@ def main():
     if args.rank == 0 and not args.replay_from:
         thread.start()
 
-    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed goes on from the checkpoint
+    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed continues
     reward_key = "objective/accuracy"  # shown by the progress bar and the summary
     progress = tqdm(
         range(args.start_step, args.num_learner_steps),
@@ -637,8 +641,9 @@ def main():
         )
         mini_batches = chunks(torch.arange(len(input_ids)), len(input_ids) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
-        old_logprobs = None  # pi_old, the learner's own logprobs before this step's updates (paper, decoupled modes):
-        if args.off_policy_correction != "behaviour":  # the first mini-batch's are its training forward's, detached
+        old_logprobs = None  # pi_old: learner logprobs before the step's updates (paper/decoupled):
+        # the first mini-batch's are its training forward's, detached
+        if args.off_policy_correction != "behaviour":
             old_logprobs = token_logprobs_no_grad(
                 policy, input_ids, attention_mask, response_mask, args, mini_batches[1:]
             )
@@ -648,7 +653,7 @@ def main():
             args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
         )
         stats = defaultdict(list)  # name: one value per mini-batch
-        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
+        token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for m, mini_batch in enumerate(mini_batches):
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -658,9 +663,10 @@ def main():
                     new_logprobs = token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
-                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(new_logprobs, response_mask[rows], batch["behaviour_logprobs"], rows)
-                if m == 0 and old_logprobs is not None:  # no update yet: equal bit for bit to a no-grad pass (tested)
+                # no update yet: equal bit for bit to a no-grad pass (tested)
+                if m == 0 and old_logprobs is not None:
                     old_logprobs[rows] = new_logprobs.detach()
                 mask = response_mask[rows, 1:]
                 loss, policy_stats = grpo_policy_loss(
@@ -679,7 +685,7 @@ def main():
                     kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask, args.loss_aggregation, args.response_length)
                     loss = loss + args.kl_coef * kl
                     micro_stats["objective/kl"] = kl.item()
-                # gradients of share-weighted means add up to the mini-batch's; the ranks' are averaged, hence x ranks
+                # so gradients add up to the mini-batch's; the ranks' are averaged, hence x ranks
                 share = args.world_size * micro_batch_share(rows, mini_batch, response_mask, args.loss_aggregation)
                 (loss * share).backward()
                 micro_batch_stats.append((share, micro_stats))
@@ -689,29 +695,30 @@ def main():
             for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
-        token_gap = gather_rows(token_gap[None], args).sum(0)  # every rank's micro-batches: the batch's sums
-        if old_logprobs is not None:  # the first mini-batch's pi_old: each rank's own rows, from its training forwards
+        token_gap = gather_rows(token_gap[None], args).sum(0)  # sums over all ranks' micro-batches
+        if old_logprobs is not None:  # mini-batch 0's pi_old: each rank's rows, from its forwards
             old_logprobs[mini_batches[0]] = gather_rows(old_logprobs[rank_rows(mini_batches[0], args)], args)
 
-        # ASYNC: version step+1 to the generator if a future batch needs it: a host-memory copy (training goes on)
+        # ASYNC: version step+1 to the actor if a future batch needs it: host copy, training goes on
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
-            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
+            # every rank: under FSDP2 the weights and probe logprobs are gathered from all shards
             weights = full_state_dict(policy, args)
             expected = weight_check(policy, probe, args, weights)
-            if args.rank == 0:  # a copy into CPU memory is complete on return: no CUDA stream to synchronise
+            if args.rank == 0:  # a CPU copy is complete on return: no CUDA stream to sync
                 weights_queue.put(PolicyVersion(step + 1, copy_for_engine(weights, spare_weights, args), expected))
-            del weights  # not needed while training (FSDP2: rank 0's gathered copy); the engine's is in the queue
+            del weights  # unused in training (FSDP2: rank 0's gathered copy); engine's is queued
 
         # TRY NOT TO MODIFY: logging
         grouped_rewards = batch["rewards"].view(-1, group_size)
         metrics = {
             **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
-            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/accuracy": batch["rewards"].mean().item(),
             "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
             "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
@@ -723,14 +730,15 @@ def main():
         if args.rank == 0:
             log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if args.rank == 0 and step % args.sample_every == 0:
-            problems = [i // group_size for i in range(len(batch["responses"][:8]))]  # of the first 8 samples
+            # the problems of the first 8 samples
+            problems = [i // group_size for i in range(len(batch["responses"][:8]))]
             prompts, answers = [batch["prompts"][i] for i in problems], [batch["answers"][i] for i in problems]
             rows = zip(prompts, answers, batch["responses"], batch["rewards"])
             log_samples(writer, step, tokenizer, ["prompt", "answer", "response", "reward"], rows)
         stop = any_rank(bool(stop_signals), args)  # all ranks stop after the same step
         save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
         if stop or save_due:
-            # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
+            # ASYNC: the next K batches came from versions no checkpoint holds: saved with it
             while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
                 pending.append(
                     receive(data_queue, args.queue_timeout, f"the batch of learner step {step + 1 + len(pending)}")
@@ -746,9 +754,9 @@ def main():
                 generators,
                 metrics["time/elapsed"],
             )
-            if stop:  # rank 0 names the checkpoint, which exists once save_checkpoint returns; the others end silently
-                if thread.is_alive():  # an engine call in flight at exit crashed the teardown (rc 139) or left vLLM's
-                    weights_queue.put(None)  # shared memory: the thread ends at its next wait for weights (issue 55)
+            if stop:  # rank 0 names the checkpoint (it exists now); the others end silently
+                if thread.is_alive():  # an engine call at exit crashed (rc 139) or leaked vLLM's
+                    weights_queue.put(None)  # shared memory: thread ends at next wait (issue 55)
                     thread.join(timeout=args.queue_timeout)
                 sys.exit(
                     f"{stop_signals[0] if stop_signals else 'a signal to another rank'}: stopped after learner step "
@@ -759,23 +767,23 @@ def main():
     if args.rank == 0 and not args.replay_from:
         thread.join(timeout=60)  # the learner took its last batch: the thread is returning
 
-    # the final weights never reached the engine during training; the thread has ended, so the engine is free
+    # the engine never got the final weights in training; the thread has ended, so it is free
     if eval_set.prompts and not args.replay_from:  # a replay has no engine
         sync_engine(llm, policy, probe, args, args.num_learner_steps)
         if args.rank == 0:
             log_evaluation(evaluate(llm, eval_set, args, args.num_learner_steps), writer, eval_file)
     weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # the group we joined; plain python's is the engine's own (vLLM's
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # joined group; plain python's is the engine's (vLLM's
         dist.destroy_process_group()  # teardown destroys it at exit, and fails once it is gone)
-    if args.rank > 0:  # rank 0 saves and reports; the others skip the interpreter's teardown, in which DDP's gloo
-        sys.stdout.flush()  # group can deadlock on the GIL (pytorch/pytorch#56297; seen here: a rank stuck at exit)
+    if args.rank > 0:  # rank 0 saves, reports; the rest skip interpreter teardown, where DDP's gloo
+        sys.stdout.flush()  # group can deadlock on the GIL (pytorch/pytorch#56297; seen here)
         os._exit(0)
     args.output_dir = save_final(args, unwrap(policy), tokenizer, weights)
     metrics_file.close()
     eval_file.close()
     writer.close()
     print_summary(args, reward_key)
-    if args.replay_from:  # the numbers above are of the recorded batches: this run generated and scored none
+    if args.replay_from:  # numbers above: the recorded batches'; this run generated and scored none
         print(f"replay of:   {args.replay_from} (trained on its recorded batches: nothing generated or scored here)")
 
 
@@ -1251,11 +1259,11 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
 
 
 def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
-    """The engine's own copy of the learner's weights (which go on changing), written into one the engine has loaded
-    if `spare_weights` holds one (faster than a new one: docs/benchmarks.md); vLLM copies what it loads (tested)."""
+    """The engine's own copy of the learner's (changing) weights, written into one it has loaded if
+    `spare_weights` holds one (faster: docs/benchmarks.md); vLLM copies what it loads (tested)."""
     try:
         spare = spare_weights.get_nowait()
-    except queue.Empty:  # in CPU memory, as in the core: K+1 copies on the engine's GPU left Pythia-2.8b no room
+    except queue.Empty:  # on CPU as in the core: K+1 engine-GPU copies left Pythia-2.8b no room
         return {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
     for name, t in weights.items():
         spare[name].copy_(t.detach())

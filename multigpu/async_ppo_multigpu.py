@@ -1,9 +1,9 @@
-# docs: docs/multigpu.md#ppo -- async_ppo.py plus torchrun learners, a tensor-parallel engine and exact resume
-"""async_ppo.py (PPO) scaled out: torchrun learners (DDP, or FSDP2 with --fsdp) split every mini-batch, rank 0 owning
-the engine and logs; `diff async_ppo.py multigpu/async_ppo_multigpu.py` is the lesson; with --async-steps 0 it is sync.
-
-    torchrun --nproc-per-node 3 multigpu/async_ppo_multigpu.py --prompts-per-step 48  # 1+3 GPUs: 3 ranks x 16 prompts
-    python multigpu/async_ppo_multigpu.py --save-every 50        # then --resume-from runs/<run>
+# docs: docs/multigpu.md#ppo -- async_ppo.py plus torchrun, a tensor-parallel engine, exact resume
+"""async_ppo.py scaled out: torchrun learners (DDP, or FSDP2 with --fsdp) split every mini-batch,
+rank 0 owning the engine and logs; `diff async_ppo.py multigpu/async_ppo_multigpu.py` is the lesson;
+--async-steps 0 makes it sync.
+    torchrun --nproc-per-node 3 multigpu/async_ppo_multigpu.py --prompts-per-step 48  # 1+3 GPUs
+    python multigpu/async_ppo_multigpu.py --save-every 50  # then --resume-from runs/<run>
 """
 
 import contextlib
@@ -12,40 +12,41 @@ import os
 import signal
 import threading
 
-if __name__ == "__mp_main__":  # a process of vLLM's engine: multiprocessing's spawn ran this file first, as __mp_main__
+if __name__ == "__mp_main__":  # a vLLM engine process: spawn ran this file first, as __mp_main__
 
     def pass_on_the_parents_signals(parent: int):
-        """SIGINT and SIGTERM, blocked below, arrive here. One from the process that started this one (vLLM's own
-        shutdown, or the death signal) goes to the handler vLLM set; one from anyone else (a scheduler signals every
-        process of a job) is dropped: the learner takes it, saves what it needs from this engine, and its exit ends
-        the engine."""
+        """SIGINT and SIGTERM, blocked below, arrive here. One from the parent process (vLLM's own
+        shutdown, or the death signal) goes to the handler vLLM set; one from anyone else (a
+        scheduler signals every process of a job) is dropped: the learner takes it, saves what it
+        needs from this engine, and its exit ends the engine."""
         while True:
             info = signal.sigwaitinfo({signal.SIGINT, signal.SIGTERM})
             handler = signal.getsignal(info.si_signo)
             if info.si_pid == parent and callable(handler):
-                # the engine core's handler sets its shutdown flag (safe in any thread); a worker's raises SystemExit,
-                # kept in this thread: vLLM ends a worker by closing its death pipe, the SIGTERM is its fallback
+                # engine core's handler sets its shutdown flag (thread-safe); a worker's SystemExit
+                # is caught here: vLLM ends workers via their death pipe, SIGTERM as fallback
                 with contextlib.suppress(SystemExit, KeyboardInterrupt):
                     handler(info.si_signo, None)
-            elif info.si_pid == parent:  # no handler of vLLM's (not yet, or no more): the default, ending the process
+            elif info.si_pid == parent:  # no vLLM handler (not yet, or no more): the default exit
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {info.si_signo})
                 signal.raise_signal(info.si_signo)
 
-    os.setsid()  # a session of its own: a Ctrl-C or a SIGTERM to the run's process group does not reach it
-    ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG: a SIGTERM if the learner is killed (SIGKILL, the OOM killer)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # before any thread: they inherit it
+    os.setsid()  # own session: a Ctrl-C or SIGTERM to the run's process group does not reach it
+    ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG: SIGTERM if the learner dies (SIGKILL, OOM)
+    # before any thread: they inherit it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     threading.Thread(target=pass_on_the_parents_signals, args=(os.getppid(),), daemon=True).start()
-# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
-# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+# set before importing vLLM (docs/async.md#design-decisions): the engine lives in this process
+# (weights passed as tensors), patches no learner code (bytecode hook); no TF32 anywhere
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
-os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
-# but under torchrun (one rank too) in a process of its own, as vLLM would take torchrun's torch.distributed world as
-# its own (the weights then go through shared memory); forced: 0 breaks torchrun
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
+# but under torchrun (even one rank) in a process of its own: vLLM would take torchrun's
+# torch.distributed world as its own (weights then go via shared memory); forced: 0 breaks torchrun
 if "TORCHELASTIC_RUN_ID" in os.environ:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the guard's checksums reach engine processes pickled
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # guard checksums travel pickled
 
 import atexit
 import collections
@@ -79,10 +80,10 @@ from tqdm import tqdm
 from vllm import LLM, SamplingParams
 
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
-WEIGHTS_FILE = threading.Lock()  # held while push_weights_to_engine's file exists; at exit, taken for good
+WEIGHTS_FILE = threading.Lock()  # held while push_weights_to_engine's file exists; for good at exit
 
 
-# the flags that teach; the others (engine sizing, memory, logging, saving) are RunArgs's, below the banner
+# teaching flags; the rest (engine sizing, memory, logging, saving) are in RunArgs, below the banner
 @dataclass
 class Args:
     # algorithm
@@ -105,7 +106,7 @@ class Args:
     lam: float = 0.95
     """GAE lambda"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
-    """the PPO ratio's anchor: paper = the learner's logprobs, behaviour = vLLM's, decoupled = paper's, weighted"""
+    """PPO anchor: paper = learner's logprobs, behaviour = vLLM's, decoupled = paper's, weighted"""
     cliprange: float = 0.2
     """PPO clip range of the token-level ratio pi / pi_anchor"""
     cliprange_value: float = 0.2
@@ -141,25 +142,25 @@ class Args:
     reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
     """shares the policy's tokenizer; the initial value model"""
     reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
+    """model: reward model score; verifier: 1 if the final number is the answer, else 0"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
     dataset_path: Optional[str] = None
     """verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
 
 
-# ALGO LOGIC: PPO for RLHF (Ouyang et al., 2022; Huang et al., 2024): KL-penalised rewards, GAE, clipped losses
+# ALGO LOGIC: RLHF PPO (Ouyang et al., 2022; Huang et al., 2024): KL penalty, GAE, clipped losses
 def per_token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
-    """-kl_coef * (log pi - log pi_ref) on every response token, plus the score on the last one; and the KL itself."""
+    """-kl_coef * (log pi - log pi_ref) per response token + the score on the last; and the KL."""
     kl = (logprobs - ref_logprobs) * mask
     rewards = -kl_coef * kl
-    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # column of each sequence's last response token
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # column of each row's last response token
     rewards[torch.arange(len(scores), device=mask.device), last] += scores
     return rewards, kl
 
 
 def compute_gae(rewards, values, mask, gamma, lam):
-    """GAE (Schulman et al., 2016) as the reference's loop; returns = A + V; values are 0 after each response."""
+    """GAE (Schulman et al., 2016) as the reference's loop; returns = A + V; V = 0 past responses"""
     advantages = torch.zeros_like(rewards)
     last_gae = 0.0
     for t in reversed(range(rewards.shape[1])):
@@ -176,18 +177,18 @@ def masked_mean(x, mask):
 
 
 def masked_whiten(x, mask):
-    """(x - mean) / std over the masked entries (0 elsewhere), unbiased variance, as the reference's `masked_whiten`."""
+    """(x - mean) / unbiased std on the mask (0 elsewhere), as the reference's `masked_whiten`."""
     mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask) * mask.sum() / (mask.sum() - 1).clamp(min=1)  # 1 token: no NaN
+    var = masked_mean((x - mean) ** 2, mask) * mask.sum() / (mask.sum() - 1).clamp(min=1)  # no NaN
     return (x - mean) * torch.rsqrt(var + 1e-8) * mask
 
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
-    """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
-    (docs/async.md#the-off-policy-correction-three-modes); per token (RLOO's loss sums the log-ratio per sequence).
-    paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
-    (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
-    Neither output carries gradient, whatever the caller passes."""
+    """Per `--off-policy-correction` (docs/async.md#the-off-policy-correction-three-modes): the PPO
+    ratio's anchor logprobs and each term's importance weight, per token (RLOO's loss sums the
+    log-ratio per sequence). paper: pi_old (the learner's own, before the step's first update),
+    weight 1, as the paper's code. behaviour: mu (vLLM's, of version i-K), weight 1. decoupled:
+    pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022). Neither output carries gradient."""
     if correction == "behaviour":
         return behaviour_logprobs.detach(), torch.ones_like(behaviour_logprobs)
     old_logprobs = old_logprobs.detach()
@@ -197,19 +198,19 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
 
 
 def effective_sample_size(importance_weights):
-    """Kish's effective sample size (Kong, 1992) as a fraction of n: (sum w)^2 / (n sum w^2), 1 if all w are equal."""
+    """Kish's effective sample size (Kong, 1992) over n: (sum w)^2 / (n sum w^2); 1 for equal w."""
     return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
-    """PPO's pessimistic clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al., 2017),
-    optionally dual-clipped, and a mask of the terms it leaves without gradient (the clipped branch won, or the dual
-    clip bound it): for A > 0 those with r > 1 + eps, for A < 0 those with r < 1 - eps or r > dual_clip."""
+    """PPO's clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al.,
+    2017), optionally dual-clipped, and a mask of terms without gradient (clipped branch won, or
+    dual clip bound): A > 0 and r > 1 + eps; A < 0 and r < 1 - eps or r > dual_clip."""
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
     losses = torch.max(unclipped, clipped)
     no_gradient = clipped > unclipped
-    if dual_clip is not None:  # for A < 0 the loss grows with r without bound; the dual clip caps it at -A * c
+    if dual_clip is not None:  # A < 0: loss grows with r unbounded; the dual clip caps it at -A * c
         bound = (advantages < 0) & (losses > -advantages * dual_clip)
         losses = torch.where(bound, -advantages * dual_clip, losses)
         no_gradient = no_gradient | bound
@@ -217,7 +218,7 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
 
 
 def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip):
-    """PPO's clipped loss per token (ratio pi / pi_anchor) times its importance weight: masked mean over the tokens."""
+    """PPO's clipped token loss (ratio pi / pi_anchor) times its importance weight: masked mean."""
     log_ratio = new_logprobs - anchor_logprobs
     ratio = torch.exp(log_ratio)
     pg_losses, no_gradient = clipped_surrogate(ratio, advantages, cliprange, dual_clip)
@@ -229,13 +230,13 @@ def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advan
             "policy/clipfrac": masked_mean(((ratio - 1).abs() > cliprange).float(), mask).item(),
             "policy/zero_gradient_frac": masked_mean(no_gradient.float(), mask).item(),
             "policy/importance_weight_mean": masked_mean(importance_weights, mask).item(),
-            "policy/approx_kl": masked_mean((ratio - 1) - log_ratio, mask).item(),  # k3 estimator, always >= 0
+            "policy/approx_kl": masked_mean((ratio - 1) - log_ratio, mask).item(),  # k3, never < 0
         }
     return loss, stats
 
 
 def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
-    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), V_old the step's start values: masked mean, clip fraction."""
+    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), V_old pre-update: mean, clip fraction."""
     clipped = old_values + (new_values - old_values).clamp(-cliprange_value, cliprange_value)
     losses_unclipped, losses_clipped = (new_values - returns) ** 2, (clipped - returns) ** 2
     loss = 0.5 * masked_mean(torch.max(losses_unclipped, losses_clipped), mask)
@@ -244,7 +245,7 @@ def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
 
 
 def get_values(value_model, input_ids, attention_mask):
-    """V(s_t) in `token_logprobs`' layout: the `score` head per token, hooked as DDP / FSDP2 run the (pooling) model."""
+    """V(s_t) in `token_logprobs`' layout: `score` hooked as DDP / FSDP2 run the pooling model"""
     per_token = []
     hook = unwrap(value_model).score.register_forward_hook(lambda module, inputs, output: per_token.append(output))
     try:
@@ -255,8 +256,8 @@ def get_values(value_model, input_ids, attention_mask):
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
-    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    """Right-padded prompt+response ids, attention mask and response-token mask. Every loss reads
+    the mask as `response_mask[:, 1:]`: `token_logprobs` puts token t+1's logprob in column t."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
     attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
@@ -268,9 +269,9 @@ def pad_sequences(prompts, responses, pad_token_id, device):
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
-    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
-    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
+    """Response-token logprobs at the sampling temperature, (batch, length - 1): column t holds
+    token t+1, 0 off the response. The output layer runs from the first response column (`start`)
+    on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -281,9 +282,9 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
-    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
-    passes bit for bit and the first update's ratio is exactly 1. Each rank computes its share; all get every row."""
+    """`token_logprobs` without gradient: the reference's, or pi_old (the pre-update learner's), in
+    the loop's `mini_batches` (PPO: first epoch's) and micro-batches: bit for bit its first forward
+    passes, so the first ratio is exactly 1. Each rank computes a share; all get every row."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -296,20 +297,20 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def token_logprobs_and_entropy(model, input_ids, attention_mask, response_mask, temperature):
-    """`token_logprobs` (the same values bit for bit) and the entropy of softmax(logits / T), without gradient."""
+    """`token_logprobs` (bit for bit) and the entropy of softmax(logits / T), without gradient."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
     logits = logits.float() / temperature
     log_partition = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - log_partition
-    with torch.no_grad():  # row by row: a softmax of all the logits would be one more vocabulary-sized copy
+    with torch.no_grad():  # row by row: a softmax of all logits would add a vocabulary-sized copy
         entropy = torch.stack([z - (torch.softmax(row, dim=-1) * row).sum(-1) for row, z in zip(logits, log_partition)])
     return [F.pad(x, (start, 0)) * response_mask[:, 1:] for x in (logprobs, entropy)]
 
 
 def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
-    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (column t = token t+1, 0 elsewhere)."""
+    """vLLM's per-sample logprobs in `token_logprobs`' layout (column t = token t+1, else 0)."""
     mask = response_mask[:, 1:].bool()
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
@@ -317,19 +318,19 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    """Mini-batch stats from micro-batch [(share, {name: value})]: weighted means, `_max` maxima."""
     return {
         name: max(s[name] for _, s in micro_batch_stats)
         if name.endswith("_max")
@@ -339,18 +340,18 @@ def combine_stats(micro_batch_stats):
 
 
 def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
     return torch.autocast(
         torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
     )
 
 
-# REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
-# final number against the problem's reference answer (--reward verifier); both run in the generation thread
+# REWARD: a reward model (sequence classifier) scores each response (--reward model), or a verifier
+# grades its final number against the answer (--reward verifier); both run in the generation thread
 def score_responses(reward_model, tokenizer, args: Args, prompts, answers, responses, contains_eos):
-    """The score of each response (k per prompt, prompt-major). --reward verifier: its final number graded against the
-    problem's answer, as written, with or without EOS (as in the paper's GSM8K runs); --reward model: the reward
-    model's score, or --missing-eos-penalty for a response without EOS."""
+    """Each response's score (k per prompt, prompt-major). --reward verifier: its final number
+    graded against the problem's answer, as written, with or without EOS (as in the paper's GSM8K
+    runs); --reward model: the reward model's score, or --missing-eos-penalty without EOS."""
     samples_per_prompt = args.num_samples_per_prompt
     if args.reward == "verifier":
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -364,9 +365,9 @@ def score_responses(reward_model, tokenizer, args: Args, prompts, answers, respo
     return torch.where(contains_eos, scores, penalty)
 
 
-# GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
+# GENERATION: engine calls for one batch (sample, take new weights): same code as the sync script
 def generate(llm: LLM, prompts, args: Args, step: int):
-    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    """k samples per prompt, prompt-major: token ids and vLLM's logprob of each sampled token."""
     samples_per_prompt = args.num_samples_per_prompt
     # vLLM seeds sample c of a request seed + c: requests k apart share no seed
     first = args.seed * 1_000_003 + step * args.prompts_per_step * samples_per_prompt
@@ -383,14 +384,14 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str] = None):
-    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale.
-    Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a safetensors file
-    in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
+    """Learner weights into the engine in place (worker's `reload_weights`); cached KV is stale.
+    Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a
+    safetensors file in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
         llm.collective_rpc(
             "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
         )
-    else:  # a full copy of the weights, in a folder gone once the engine has read it (at exit too: init_distributed)
+    else:  # full weights in a folder gone once the engine read it (at exit too: init_distributed)
         with (
             WEIGHTS_FILE,
             tempfile.TemporaryDirectory(
@@ -398,8 +399,8 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
                 dir=weights_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None),
             ) as folder,
         ):
-            # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
-            # memory, and vLLM's reload, given only one of the two names, unties them: measured)
+            # every name, as in this process; a tied weight's second name gets a copy (safetensors
+            # refuses shared memory; vLLM's reload, given one name, unties them: measured)
             tensors, seen = {}, set()
             for name, tensor in state_dict.items():
                 tensor = tensor.detach().cpu().contiguous()
@@ -407,19 +408,19 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
                 seen.add(tensor.data_ptr())
             safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
             llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
-    # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
+    # cached prompt KV blocks come from the old weights; reusing them would silently mix policies
     llm.reset_prefix_cache()
 
 
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, step: int):
-    """Generate k samples per prompt and score each (`score_responses`: the reward, and the missing-EOS penalty)."""
+    """Sample k per prompt, score each (`score_responses`: the reward and missing-EOS penalty)."""
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     scores = score_responses(reward_model, tokenizer, args, prompts, answers, responses, contains_eos)
     return {
-        "prompts": [p for p in prompts for _ in range(args.num_samples_per_prompt)],  # one per sample
+        "prompts": [p for p in prompts for _ in range(args.num_samples_per_prompt)],  # per sample
         "responses": responses,
         "behaviour_logprobs": logprobs,
         "scores": scores,
@@ -440,7 +441,7 @@ class WeightCheck(NamedTuple):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
-    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
+    """Engine answer for `model`'s weights: probe logprobs at T=1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
     dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
     return WeightCheck(
@@ -450,7 +451,7 @@ def weight_check(model, probe, args: Args, state_dict=None):
     )
 
 
-# ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
+# ASYNC: the generation thread (actor) and its hand-off to the learner: all the sync twin lacks
 class PolicyVersion(NamedTuple):
     """What the learner hands the generation thread, once per version a batch needs."""
 
@@ -462,20 +463,21 @@ class PolicyVersion(NamedTuple):
 def generation_thread(
     llm, reward_model, tokenizer, args: Args, prompt_batches, guard_state, weights_queue, spare_weights, data_queue
 ):
-    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
-    Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
-    reproducible); `data_queue` holds at most K batches. An exception takes the place of the next batch."""
+    """The actor (Cleanba's hand-off): learner step i's batch comes from exactly policy version
+    max(0, i-K). Before batch i it loads every version up to i-K, waiting if need be (seeded runs
+    reproduce); `data_queue` holds at most K batches. An exception replaces the next batch."""
     try:
-        SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
+        SET_TORCH_THREADS(args.torch_threads)  # OpenMP counts are per OS thread (vLLM checks them)
         version = args.start_step
-        # a resumed run starts from version s and already holds the batches of steps s .. s+K-1 (its checkpoint's)
+        # a resumed run starts at version s; its checkpoint holds the batches of steps s .. s+K-1
         first = args.start_step + min(args.async_steps, len(prompt_batches) - args.start_step) if args.start_step else 0
         for step, (prompts, answers) in enumerate(prompt_batches[first:], first):
             waiting_time = weight_sync_time = 0.0
             while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
                 incoming = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
-                if incoming is None:  # the learner stops (a signal) and waits for this thread: no engine call in flight
+                # the learner stops (a signal) and waits for this thread: no engine call in flight
+                if incoming is None:
                     return
                 version = incoming.version
                 waiting_time += time.time() - start
@@ -483,16 +485,16 @@ def generation_thread(
                 push_weights_to_engine(llm, incoming.weights, args.weights_dir)
                 guard_state = check_weight_sync(llm, incoming.expected, guard_state, args, version)
                 weight_sync_time += time.time() - start
-                spare_weights.put(incoming.weights)  # the engine holds its own copy now: the learner may reuse this
+                spare_weights.put(incoming.weights)  # engine copied it: the learner may reuse it
             batch = produce_batch(llm, reward_model, tokenizer, args, prompts, answers, step)
             times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": waiting_time}
-            data_queue.put({**batch, **times, "async/actor_version": version})  # blocks while K batches wait
+            data_queue.put({**batch, **times, "async/actor_version": version})  # blocks if K wait
     except BaseException as e:  # a thread must never die silently
         data_queue.put(e)
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
+    """`q.get` with a timeout naming what it waited for; re-raises the thread's exception."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -503,11 +505,11 @@ def receive(q: queue.Queue, timeout: float, what: str):
 
 
 def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
-    """The engine's own copy of the learner's weights (which go on changing), written into one the engine has loaded
-    if `spare_weights` holds one (faster than a new one: docs/benchmarks.md); vLLM copies what it loads (tested)."""
+    """The engine's own copy of the learner's (changing) weights, written into one it has loaded if
+    `spare_weights` holds one (faster: docs/benchmarks.md); vLLM copies what it loads (tested)."""
     try:
         spare = spare_weights.get_nowait()
-    except queue.Empty:  # in CPU memory, as in the core: K+1 copies on the engine's GPU left Pythia-2.8b no room
+    except queue.Empty:  # on CPU as in the core: K+1 engine-GPU copies left Pythia-2.8b no room
         return {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
     for name, t in weights.items():
         spare[name].copy_(t.detach())
@@ -519,7 +521,7 @@ def main():
     check_args(args)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    init_distributed(args)  # placement: torchrun's learner processes, rank 0's engine; plain python: rank 0 of 1
+    init_distributed(args)  # torchrun's learner ranks, rank 0's engine; plain python: rank 0 of 1
     resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
     SET_TORCH_THREADS(args.torch_threads)
 
@@ -527,13 +529,13 @@ def main():
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    shuffle_rng = np.random.default_rng(args.seed)  # the learner's alone: the generation thread never draws from it
+    shuffle_rng = np.random.default_rng(args.seed)  # the generation thread never draws from it
     generators = {"shuffle": shuffle_rng}  # saved in checkpoints
 
-    # data before any model, so that bad data fails in seconds; then rank 0's run folder, now that the inputs are good
+    # data before models: bad data fails in seconds; then rank 0's run folder, once inputs are good
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers = load_prompts(args, tokenizer)
-    prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
+    prompt_batches = split_into_steps(prompts, answers, args)  # [i]: learner step i's prompts
     first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
     probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     args.micro_batch_size = choose_micro_batch_size(  # of this rank's share
@@ -553,8 +555,8 @@ def main():
         writer, metrics_file = start_tracking(args, resumed)
     args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
 
-    # models: the policy, its frozen reference, the reward model (beside the engine) and the value model: a copy of the
-    # reward model, so early advantages are not a random critic's noise (the verifier has none: the policy, new head)
+    # models: policy, frozen reference, reward model (beside the engine), value model: a reward
+    # model copy (verifier: the policy, new head) so early advantages aren't a random critic's noise
     policy = load_causal_lm(f"{resumed['path']}/policy" if resumed else args.model_name_or_path, args.learner_device)
     ref_policy = load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False)
     reward_model = None  # the verifier needs no model, nor does a replay or a rank other than 0
@@ -564,13 +566,14 @@ def main():
     value_model = load_scalar_model(
         os.path.join(resumed["path"], "value_model") if resumed else value_model_path, args.learner_device, trained=True
     )
-    value_model.config.pad_token_id = tokenizer.pad_token_id  # its forward pools at the padding (get_values does not)
+    # its forward pools at the padding (get_values does not)
+    value_model.config.pad_token_id = tokenizer.pad_token_id
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
         enable_gradient_checkpointing(value_model)
     policy, ref_policy = wrap_model(policy, args), wrap_model(ref_policy, args, trained=False)
     value_model = wrap_model(value_model, args)
-    # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
+    # one optimizer for both models (the reference's PolicyAndValueWrapper): loss pg + vf_coef * vf
     trained = [*policy.parameters(), *value_model.parameters()]
     optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
@@ -584,7 +587,7 @@ def main():
     if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
         guard_state = sync_engine(llm, policy, probe, args, args.start_step)
         restore_random_states(resumed, generators, args.learner_device)
-    else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
+    else:  # every rank computes the check (FSDP2 gathers probe logprobs); rank 0's engine answers
         expected = weight_check(policy, probe, args, full_state_dict(policy, args))
         guard_state = (
             check_weight_sync(llm, expected, None, args, 0) if args.rank == 0 and not args.replay_from else None
@@ -592,8 +595,8 @@ def main():
 
     # ASYNC: the generation thread runs at most K versions ahead; a daemon: a crashed run ends it
     weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
-    spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    spare_weights = queue.Queue()  # engine-loaded copies, back to the learner: see copy_for_engine
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches or the thread's exception
     pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
     thread = threading.Thread(
         target=generation_thread,
@@ -613,7 +616,7 @@ def main():
     if args.rank == 0 and not args.replay_from:
         thread.start()
 
-    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed goes on from the checkpoint
+    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed continues
     reward_key = "objective/scores"  # shown by the progress bar and the summary
     progress = tqdm(
         range(args.start_step, args.num_learner_steps),
@@ -639,25 +642,25 @@ def main():
         batch = from_rank_0(batch, args)  # every rank trains on its share of it
         learner_waiting = time.time() - wait_start
 
-        # ALGO LOGIC: rewards, values and advantages of the whole batch, then PPO in N mini-batches per epoch
+        # ALGO LOGIC: whole-batch rewards, values, advantages, then PPO in N mini-batches per epoch
         train_start = time.time()
         input_ids, attention_mask, response_mask = pad_sequences(
             batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device
         )
-        mask = response_mask[:, 1:].float()  # the layout of token_logprobs / get_values: column t = token t+1
+        mask = response_mask[:, 1:].float()  # as token_logprobs / get_values: column t = token t+1
         num_samples = len(batch["responses"])
-        # every epoch's shuffled mini-batches, drawn now: the first epoch's also order the no-grad passes below
+        # all epochs' shuffled mini-batches, drawn now: epochs[0] also orders the no-grad passes
         epochs = [
             chunks(torch.from_numpy(shuffle_rng.permutation(num_samples)), num_samples // args.num_mini_batches)
             for _ in range(args.num_ppo_epochs)
         ]
-        # STALE when K > 0, made with policy version step-K: the responses, their scores, and vLLM's logprobs
+        # STALE when K > 0, made by policy version step-K: responses, their scores, vLLM's logprobs
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         scores = batch["scores"].to(args.learner_device)
-        # FRESH, before this step's updates: the reference's logprobs, the learner's own (paper, decoupled) and values;
-        # the first micro-batch's from its training forward (bit for bit a no-grad pass's, tested; its graph waits)
+        # FRESH, before this step's updates: reference logprobs, the learner's (paper, decoupled),
+        # values; micro-batch 0's from its training forward (bitwise = no-grad, tested; graph waits)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-        shares = epochs[0][0].reshape(args.world_size, -1)  # each rank's share of the first mini-batch, as `rank_rows`
+        shares = epochs[0][0].reshape(args.world_size, -1)  # each rank's share, as `rank_rows`
         first, later = shares[:, : args.micro_batch_size].flatten(), shares[:, args.micro_batch_size :].flatten()
         rows = rank_rows(first, args)
         with gradient_sync(policy, not len(later)), gradient_sync(value_model, not len(later)), learner_autocast(args):
@@ -667,14 +670,14 @@ def main():
                 ),
                 get_values(value_model, input_ids[rows], attention_mask[rows]),
             )
-        rest = [mini_batch for mini_batch in (later, *epochs[0][1:]) if len(mini_batch)]  # rows for a no-grad pass
+        rest = [mini_batch for mini_batch in (later, *epochs[0][1:]) if len(mini_batch)]  # no-grad
         old_logprobs = None
         if args.off_policy_correction != "behaviour":
             old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, rest)
             old_logprobs[first] = gather_rows(first_forward[0].detach(), args)  # every rank's
         values = torch.zeros_like(mask)
         values[first] = gather_rows(first_forward[2].detach(), args)
-        with torch.no_grad(), learner_autocast(args):  # in the loop's micro-batches, as `token_logprobs_no_grad`
+        with torch.no_grad(), learner_autocast(args):  # micro-batched as `token_logprobs_no_grad`
             for mini_batch in rest:
                 share = [
                     get_values(value_model, input_ids[rows], attention_mask[rows])
@@ -682,7 +685,7 @@ def main():
                 ]
                 values[mini_batch] = gather_rows(torch.cat(share), args)
         values *= mask
-        # the anchor is both PPO's "old" logprobs and the log pi of the KL penalty (vLLM's in behaviour mode)
+        # the anchor is PPO's "old" logprobs and the KL penalty's log pi (vLLM's in behaviour mode)
         anchor_logprobs, importance_weights = off_policy_anchor(
             args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
         )
@@ -691,7 +694,7 @@ def main():
             advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask)
         stats = defaultdict(list)  # name: one value per mini-batch
-        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
+        token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in sum(epochs, []):  # the epochs' mini-batches, one after the other
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -707,7 +710,7 @@ def main():
                         get_values(value_model, input_ids[rows], attention_mask[rows]),
                     )
                 first_forward = None
-                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(new_logprobs, response_mask[rows], batch["behaviour_logprobs"], rows)
                 pg_loss, policy_stats = clipped_policy_loss(
                     new_logprobs,
@@ -721,7 +724,7 @@ def main():
                 vf_loss, vf_clipfrac = clipped_value_loss(
                     new_values, values[rows], returns[rows], mask[rows], args.cliprange_value
                 )
-                # token means: a micro-batch weighs its share of the tokens, times the ranks (their gradients average)
+                # token means: a micro-batch's weight is its token share x ranks (gradients average)
                 share = (args.world_size * mask[rows].sum() / mask[mini_batch].sum()).item()
                 ((pg_loss + args.vf_coef * vf_loss) * share).backward()
                 micro_stats = {
@@ -738,28 +741,30 @@ def main():
             for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
-        token_gap = gather_rows(token_gap[None], args).sum(0)  # every rank's micro-batches: the batch's sums
+        token_gap = gather_rows(token_gap[None], args).sum(0)  # sums over all ranks' micro-batches
 
-        # ASYNC: version step+1 to the generator if a future batch needs it: a host-memory copy (training goes on)
+        # ASYNC: version step+1 to the actor if a future batch needs it: host copy, training goes on
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
-            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
+            # every rank: under FSDP2 the weights and probe logprobs are gathered from all shards
             weights = full_state_dict(policy, args)
             expected = weight_check(policy, probe, args, weights)
-            if args.rank == 0:  # a copy into CPU memory is complete on return: no CUDA stream to synchronise
+            if args.rank == 0:  # a CPU copy is complete on return: no CUDA stream to sync
                 weights_queue.put(PolicyVersion(step + 1, copy_for_engine(weights, spare_weights, args), expected))
-            del weights  # not needed while training (FSDP2: rank 0's gathered copy); the engine's is in the queue
+            del weights  # unused in training (FSDP2: rank 0's gathered copy); engine's is queued
 
         # TRY NOT TO MODIFY: logging
         non_score_reward = (-args.kl_coef * kl).sum(1)
         metrics = {
             **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
-            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.sum(1).mean().item(),
             "objective/non_score_reward": non_score_reward.mean().item(),
             "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
-            "policy/importance_weight_ess": effective_sample_size(importance_weights[mask.bool()]),  # the batch's
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            # ESS of the whole batch's weights
+            "policy/importance_weight_ess": effective_sample_size(importance_weights[mask.bool()]),
+            # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "value/mean": masked_mean(values, mask).item(),
             "time/training": training_time,
@@ -777,7 +782,7 @@ def main():
         stop = any_rank(bool(stop_signals), args)  # all ranks stop after the same step
         save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
         if stop or save_due:
-            # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
+            # ASYNC: the next K batches came from versions no checkpoint holds: saved with it
             while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
                 pending.append(
                     receive(data_queue, args.queue_timeout, f"the batch of learner step {step + 1 + len(pending)}")
@@ -793,9 +798,9 @@ def main():
                 generators,
                 metrics["time/elapsed"],
             )
-            if stop:  # rank 0 names the checkpoint, which exists once save_checkpoint returns; the others end silently
-                if thread.is_alive():  # an engine call in flight at exit crashed the teardown (rc 139) or left vLLM's
-                    weights_queue.put(None)  # shared memory: the thread ends at its next wait for weights (issue 55)
+            if stop:  # rank 0 names the checkpoint (it exists now); the others end silently
+                if thread.is_alive():  # an engine call at exit crashed (rc 139) or leaked vLLM's
+                    weights_queue.put(None)  # shared memory: thread ends at next wait (issue 55)
                     thread.join(timeout=args.queue_timeout)
                 sys.exit(
                     f"{stop_signals[0] if stop_signals else 'a signal to another rank'}: stopped after learner step "
@@ -806,11 +811,12 @@ def main():
     if args.rank == 0 and not args.replay_from:
         thread.join(timeout=60)  # the learner took its last batch: the thread is returning
 
-    weights, value_weights = full_state_dict(policy, args), full_state_dict(value_model, args)  # FSDP2: gathered
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # the group we joined; plain python's is the engine's own (vLLM's
+    # FSDP2: gathered
+    weights, value_weights = full_state_dict(policy, args), full_state_dict(value_model, args)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # joined group; plain python's is the engine's (vLLM's
         dist.destroy_process_group()  # teardown destroys it at exit, and fails once it is gone)
-    if args.rank > 0:  # rank 0 saves and reports; the others skip the interpreter's teardown, in which DDP's gloo
-        sys.stdout.flush()  # group can deadlock on the GIL (pytorch/pytorch#56297; seen here: a rank stuck at exit)
+    if args.rank > 0:  # rank 0 saves, reports; the rest skip interpreter teardown, where DDP's gloo
+        sys.stdout.flush()  # group can deadlock on the GIL (pytorch/pytorch#56297; seen here)
         os._exit(0)
     args.output_dir = save_final(args, unwrap(policy), tokenizer, weights)
     unwrap(value_model).save_pretrained(os.path.join(args.output_dir, "value_model"), state_dict=value_weights)
@@ -818,7 +824,7 @@ def main():
     metrics_file.close()
     writer.close()
     print_summary(args, reward_key)
-    if args.replay_from:  # the numbers above are of the recorded batches: this run generated and scored none
+    if args.replay_from:  # numbers above: the recorded batches'; this run generated and scored none
         print(f"replay of:   {args.replay_from} (trained on its recorded batches: nothing generated or scored here)")
 
 
@@ -1172,8 +1178,8 @@ NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][
 
 
 def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
-    last one, canonical."""
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless
+    `marker_only`) the text's last one, canonical."""
     marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
     if marked:
         numbers = [] if marked.group(2) else [marked.group(1)]
@@ -1187,8 +1193,8 @@ def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
 
 
 def verify(text: str, answer: str, marker_only: bool):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
-    `marker_only`: --require-answer-marker."""
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else
+    0.0, found); `marker_only`: --require-answer-marker."""
     extracted = extract_answer(text, marker_only)
     return float(extracted is not None and extracted == answer), extracted is not None
 
@@ -1351,8 +1357,8 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
 
 
 def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
-    """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
-    (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
+    """Load the policy's current weights into rank 0's engine and check it serves them. Every rank
+    calls this (under FSDP2 the weights and probe logprobs are gathered from all shards)."""
     weights = full_state_dict(policy, args)
     expected = weight_check(policy, probe, args, weights)
     if args.rank == 0:

@@ -1,11 +1,11 @@
-# docs: docs/multigpu.md#rloo -- async_rloo.py plus torchrun learners, a tensor-parallel engine and exact resume
-"""async_rloo.py (RLOO) scaled out: torchrun learners (DDP, or FSDP2 with --fsdp) split every mini-batch, rank 0
-owning the engine and the logs; --engine-tensor-parallel-size splits the engine; --save-every and --resume-from give
-exact resume; pi_old of the first micro-batch comes from its training forward, one pass fewer than the core's. `diff
-async_rloo.py multigpu/async_rloo_multigpu.py` is the lesson on scaling out; --async-steps 0 makes it sync at scale.
-
-    torchrun --nproc-per-node 3 multigpu/async_rloo_multigpu.py --prompts-per-step 48  # 1+3 GPUs: 3 ranks x 16 prompts
-    python multigpu/async_rloo_multigpu.py --save-every 50        # then --resume-from runs/<run>
+# docs: docs/multigpu.md#rloo -- async_rloo.py plus torchrun, a tensor-parallel engine, exact resume
+"""async_rloo.py scaled out: torchrun learners (DDP, or FSDP2 with --fsdp) split every mini-batch,
+rank 0 owning the engine and logs; --engine-tensor-parallel-size splits the engine; --save-every and
+--resume-from give exact resume; the first micro-batch's pi_old comes from its training forward, one
+pass fewer than the core's. `diff async_rloo.py multigpu/async_rloo_multigpu.py` is the lesson on
+scaling out; --async-steps 0 makes it sync at scale.
+    torchrun --nproc-per-node 3 multigpu/async_rloo_multigpu.py --prompts-per-step 48  # 1+3 GPUs
+    python multigpu/async_rloo_multigpu.py --save-every 50  # then --resume-from runs/<run>
 """
 
 import contextlib
@@ -14,40 +14,41 @@ import os
 import signal
 import threading
 
-if __name__ == "__mp_main__":  # a process of vLLM's engine: multiprocessing's spawn ran this file first, as __mp_main__
+if __name__ == "__mp_main__":  # a vLLM engine process: spawn ran this file first, as __mp_main__
 
     def pass_on_the_parents_signals(parent: int):
-        """SIGINT and SIGTERM, blocked below, arrive here. One from the process that started this one (vLLM's own
-        shutdown, or the death signal) goes to the handler vLLM set; one from anyone else (a scheduler signals every
-        process of a job) is dropped: the learner takes it, saves what it needs from this engine, and its exit ends
-        the engine."""
+        """SIGINT and SIGTERM, blocked below, arrive here. One from the parent process (vLLM's own
+        shutdown, or the death signal) goes to the handler vLLM set; one from anyone else (a
+        scheduler signals every process of a job) is dropped: the learner takes it, saves what it
+        needs from this engine, and its exit ends the engine."""
         while True:
             info = signal.sigwaitinfo({signal.SIGINT, signal.SIGTERM})
             handler = signal.getsignal(info.si_signo)
             if info.si_pid == parent and callable(handler):
-                # the engine core's handler sets its shutdown flag (safe in any thread); a worker's raises SystemExit,
-                # kept in this thread: vLLM ends a worker by closing its death pipe, the SIGTERM is its fallback
+                # engine core's handler sets its shutdown flag (thread-safe); a worker's SystemExit
+                # is caught here: vLLM ends workers via their death pipe, SIGTERM as fallback
                 with contextlib.suppress(SystemExit, KeyboardInterrupt):
                     handler(info.si_signo, None)
-            elif info.si_pid == parent:  # no handler of vLLM's (not yet, or no more): the default, ending the process
+            elif info.si_pid == parent:  # no vLLM handler (not yet, or no more): the default exit
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {info.si_signo})
                 signal.raise_signal(info.si_signo)
 
-    os.setsid()  # a session of its own: a Ctrl-C or a SIGTERM to the run's process group does not reach it
-    ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG: a SIGTERM if the learner is killed (SIGKILL, the OOM killer)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # before any thread: they inherit it
+    os.setsid()  # own session: a Ctrl-C or SIGTERM to the run's process group does not reach it
+    ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG: SIGTERM if the learner dies (SIGKILL, OOM)
+    # before any thread: they inherit it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     threading.Thread(target=pass_on_the_parents_signals, args=(os.getppid(),), daemon=True).start()
-# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
-# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+# set before importing vLLM (docs/async.md#design-decisions): the engine lives in this process
+# (weights passed as tensors), patches no learner code (bytecode hook); no TF32 anywhere
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
-os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
-# but under torchrun (one rank too) in a process of its own, as vLLM would take torchrun's torch.distributed world as
-# its own (the weights then go through shared memory); forced: 0 breaks torchrun
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
+# but under torchrun (even one rank) in a process of its own: vLLM would take torchrun's
+# torch.distributed world as its own (weights then go via shared memory); forced: 0 breaks torchrun
 if "TORCHELASTIC_RUN_ID" in os.environ:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the guard's checksums reach engine processes pickled
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # guard checksums travel pickled
 
 import atexit
 import collections
@@ -81,10 +82,10 @@ from tqdm import tqdm
 from vllm import LLM, SamplingParams
 
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
-WEIGHTS_FILE = threading.Lock()  # held while push_weights_to_engine's file exists; at exit, taken for good
+WEIGHTS_FILE = threading.Lock()  # held while push_weights_to_engine's file exists; for good at exit
 
 
-# the flags that teach; the others (engine sizing, memory, logging, saving) are RunArgs's, below the banner
+# teaching flags; the rest (engine sizing, memory, logging, saving) are in RunArgs, below the banner
 @dataclass
 class Args:
     # algorithm
@@ -140,21 +141,21 @@ class Args:
     """verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
 
 
-# ALGO LOGIC: RLOO (Ahmadian et al., 2024). Each of a prompt's k samples is baselined by the mean reward of the other
-# k-1; a clipped, importance-weighted sequence-level policy gradient. Pure functions, unit-tested.
+# ALGO LOGIC: RLOO (Ahmadian et al., 2024): a sample's baseline is the mean reward of the prompt's
+# other k-1; a clipped, importance-weighted sequence-level policy gradient. Pure, unit-tested.
 def rloo_advantages(rewards: torch.Tensor, k: int):
-    """REINFORCE leave-one-out (Kool et al., 2019), unbiased: A_i = r_i - mean_{j != i} r_j (flat, prompt-major)."""
+    """RLOO (Kool et al., 2019), unbiased: A_i = r_i - mean_{j != i} r_j (flat, prompt-major)."""
     grouped = rewards.view(-1, k)
     baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)
     return (grouped - baseline).flatten()
 
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
-    """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
-    (docs/async.md#the-off-policy-correction-three-modes); per token (RLOO's loss sums the log-ratio per sequence).
-    paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
-    (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
-    Neither output carries gradient, whatever the caller passes."""
+    """Per `--off-policy-correction` (docs/async.md#the-off-policy-correction-three-modes): the PPO
+    ratio's anchor logprobs and each term's importance weight, per token (RLOO's loss sums the
+    log-ratio per sequence). paper: pi_old (the learner's own, before the step's first update),
+    weight 1, as the paper's code. behaviour: mu (vLLM's, of version i-K), weight 1. decoupled:
+    pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022). Neither output carries gradient."""
     if correction == "behaviour":
         return behaviour_logprobs.detach(), torch.ones_like(behaviour_logprobs)
     old_logprobs = old_logprobs.detach()
@@ -164,20 +165,20 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
 
 
 def effective_sample_size(importance_weights):
-    """Kish's effective sample size of the weights as a fraction of their number, (sum w)^2 / (n sum w^2): 1 when all
-    are equal (paper and behaviour modes), near 1/n when one term carries the batch (Kong, 1992)."""
+    """Kish's effective sample size of the weights over n, (sum w)^2 / (n sum w^2): 1 when all are
+    equal (paper, behaviour modes), ~1/n when one term carries the batch (Kong, 1992)."""
     return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
-    """PPO's pessimistic clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al., 2017),
-    optionally dual-clipped, and a mask of the terms it leaves without gradient (the clipped branch won, or the dual
-    clip bound it): for A > 0 those with r > 1 + eps, for A < 0 those with r < 1 - eps or r > dual_clip."""
+    """PPO's clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al.,
+    2017), optionally dual-clipped, and a mask of terms without gradient (clipped branch won, or
+    dual clip bound): A > 0 and r > 1 + eps; A < 0 and r < 1 - eps or r > dual_clip."""
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
     losses = torch.max(unclipped, clipped)
     no_gradient = clipped > unclipped
-    if dual_clip is not None:  # for A < 0 the loss grows with r without bound; the dual clip caps it at -A * c
+    if dual_clip is not None:  # A < 0: loss grows with r unbounded; the dual clip caps it at -A * c
         bound = (advantages < 0) & (losses > -advantages * dual_clip)
         losses = torch.where(bound, -advantages * dual_clip, losses)
         no_gradient = no_gradient | bound
@@ -187,9 +188,9 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
 def clipped_policy_loss(
     new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange: float, dual_clip: Optional[float]
 ):
-    """PPO-clip on whole sequences: ratio = pi(y) / pi_anchor(y), token log-ratios summed over the response (`mask`).
-    The importance weights scale each token's gradient, not the value; they are per token because a sequence weight,
-    a product of ~50 token ratios, loses the gradient at large K (an exact-gradient toy, docs/rloo.md)."""
+    """Sequence-level PPO-clip: ratio = pi(y) / pi_anchor(y), token log-ratios summed over `mask`.
+    Importance weights scale each token's gradient, not the value; per token, as a sequence weight
+    (~50 token ratios' product) loses the gradient at large K (exact-gradient toy, docs/rloo.md)."""
     new_logprobs = new_logprobs.detach() + importance_weights * (new_logprobs - new_logprobs.detach())
     # clamped: a sum of ~50 token log-ratios can pass 88, where exp overflows float32 (docs/rloo.md)
     log_ratio = (new_logprobs - anchor_logprobs).sum(1).clamp(max=20.0)
@@ -208,8 +209,8 @@ def clipped_policy_loss(
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
-    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    """Right-padded prompt+response ids, attention mask and response-token mask. Every loss reads
+    the mask as `response_mask[:, 1:]`: `token_logprobs` puts token t+1's logprob in column t."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
     attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
@@ -221,9 +222,9 @@ def pad_sequences(prompts, responses, pad_token_id, device):
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
-    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
-    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
+    """Response-token logprobs at the sampling temperature, (batch, length - 1): column t holds
+    token t+1, 0 off the response. The output layer runs from the first response column (`start`)
+    on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -234,9 +235,9 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
-    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
-    passes bit for bit and the first update's ratio is exactly 1. Each rank computes its share; all get every row."""
+    """`token_logprobs` without gradient: the reference's, or pi_old (the pre-update learner's), in
+    the loop's `mini_batches` (PPO: first epoch's) and micro-batches: bit for bit its first forward
+    passes, so the first ratio is exactly 1. Each rank computes a share; all get every row."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -249,7 +250,7 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
-    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (column t = token t+1, 0 elsewhere)."""
+    """vLLM's per-sample logprobs in `token_logprobs`' layout (column t = token t+1, else 0)."""
     mask = response_mask[:, 1:].bool()
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
@@ -257,19 +258,19 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    """Mini-batch stats from micro-batch [(share, {name: value})]: weighted means, `_max` maxima."""
     return {
         name: max(s[name] for _, s in micro_batch_stats)
         if name.endswith("_max")
@@ -279,18 +280,18 @@ def combine_stats(micro_batch_stats):
 
 
 def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
     return torch.autocast(
         torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
     )
 
 
-# REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
-# final number against the problem's reference answer (--reward verifier); both run in the generation thread
+# REWARD: a reward model (sequence classifier) scores each response (--reward model), or a verifier
+# grades its final number against the answer (--reward verifier); both run in the generation thread
 def score_responses(reward_model, tokenizer, args: Args, prompts, answers, responses, contains_eos):
-    """The score of each response (k per prompt, prompt-major). --reward verifier: its final number graded against the
-    problem's answer, as written, with or without EOS (as in the paper's GSM8K runs); --reward model: the reward
-    model's score, or --missing-eos-penalty for a response without EOS."""
+    """Each response's score (k per prompt, prompt-major). --reward verifier: its final number
+    graded against the problem's answer, as written, with or without EOS (as in the paper's GSM8K
+    runs); --reward model: the reward model's score, or --missing-eos-penalty without EOS."""
     samples_per_prompt = args.num_samples_per_prompt
     if args.reward == "verifier":
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -304,9 +305,9 @@ def score_responses(reward_model, tokenizer, args: Args, prompts, answers, respo
     return torch.where(contains_eos, scores, penalty)
 
 
-# GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
+# GENERATION: engine calls for one batch (sample, take new weights): same code as the sync script
 def generate(llm: LLM, prompts, args: Args, step: int):
-    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    """k samples per prompt, prompt-major: token ids and vLLM's logprob of each sampled token."""
     samples_per_prompt = args.num_samples_per_prompt
     # vLLM seeds sample c of a request seed + c: requests k apart share no seed
     first = args.seed * 1_000_003 + step * args.prompts_per_step * samples_per_prompt
@@ -323,14 +324,14 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str] = None):
-    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale.
-    Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a safetensors file
-    in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
+    """Learner weights into the engine in place (worker's `reload_weights`); cached KV is stale.
+    Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a
+    safetensors file in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
         llm.collective_rpc(
             "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
         )
-    else:  # a full copy of the weights, in a folder gone once the engine has read it (at exit too: init_distributed)
+    else:  # full weights in a folder gone once the engine read it (at exit too: init_distributed)
         with (
             WEIGHTS_FILE,
             tempfile.TemporaryDirectory(
@@ -338,8 +339,8 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
                 dir=weights_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else None),
             ) as folder,
         ):
-            # every name, as in this process; a tied weight's second name gets a copy (safetensors refuses shared
-            # memory, and vLLM's reload, given only one of the two names, unties them: measured)
+            # every name, as in this process; a tied weight's second name gets a copy (safetensors
+            # refuses shared memory; vLLM's reload, given one name, unties them: measured)
             tensors, seen = {}, set()
             for name, tensor in state_dict.items():
                 tensor = tensor.detach().cpu().contiguous()
@@ -347,20 +348,20 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
                 seen.add(tensor.data_ptr())
             safetensors.torch.save_file(tensors, os.path.join(folder, "model.safetensors"))
             llm.collective_rpc("reload_weights", kwargs=dict(weights_path=folder, is_checkpoint_format=True))
-    # cached prompt KV blocks were computed with the old weights; reusing them would silently mix policies
+    # cached prompt KV blocks come from the old weights; reusing them would silently mix policies
     llm.reset_prefix_cache()
 
 
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, step: int):
-    """Generate k samples per prompt and score each (the KL part of the reward needs the reference policy, which lives
-    with the learner)."""
+    """Generate k samples per prompt and score each (the KL part of the reward needs the reference
+    policy, which lives with the learner)."""
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     scores = score_responses(reward_model, tokenizer, args, prompts, answers, responses, contains_eos)
     return {
-        "prompts": [p for p in prompts for _ in range(args.num_samples_per_prompt)],  # one per sample
+        "prompts": [p for p in prompts for _ in range(args.num_samples_per_prompt)],  # per sample
         "responses": responses,
         "behaviour_logprobs": logprobs,
         "scores": scores,
@@ -381,7 +382,7 @@ class WeightCheck(NamedTuple):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
-    """What an engine with `model`'s weights answers: probe logprobs at temperature 1, checksums in --engine-dtype."""
+    """Engine answer for `model`'s weights: probe logprobs at T=1, checksums in --engine-dtype."""
     ids = torch.tensor([probe], device=args.learner_device)
     dtype, weights = getattr(torch, args.engine_dtype), model.state_dict() if state_dict is None else state_dict
     return WeightCheck(
@@ -391,7 +392,7 @@ def weight_check(model, probe, args: Args, state_dict=None):
     )
 
 
-# ASYNC: the generation thread (the actor) and its hand-off to the learner: all that asynchrony adds to the sync twin
+# ASYNC: the generation thread (actor) and its hand-off to the learner: all the sync twin lacks
 class PolicyVersion(NamedTuple):
     """What the learner hands the generation thread, once per version a batch needs."""
 
@@ -403,20 +404,21 @@ class PolicyVersion(NamedTuple):
 def generation_thread(
     llm, reward_model, tokenizer, args: Args, prompt_batches, guard_state, weights_queue, spare_weights, data_queue
 ):
-    """The actor (Cleanba's hand-off): the batch of learner step i is generated by exactly policy version max(0, i-K).
-    Before batch i it loads every version up to i-K the learner sends, waiting for it if need be (a seeded run is
-    reproducible); `data_queue` holds at most K batches. An exception takes the place of the next batch."""
+    """The actor (Cleanba's hand-off): learner step i's batch comes from exactly policy version
+    max(0, i-K). Before batch i it loads every version up to i-K, waiting if need be (seeded runs
+    reproduce); `data_queue` holds at most K batches. An exception replaces the next batch."""
     try:
-        SET_TORCH_THREADS(args.torch_threads)  # OpenMP thread counts are per OS thread (vLLM checks them)
+        SET_TORCH_THREADS(args.torch_threads)  # OpenMP counts are per OS thread (vLLM checks them)
         version = args.start_step
-        # a resumed run starts from version s and already holds the batches of steps s .. s+K-1 (its checkpoint's)
+        # a resumed run starts at version s; its checkpoint holds the batches of steps s .. s+K-1
         first = args.start_step + min(args.async_steps, len(prompt_batches) - args.start_step) if args.start_step else 0
         for step, (prompts, answers) in enumerate(prompt_batches[first:], first):
             waiting_time = weight_sync_time = 0.0
             while version < step - args.async_steps:  # the i-K rule
                 start = time.time()
                 incoming = receive(weights_queue, args.queue_timeout, f"policy version {version + 1}")
-                if incoming is None:  # the learner stops (a signal) and waits for this thread: no engine call in flight
+                # the learner stops (a signal) and waits for this thread: no engine call in flight
+                if incoming is None:
                     return
                 version = incoming.version
                 waiting_time += time.time() - start
@@ -424,16 +426,16 @@ def generation_thread(
                 push_weights_to_engine(llm, incoming.weights, args.weights_dir)
                 guard_state = check_weight_sync(llm, incoming.expected, guard_state, args, version)
                 weight_sync_time += time.time() - start
-                spare_weights.put(incoming.weights)  # the engine holds its own copy now: the learner may reuse this
+                spare_weights.put(incoming.weights)  # engine copied it: the learner may reuse it
             batch = produce_batch(llm, reward_model, tokenizer, args, prompts, answers, step)
             times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": waiting_time}
-            data_queue.put({**batch, **times, "async/actor_version": version})  # blocks while K batches wait
+            data_queue.put({**batch, **times, "async/actor_version": version})  # blocks if K wait
     except BaseException as e:  # a thread must never die silently
         data_queue.put(e)
 
 
 def receive(q: queue.Queue, timeout: float, what: str):
-    """`q.get` that never hangs silently (a timeout names what it waited for) and re-raises the thread's exception."""
+    """`q.get` with a timeout naming what it waited for; re-raises the thread's exception."""
     try:
         item = q.get(timeout=timeout)
     except queue.Empty:
@@ -448,7 +450,7 @@ def main():
     check_args(args)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    init_distributed(args)  # placement: torchrun's learner processes, rank 0's engine; plain python: rank 0 of 1
+    init_distributed(args)  # torchrun's learner ranks, rank 0's engine; plain python: rank 0 of 1
     resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
     SET_TORCH_THREADS(args.torch_threads)
 
@@ -458,10 +460,10 @@ def main():
     torch.manual_seed(args.seed)
     generators = {}  # the learner's own random generators, saved in checkpoints: none here
 
-    # data before any model, so that bad data fails in seconds; then rank 0's run folder, now that the inputs are good
+    # data before models: bad data fails in seconds; then rank 0's run folder, once inputs are good
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers = load_prompts(args, tokenizer)
-    prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
+    prompt_batches = split_into_steps(prompts, answers, args)  # [i]: learner step i's prompts
     first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
     probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
     sequences = (
@@ -480,7 +482,7 @@ def main():
         writer, metrics_file = start_tracking(args, resumed)
     args.run_name, args.output_dir = from_rank_0((args.run_name, args.output_dir), args)
 
-    # models: the policy, its frozen reference, and the reward model, which labels beside rank 0's engine
+    # models: policy, frozen reference, and the reward model, which labels beside rank 0's engine
     policy = load_causal_lm(f"{resumed['path']}/policy" if resumed else args.model_name_or_path, args.learner_device)
     ref_policy = load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False)
     if args.gradient_checkpointing:
@@ -501,7 +503,7 @@ def main():
     if resumed:  # the engine starts from the initial weights; vLLM's start reseeded the global RNGs
         guard_state = sync_engine(llm, policy, probe, args, args.start_step)
         restore_random_states(resumed, generators, args.learner_device)
-    else:  # every rank computes the check (FSDP2 gathers the probe's logprobs); rank 0's engine answers it
+    else:  # every rank computes the check (FSDP2 gathers probe logprobs); rank 0's engine answers
         expected = weight_check(policy, probe, args, full_state_dict(policy, args))
         guard_state = (
             check_weight_sync(llm, expected, None, args, 0) if args.rank == 0 and not args.replay_from else None
@@ -509,8 +511,8 @@ def main():
 
     # ASYNC: the generation thread runs at most K versions ahead; a daemon: a crashed run ends it
     weights_queue = queue.Queue()  # PolicyVersions from the learner: at most K+1 wait
-    spare_weights = queue.Queue()  # copies the engine has loaded, back to the learner: see copy_for_engine
-    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches, or the thread's exception, to the learner
+    spare_weights = queue.Queue()  # engine-loaded copies, back to the learner: see copy_for_engine
+    data_queue = queue.Queue(maxsize=max(1, args.async_steps))  # batches or the thread's exception
     pending = collections.deque(resumed["pending"] if resumed else [])  # batches taken off it early
     thread = threading.Thread(
         target=generation_thread,
@@ -530,7 +532,7 @@ def main():
     if args.rank == 0 and not args.replay_from:
         thread.start()
 
-    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed goes on from the checkpoint
+    start_time = time.time() - (resumed or {}).get("elapsed", 0.0)  # time/elapsed continues
     reward_key = "objective/scores"  # shown by the progress bar and the summary
     progress = tqdm(
         range(args.start_step, args.num_learner_steps),
@@ -556,7 +558,7 @@ def main():
         batch = from_rank_0(batch, args)  # every rank trains on its share of it
         learner_waiting = time.time() - wait_start
 
-        # ALGO LOGIC: RLOO rewards and advantages for the whole batch, then N sequential clipped updates
+        # ALGO LOGIC: RLOO rewards and advantages of the batch, then N sequential clipped updates
         train_start = time.time()
         input_ids, attention_mask, response_mask = pad_sequences(
             batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device
@@ -565,10 +567,10 @@ def main():
         mini_batches = chunks(torch.arange(len(batch["responses"])), len(batch["responses"]) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
-        # pi_old (paper, decoupled modes), this file's shortcut: the first micro-batch's from its training forward
+        # pi_old (paper, decoupled), this file's shortcut: micro-batch 0's from its training forward
         old_logprobs = first_forward = None
         if args.off_policy_correction != "behaviour":
-            shares = mini_batches[0].reshape(args.world_size, -1)  # each rank's share of it, as `rank_rows`
+            shares = mini_batches[0].reshape(args.world_size, -1)  # per-rank shares, as `rank_rows`
             first, later = shares[:, : args.micro_batch_size].flatten(), shares[:, args.micro_batch_size :].flatten()
             rows = rank_rows(first, args)
             with gradient_sync(policy, last=not len(later)), learner_autocast(args):
@@ -587,13 +589,13 @@ def main():
         anchor_logprobs, importance_weights = off_policy_anchor(
             args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
         )
-        # the KL's log pi is the anchor's: vLLM's in behaviour mode (unbiased for the sampler, no extra forward pass),
-        # the learner's recomputation in paper mode, as in the paper's code (docs/async.md)
+        # the KL's log pi is the anchor's: vLLM's in behaviour mode (unbiased for the sampler, no
+        # extra forward pass); the learner's in paper mode, as in the paper's code (docs/async.md)
         kl = anchor_logprobs.sum(1) - ref_logprobs
         rlhf_reward = batch["scores"].to(args.learner_device) - args.kl_coef * kl
         advantages = rloo_advantages(rlhf_reward, args.num_samples_per_prompt)
         stats = defaultdict(list)  # name: one value per mini-batch
-        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
+        token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -608,7 +610,7 @@ def main():
                         )
                     )
                 first_forward = None
-                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(per_token, response_mask[rows], batch["behaviour_logprobs"], rows)
                 loss, policy_stats = clipped_policy_loss(
                     per_token,
@@ -619,7 +621,7 @@ def main():
                     args.cliprange,
                     args.dual_clip,
                 )
-                # gradients of share-weighted means add up to the mini-batch's; the ranks' are averaged, hence x ranks
+                # so gradients add up to the mini-batch's; the ranks' are averaged, hence x ranks
                 share = args.world_size * len(rows) / len(mini_batch)
                 (loss * share).backward()
                 micro_batch_stats.append((share, {"losses/policy_loss": loss.item(), **policy_stats}))
@@ -629,27 +631,28 @@ def main():
             for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
                 stats[key].append(value)
         training_time = time.time() - train_start
-        token_gap = gather_rows(token_gap[None], args).sum(0)  # every rank's micro-batches: the batch's sums
+        token_gap = gather_rows(token_gap[None], args).sum(0)  # sums over all ranks' micro-batches
 
-        # ASYNC: hand version step+1 to the generator, only if some future batch will be generated with it: a copy (the
-        # learner goes on updating its own tensors) in host memory, as the engine's GPU has no room for K+1 of them
+        # ASYNC: version step+1 to the generator if a future batch needs it: a host-memory copy (the
+        # learner goes on updating its own tensors), as the engine's GPU has no room for K+1 of them
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
-            # every rank: under FSDP2 the weights and the probe's logprobs are gathered from all shards
+            # every rank: under FSDP2 the weights and probe logprobs are gathered from all shards
             weights = full_state_dict(policy, args)
             expected = weight_check(policy, probe, args, weights)
-            if args.rank == 0:  # a copy into CPU memory is complete on return: no CUDA stream to synchronise
+            if args.rank == 0:  # a CPU copy is complete on return: no CUDA stream to sync
                 weights_queue.put(PolicyVersion(step + 1, copy_for_engine(weights, spare_weights, args), expected))
-            del weights  # not needed while training (FSDP2: rank 0's gathered copy); the engine's is in the queue
+            del weights  # unused in training (FSDP2: rank 0's gathered copy); engine's is queued
 
         # TRY NOT TO MODIFY: logging
         metrics = {
             **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
-            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.mean().item(),
             "objective/rlhf_reward": rlhf_reward.mean().item(),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
@@ -666,7 +669,7 @@ def main():
         stop = any_rank(bool(stop_signals), args)  # all ranks stop after the same step
         save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps
         if stop or save_due:
-            # ASYNC: the next K batches were made by versions no checkpoint holds: they are saved with it
+            # ASYNC: the next K batches came from versions no checkpoint holds: saved with it
             while args.rank == 0 and len(pending) < min(args.async_steps, args.num_learner_steps - step - 1):
                 pending.append(
                     receive(data_queue, args.queue_timeout, f"the batch of learner step {step + 1 + len(pending)}")
@@ -682,9 +685,9 @@ def main():
                 generators,
                 metrics["time/elapsed"],
             )
-            if stop:  # rank 0 names the checkpoint, which exists once save_checkpoint returns; the others end silently
-                if thread.is_alive():  # an engine call in flight at exit crashed the teardown (rc 139) or left vLLM's
-                    weights_queue.put(None)  # shared memory: the thread ends at its next wait for weights (issue 55)
+            if stop:  # rank 0 names the checkpoint (it exists now); the others end silently
+                if thread.is_alive():  # an engine call at exit crashed (rc 139) or leaked vLLM's
+                    weights_queue.put(None)  # shared memory: thread ends at next wait (issue 55)
                     thread.join(timeout=args.queue_timeout)
                 sys.exit(
                     f"{stop_signals[0] if stop_signals else 'a signal to another rank'}: stopped after learner step "
@@ -696,16 +699,16 @@ def main():
         thread.join(timeout=60)  # the learner took its last batch: the thread is returning
 
     weights = full_state_dict(policy, args)  # every rank: FSDP2 gathers the shards
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # the group we joined; plain python's is the engine's own (vLLM's
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # joined group; plain python's is the engine's (vLLM's
         dist.destroy_process_group()  # teardown destroys it at exit, and fails once it is gone)
-    if args.rank > 0:  # rank 0 saves and reports; the others skip the interpreter's teardown, in which DDP's gloo
-        sys.stdout.flush()  # group can deadlock on the GIL (pytorch/pytorch#56297; seen here: a rank stuck at exit)
+    if args.rank > 0:  # rank 0 saves, reports; the rest skip interpreter teardown, where DDP's gloo
+        sys.stdout.flush()  # group can deadlock on the GIL (pytorch/pytorch#56297; seen here)
         os._exit(0)
     args.output_dir = save_final(args, unwrap(policy), tokenizer, weights)
     metrics_file.close()
     writer.close()
     print_summary(args, reward_key)
-    if args.replay_from:  # the numbers above are of the recorded batches: this run generated and scored none
+    if args.replay_from:  # numbers above: the recorded batches'; this run generated and scored none
         print(f"replay of:   {args.replay_from} (trained on its recorded batches: nothing generated or scored here)")
 
 
@@ -1050,8 +1053,8 @@ NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][
 
 
 def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
-    last one, canonical."""
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless
+    `marker_only`) the text's last one, canonical."""
     marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
     if marked:
         numbers = [] if marked.group(2) else [marked.group(1)]
@@ -1065,8 +1068,8 @@ def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
 
 
 def verify(text: str, answer: str, marker_only: bool):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
-    `marker_only`: --require-answer-marker."""
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else
+    0.0, found); `marker_only`: --require-answer-marker."""
     extracted = extract_answer(text, marker_only)
     return float(extracted is not None and extracted == answer), extracted is not None
 
@@ -1229,8 +1232,8 @@ def check_weight_sync(llm: LLM, expected, previous, args: Args, version: int):
 
 
 def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
-    """Load the policy's current weights into rank 0's engine and check that it serves them. Every rank calls this
-    (under FSDP2 the weights and the probe's logprobs are gathered from all shards)."""
+    """Load the policy's current weights into rank 0's engine and check it serves them. Every rank
+    calls this (under FSDP2 the weights and probe logprobs are gathered from all shards)."""
     weights = full_state_dict(policy, args)
     expected = weight_check(policy, probe, args, weights)
     if args.rank == 0:
@@ -1239,11 +1242,11 @@ def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
 
 
 def copy_for_engine(weights: dict, spare_weights: queue.Queue, args: Args):
-    """The engine's own copy of the learner's weights (which go on changing), written into one the engine has loaded
-    if `spare_weights` holds one (faster than a new one: docs/benchmarks.md); vLLM copies what it loads (tested)."""
+    """The engine's own copy of the learner's (changing) weights, written into one it has loaded if
+    `spare_weights` holds one (faster: docs/benchmarks.md); vLLM copies what it loads (tested)."""
     try:
         spare = spare_weights.get_nowait()
-    except queue.Empty:  # in CPU memory, as in the core: K+1 copies on the engine's GPU left Pythia-2.8b no room
+    except queue.Empty:  # on CPU as in the core: K+1 engine-GPU copies left Pythia-2.8b no room
         return {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
     for name, t in weights.items():
         spare[name].copy_(t.detach())

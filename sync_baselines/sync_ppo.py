@@ -1,22 +1,22 @@
 # docs: docs/ppo.md -- the synchronous baseline of async_ppo.py
-"""Synchronous PPO: generate with the current policy, score, learn, repeat (staleness 0 with N = 1).
+"""Synchronous PPO: generate on-policy, score, learn, repeat (staleness 0 with N = 1).
 
-The same code as async_ppo.py with the orchestration changed: no generation thread, no queues; the engine gets the
-learner's weights at the start of every step. `diff async_ppo.py sync_baselines/sync_ppo.py` shows the difference.
-Nothing is stale here, but with N > 1 mini-batches the later ones are off-policy, which PPO's clipped ratio handles.
+async_ppo.py with only the orchestration changed: no generation thread, no queues; the engine gets
+the learner's weights before every step (`diff async_ppo.py sync_baselines/sync_ppo.py`). Nothing is
+stale here, but with N > 1 the later mini-batches are off-policy, which PPO's clipped ratio handles.
 
-    python sync_baselines/sync_ppo.py                           # the paper's TL;DR setup (a GPU and hub access)
-    python sync_baselines/sync_ppo.py --num-mini-batches 4      # the paper's Sec. 3: N mini-batches per round
+    python sync_baselines/sync_ppo.py  # the paper's TL;DR setup (a GPU and hub access)
+    python sync_baselines/sync_ppo.py --num-mini-batches 4  # Sec. 3: N mini-batches per round
 """
 
 import os
 
-# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
-# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+# set before importing vLLM (docs/async.md#design-decisions): the engine lives in this process
+# (weights passed as tensors), patches no learner code (bytecode hook); no TF32 anywhere
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
-os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
 
 import glob
 import json
@@ -44,7 +44,7 @@ from vllm import LLM, SamplingParams
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
 
 
-# the flags that teach; the others (engine sizing, memory, logging, saving) are RunArgs's, below the banner
+# teaching flags; the rest (engine sizing, memory, logging, saving) are in RunArgs, below the banner
 @dataclass
 class Args:
     # algorithm
@@ -67,7 +67,7 @@ class Args:
     lam: float = 0.95
     """GAE lambda"""
     off_policy_correction: Literal["paper", "behaviour", "decoupled"] = "paper"
-    """the PPO ratio's anchor: paper = the learner's logprobs, behaviour = vLLM's, decoupled = paper's, weighted"""
+    """PPO anchor: paper = learner's logprobs, behaviour = vLLM's, decoupled = paper's, weighted"""
     cliprange: float = 0.2
     """PPO clip range of the token-level ratio pi / pi_anchor"""
     cliprange_value: float = 0.2
@@ -99,25 +99,25 @@ class Args:
     reward_model_path: str = "mnoukhov/pythia410m-rm-tldr6.9b"
     """shares the policy's tokenizer; the initial value model"""
     reward: Literal["model", "verifier"] = "model"
-    """model: the reward model scores each response; verifier: 1 if its final number is the problem's answer, else 0"""
+    """model: reward model score; verifier: 1 if the final number is the answer, else 0"""
     dataset_name: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompt dataset: a hub id or a local .json/.jsonl file"""
     dataset_path: Optional[str] = None
     """verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
 
 
-# ALGO LOGIC: PPO for RLHF (Ouyang et al., 2022; Huang et al., 2024): KL-penalised rewards, GAE, clipped losses
+# ALGO LOGIC: RLHF PPO (Ouyang et al., 2022; Huang et al., 2024): KL penalty, GAE, clipped losses
 def per_token_rewards(scores, logprobs, ref_logprobs, mask, kl_coef):
-    """-kl_coef * (log pi - log pi_ref) on every response token, plus the score on the last one; and the KL itself."""
+    """-kl_coef * (log pi - log pi_ref) per response token + the score on the last; and the KL."""
     kl = (logprobs - ref_logprobs) * mask
     rewards = -kl_coef * kl
-    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # column of each sequence's last response token
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # column of each row's last response token
     rewards[torch.arange(len(scores), device=mask.device), last] += scores
     return rewards, kl
 
 
 def compute_gae(rewards, values, mask, gamma, lam):
-    """GAE (Schulman et al., 2016) as the reference's loop; returns = A + V; values are 0 after each response."""
+    """GAE (Schulman et al., 2016) as the reference's loop; returns = A + V; V = 0 past responses"""
     advantages = torch.zeros_like(rewards)
     last_gae = 0.0
     for t in reversed(range(rewards.shape[1])):
@@ -134,18 +134,18 @@ def masked_mean(x, mask):
 
 
 def masked_whiten(x, mask):
-    """(x - mean) / std over the masked entries (0 elsewhere), unbiased variance, as the reference's `masked_whiten`."""
+    """(x - mean) / unbiased std on the mask (0 elsewhere), as the reference's `masked_whiten`."""
     mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask) * mask.sum() / (mask.sum() - 1).clamp(min=1)  # 1 token: no NaN
+    var = masked_mean((x - mean) ** 2, mask) * mask.sum() / (mask.sum() - 1).clamp(min=1)  # no NaN
     return (x - mean) * torch.rsqrt(var + 1e-8) * mask
 
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
-    """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
-    (docs/async.md#the-off-policy-correction-three-modes); per token (RLOO's loss sums the log-ratio per sequence).
-    paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
-    (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
-    Neither output carries gradient, whatever the caller passes."""
+    """Per `--off-policy-correction` (docs/async.md#the-off-policy-correction-three-modes): the PPO
+    ratio's anchor logprobs and each term's importance weight, per token (RLOO's loss sums the
+    log-ratio per sequence). paper: pi_old (the learner's own, before the step's first update),
+    weight 1, as the paper's code. behaviour: mu (vLLM's, of version i-K), weight 1. decoupled:
+    pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022). Neither output carries gradient."""
     if correction == "behaviour":
         return behaviour_logprobs.detach(), torch.ones_like(behaviour_logprobs)
     old_logprobs = old_logprobs.detach()
@@ -155,19 +155,19 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
 
 
 def effective_sample_size(importance_weights):
-    """Kish's effective sample size (Kong, 1992) as a fraction of n: (sum w)^2 / (n sum w^2), 1 if all w are equal."""
+    """Kish's effective sample size (Kong, 1992) over n: (sum w)^2 / (n sum w^2); 1 for equal w."""
     return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
-    """PPO's pessimistic clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al., 2017),
-    optionally dual-clipped, and a mask of the terms it leaves without gradient (the clipped branch won, or the dual
-    clip bound it): for A > 0 those with r > 1 + eps, for A < 0 those with r < 1 - eps or r > dual_clip."""
+    """PPO's clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al.,
+    2017), optionally dual-clipped, and a mask of terms without gradient (clipped branch won, or
+    dual clip bound): A > 0 and r > 1 + eps; A < 0 and r < 1 - eps or r > dual_clip."""
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
     losses = torch.max(unclipped, clipped)
     no_gradient = clipped > unclipped
-    if dual_clip is not None:  # for A < 0 the loss grows with r without bound; the dual clip caps it at -A * c
+    if dual_clip is not None:  # A < 0: loss grows with r unbounded; the dual clip caps it at -A * c
         bound = (advantages < 0) & (losses > -advantages * dual_clip)
         losses = torch.where(bound, -advantages * dual_clip, losses)
         no_gradient = no_gradient | bound
@@ -175,7 +175,7 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
 
 
 def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange, dual_clip):
-    """PPO's clipped loss per token (ratio pi / pi_anchor) times its importance weight: masked mean over the tokens."""
+    """PPO's clipped token loss (ratio pi / pi_anchor) times its importance weight: masked mean."""
     log_ratio = new_logprobs - anchor_logprobs
     ratio = torch.exp(log_ratio)
     pg_losses, no_gradient = clipped_surrogate(ratio, advantages, cliprange, dual_clip)
@@ -187,13 +187,13 @@ def clipped_policy_loss(new_logprobs, anchor_logprobs, importance_weights, advan
             "policy/clipfrac": masked_mean(((ratio - 1).abs() > cliprange).float(), mask).item(),
             "policy/zero_gradient_frac": masked_mean(no_gradient.float(), mask).item(),
             "policy/importance_weight_mean": masked_mean(importance_weights, mask).item(),
-            "policy/approx_kl": masked_mean((ratio - 1) - log_ratio, mask).item(),  # k3 estimator, always >= 0
+            "policy/approx_kl": masked_mean((ratio - 1) - log_ratio, mask).item(),  # k3, never < 0
         }
     return loss, stats
 
 
 def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
-    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), V_old the step's start values: masked mean, clip fraction."""
+    """0.5 * max((V - R)^2, (clip(V, V_old +- c) - R)^2), V_old pre-update: mean, clip fraction."""
     clipped = old_values + (new_values - old_values).clamp(-cliprange_value, cliprange_value)
     losses_unclipped, losses_clipped = (new_values - returns) ** 2, (clipped - returns) ** 2
     loss = 0.5 * masked_mean(torch.max(losses_unclipped, losses_clipped), mask)
@@ -202,15 +202,15 @@ def clipped_value_loss(new_values, old_values, returns, mask, cliprange_value):
 
 
 def get_values(value_model, input_ids, attention_mask):
-    """V(s_t) in `token_logprobs`' layout: the `score` head on every hidden state (the reference's `get_reward`)."""
+    """V(s_t) in `token_logprobs`' layout: `score` head per token (the reference's `get_reward`)"""
     backbone = getattr(value_model, value_model.base_model_prefix)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     return value_model.score(hidden).squeeze(-1)[:, :-1].float()
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
-    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    """Right-padded prompt+response ids, attention mask and response-token mask. Every loss reads
+    the mask as `response_mask[:, 1:]`: `token_logprobs` puts token t+1's logprob in column t."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
     attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
@@ -222,9 +222,9 @@ def pad_sequences(prompts, responses, pad_token_id, device):
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
-    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
-    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
+    """Response-token logprobs at the sampling temperature, (batch, length - 1): column t holds
+    token t+1, 0 off the response. The output layer runs from the first response column (`start`)
+    on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -235,9 +235,9 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
-    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
-    passes bit for bit and the first update's ratio is exactly 1."""
+    """`token_logprobs` without gradient: the reference's, or the learner's before its update
+    (pi_old). Run on the loop's `mini_batches` (PPO: first epoch's) in its micro-batches, so values
+    equal the loop's first forward passes bit for bit: the first update's ratio is exactly 1."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -249,20 +249,20 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def token_logprobs_and_entropy(model, input_ids, attention_mask, response_mask, temperature):
-    """`token_logprobs` (the same values bit for bit) and the entropy of softmax(logits / T), without gradient."""
+    """`token_logprobs` (bit for bit) and the entropy of softmax(logits / T), without gradient."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
     logits = logits.float() / temperature
     log_partition = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - log_partition
-    with torch.no_grad():  # row by row: a softmax of all the logits would be one more vocabulary-sized copy
+    with torch.no_grad():  # row by row: a softmax of all logits would add a vocabulary-sized copy
         entropy = torch.stack([z - (torch.softmax(row, dim=-1) * row).sum(-1) for row, z in zip(logits, log_partition)])
     return [F.pad(x, (start, 0)) * response_mask[:, 1:] for x in (logprobs, entropy)]
 
 
 def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
-    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (column t = token t+1, 0 elsewhere)."""
+    """vLLM's per-sample logprobs in `token_logprobs`' layout (column t = token t+1, else 0)."""
     mask = response_mask[:, 1:].bool()
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
@@ -270,19 +270,19 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    """Mini-batch stats from micro-batch [(share, {name: value})]: weighted means, `_max` maxima."""
     return {
         name: max(s[name] for _, s in micro_batch_stats)
         if name.endswith("_max")
@@ -292,18 +292,18 @@ def combine_stats(micro_batch_stats):
 
 
 def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
     return torch.autocast(
         torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
     )
 
 
-# REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
-# final number against the problem's reference answer (--reward verifier); both run in the generation thread
+# REWARD: a reward model (sequence classifier) scores each response (--reward model), or a verifier
+# grades its final number against the answer (--reward verifier); both run in the generation thread
 def score_responses(reward_model, tokenizer, args: Args, prompts, answers, responses, contains_eos):
-    """The score of each response (k per prompt, prompt-major). --reward verifier: its final number graded against the
-    problem's answer, as written, with or without EOS (as in the paper's GSM8K runs); --reward model: the reward
-    model's score, or --missing-eos-penalty for a response without EOS."""
+    """Each response's score (k per prompt, prompt-major). --reward verifier: its final number
+    graded against the problem's answer, as written, with or without EOS (as in the paper's GSM8K
+    runs); --reward model: the reward model's score, or --missing-eos-penalty without EOS."""
     samples_per_prompt = args.num_samples_per_prompt
     if args.reward == "verifier":
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -317,9 +317,9 @@ def score_responses(reward_model, tokenizer, args: Args, prompts, answers, respo
     return torch.where(contains_eos, scores, penalty)
 
 
-# GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
+# GENERATION: engine calls for one batch (sample, take new weights): same code as the sync script
 def generate(llm: LLM, prompts, args: Args, step: int):
-    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    """k samples per prompt, prompt-major: token ids and vLLM's logprob of each sampled token."""
     samples_per_prompt = args.num_samples_per_prompt
     # vLLM seeds sample c of a request seed + c: requests k apart share no seed
     first = args.seed * 1_000_003 + step * args.prompts_per_step * samples_per_prompt
@@ -336,7 +336,7 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
-    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale."""
+    """Learner weights into the engine in place (worker's `reload_weights`); cached KV is stale."""
     llm.collective_rpc(
         "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
     )
@@ -344,14 +344,14 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
 
 
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, step: int):
-    """Generate k samples per prompt and score each (`score_responses`: the reward, and the missing-EOS penalty)."""
+    """Sample k per prompt, score each (`score_responses`: the reward and missing-EOS penalty)."""
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     scores = score_responses(reward_model, tokenizer, args, prompts, answers, responses, contains_eos)
     return {
-        "prompts": [p for p in prompts for _ in range(args.num_samples_per_prompt)],  # one per sample
+        "prompts": [p for p in prompts for _ in range(args.num_samples_per_prompt)],  # per sample
         "responses": responses,
         "behaviour_logprobs": logprobs,
         "scores": scores,
@@ -372,8 +372,8 @@ class WeightCheck(NamedTuple):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
-    """What an engine with `model`'s weights (`state_dict`, if a copy of them) answers: the probe's logprobs at
-    temperature 1, and the weights themselves."""
+    """What an engine with `model`'s weights (`state_dict`, if a copy of them) answers: the probe's
+    logprobs at temperature 1, and the weights themselves."""
     ids = torch.tensor([probe], device=args.learner_device)
     logprobs = token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
     return WeightCheck(probe, logprobs, model.state_dict() if state_dict is None else state_dict)
@@ -382,7 +382,7 @@ def weight_check(model, probe, args: Args, state_dict=None):
 def main():
     args = tyro.cli(RunArgs)
     check_args(args)
-    num_gpus = torch.cuda.device_count()  # the engine (and reward model) on GPU 0, the learner on GPU 1 if there is one
+    num_gpus = torch.cuda.device_count()  # engine, reward model on GPU 0; learner on GPU 1 if any
     args.engine_device, args.learner_device = ("cuda:0", f"cuda:{min(num_gpus - 1, 1)}") if num_gpus else ("cpu", "cpu")
     SET_TORCH_THREADS(args.torch_threads)
 
@@ -390,23 +390,24 @@ def main():
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    shuffle_rng = np.random.default_rng(args.seed)  # the learner's alone: the generation thread never draws from it
+    shuffle_rng = np.random.default_rng(args.seed)  # the generation thread never draws from it
 
-    # data before any model, so that bad data fails in seconds; then the run folder, now that the inputs are good
+    # data before models: bad data fails in seconds; then the run folder, once inputs are good
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers = load_prompts(args, tokenizer)
-    prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
+    prompt_batches = split_into_steps(prompts, answers, args)  # [i]: learner step i's prompts
     first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
     probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
-    sequences = args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches  # in a mini-batch
+    # sequences in a mini-batch
+    sequences = args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches
     longest = max(map(len, prompts)) + args.response_length
     args.micro_batch_size = choose_micro_batch_size(args, sequences, longest, trained_models=2)
     args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
     args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
     writer, metrics_file = start_tracking(args)
 
-    # models: the policy, its frozen reference, the reward model (beside the engine) and the value model: a copy of the
-    # reward model, so early advantages are not a random critic's noise (the verifier has none: the policy, new head)
+    # models: policy, frozen reference, reward model (beside the engine), value model: a reward
+    # model copy (verifier: the policy, new head) so early advantages aren't a random critic's noise
     policy = load_causal_lm(args.model_name_or_path, args.learner_device)
     ref_policy = load_causal_lm(args.model_name_or_path, args.learner_device).requires_grad_(False)
     reward_model = load_scalar_model(args.reward_model_path, args.engine_device) if args.reward == "model" else None
@@ -415,21 +416,22 @@ def main():
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
         enable_gradient_checkpointing(value_model)
-    # one optimizer over both models, as the reference's PolicyAndValueWrapper: one loss pg + vf_coef * vf, one step
+    # one optimizer for both models (the reference's PolicyAndValueWrapper): loss pg + vf_coef * vf
     trained = [*policy.parameters(), *value_model.parameters()]
     optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
     keep_models_eager(policy, ref_policy, reward_model, value_model)
-    guard_state = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)  # it starts at version 0
+    # the engine starts at version 0
+    guard_state = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)
 
     start_time, training_time = time.time(), 0.0
     reward_key = "objective/scores"  # shown by the progress bar and the summary
     progress = tqdm(prompt_batches, desc="learner steps")
     stop_signals = stop_requests()
     for step, (step_prompts, step_answers) in enumerate(progress):
-        # SYNC: the engine gets the current weights, then the learner idles while it generates and labels
+        # SYNC: the engine gets the current weights; the learner idles while it generates and labels
         wait_start = time.time()
         if step > 0:
             push_weights_to_engine(llm, policy.state_dict())
@@ -441,32 +443,32 @@ def main():
         batch = {**batch, **times, "async/actor_version": step}
         learner_waiting = time.time() - wait_start
 
-        # ALGO LOGIC: rewards, values and advantages of the whole batch, then PPO in N mini-batches per epoch
+        # ALGO LOGIC: whole-batch rewards, values, advantages, then PPO in N mini-batches per epoch
         train_start = time.time()
         input_ids, attention_mask, response_mask = pad_sequences(
             batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device
         )
-        mask = response_mask[:, 1:].float()  # the layout of token_logprobs / get_values: column t = token t+1
+        mask = response_mask[:, 1:].float()  # as token_logprobs / get_values: column t = token t+1
         num_samples = len(batch["responses"])
-        # every epoch's shuffled mini-batches, drawn now: the first epoch's also order the no-grad passes below
+        # all epochs' shuffled mini-batches, drawn now: epochs[0] also orders the no-grad passes
         epochs = [
             chunks(torch.from_numpy(shuffle_rng.permutation(num_samples)), num_samples // args.num_mini_batches)
             for _ in range(args.num_ppo_epochs)
         ]
-        # STALE when K > 0, made with policy version step-K: the responses, their scores, and vLLM's logprobs
+        # STALE when K > 0, made by policy version step-K: responses, their scores, vLLM's logprobs
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         scores = batch["scores"].to(args.learner_device)
-        # FRESH, before this step's updates: the reference's logprobs, the learner's own (paper, decoupled) and values,
-        # in the micro-batches of the loop's first epoch, so they equal its first forward passes' bit for bit
+        # FRESH, before this step's updates: reference logprobs, the learner's (paper, decoupled),
+        # values, in the first epoch's micro-batches, to equal its first forward passes' bit for bit
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args)
-        old_logprobs = None  # pi_old: the learner's own logprobs before this step's updates (paper, decoupled)
+        old_logprobs = None  # pi_old (paper, decoupled): the learner's logprobs before updating
         if args.off_policy_correction != "behaviour":
             old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, epochs[0])
         values = torch.zeros_like(mask)
         with torch.no_grad(), learner_autocast(args):
             for rows in sum((chunks(mini_batch, args.micro_batch_size) for mini_batch in epochs[0]), []):
                 values[rows] = get_values(value_model, input_ids[rows], attention_mask[rows]) * mask[rows]
-        # the anchor is both PPO's "old" logprobs and the log pi of the KL penalty (vLLM's in behaviour mode)
+        # the anchor is PPO's "old" logprobs and the KL penalty's log pi (vLLM's in behaviour mode)
         anchor_logprobs, importance_weights = off_policy_anchor(
             args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
         )
@@ -475,7 +477,7 @@ def main():
             advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask)
         stats = defaultdict(list)  # name: one value per mini-batch
-        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
+        token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in sum(epochs, []):  # the epochs' mini-batches, one after the other
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -485,7 +487,7 @@ def main():
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
                     new_values = get_values(value_model, input_ids[rows], attention_mask[rows])
-                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(new_logprobs, response_mask[rows], batch["behaviour_logprobs"], rows)
                 pg_loss, policy_stats = clipped_policy_loss(
                     new_logprobs,
@@ -499,7 +501,7 @@ def main():
                 vf_loss, vf_clipfrac = clipped_value_loss(
                     new_values, values[rows], returns[rows], mask[rows], args.cliprange_value
                 )
-                # both losses are token means over the mini-batch: a micro-batch weighs its share of the tokens
+                # both losses are mini-batch token means: a micro-batch weighs its token share
                 share = (mask[rows].sum() / mask[mini_batch].sum()).item()
                 ((pg_loss + args.vf_coef * vf_loss) * share).backward()
                 micro_stats = {
@@ -521,13 +523,15 @@ def main():
         non_score_reward = (-args.kl_coef * kl).sum(1)
         metrics = {
             **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
-            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.sum(1).mean().item(),
             "objective/non_score_reward": non_score_reward.mean().item(),
             "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
-            "policy/importance_weight_ess": effective_sample_size(importance_weights[mask.bool()]),  # the batch's
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            # ESS of the whole batch's weights
+            "policy/importance_weight_ess": effective_sample_size(importance_weights[mask.bool()]),
+            # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "value/mean": masked_mean(values, mask).item(),
             "time/training": training_time,
@@ -543,7 +547,8 @@ def main():
         save_policy(args, step, policy, tokenizer, stop_signals)  # when due
 
     args.output_dir = save_final(args, policy, tokenizer)
-    value_model.save_pretrained(os.path.join(args.output_dir, "value_model"))  # output_dir itself stays the policy
+    # output_dir itself stays the policy
+    value_model.save_pretrained(os.path.join(args.output_dir, "value_model"))
     print(f"saved the policy to {args.output_dir} and the value model to {args.output_dir}/value_model")
     metrics_file.close()
     writer.close()
@@ -852,8 +857,8 @@ NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][
 
 
 def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
-    last one, canonical."""
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless
+    `marker_only`) the text's last one, canonical."""
     marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
     if marked:
         numbers = [] if marked.group(2) else [marked.group(1)]
@@ -867,8 +872,8 @@ def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
 
 
 def verify(text: str, answer: str, marker_only: bool):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
-    `marker_only`: --require-answer-marker."""
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else
+    0.0, found); `marker_only`: --require-answer-marker."""
     extracted = extract_answer(text, marker_only)
     return float(extracted is not None and extracted == answer), extracted is not None
 

@@ -1,21 +1,21 @@
 # docs: docs/rloo.md -- the synchronous baseline of async_rloo.py
-"""Synchronous RLOO: generate with the current policy, score, learn, repeat (staleness 0 with N = 1).
+"""Synchronous RLOO: generate on-policy, score, learn, repeat (staleness 0 with N = 1).
 
-The same code as async_rloo.py with the orchestration changed: no generation thread, no queues; the engine gets the
-learner's weights at the start of every step. `diff async_rloo.py sync_baselines/sync_rloo.py` shows the difference.
+async_rloo.py with only the orchestration changed: no generation thread, no queues; the engine gets
+the learner's weights before every step (`diff async_rloo.py sync_baselines/sync_rloo.py`).
 
-    python sync_baselines/sync_rloo.py                          # the paper's TL;DR setup (a GPU and hub access)
-    python sync_baselines/sync_rloo.py --num-mini-batches 4     # the paper's Sec. 3: N mini-batches per round
+    python sync_baselines/sync_rloo.py  # the paper's TL;DR setup (a GPU and hub access)
+    python sync_baselines/sync_rloo.py --num-mini-batches 4  # Sec. 3: N mini-batches per round
 """
 
 import os
 
-# set before vLLM is imported (docs/async.md#design-decisions): the engine lives in this process (weights handed over as
-# tensors) and patches no code a learner forward runs (bytecode hook); float32 is IEEE float32 (no TF32) everywhere
+# set before importing vLLM (docs/async.md#design-decisions): the engine lives in this process
+# (weights passed as tensors), patches no learner code (bytecode hook); no TF32 anywhere
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
-os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # an inherited "high" turns TF32 on for the learner too
+os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, the model runner CI tests (on CPU); 1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
 
 import glob
 import json
@@ -43,7 +43,7 @@ from vllm import LLM, SamplingParams
 SET_TORCH_THREADS = torch.set_num_threads  # saved before vLLM's CPU worker replaces it with a no-op
 
 
-# the flags that teach; the others (engine sizing, memory, logging, saving) are RunArgs's, below the banner
+# teaching flags; the rest (engine sizing, memory, logging, saving) are in RunArgs, below the banner
 @dataclass
 class Args:
     # algorithm
@@ -95,21 +95,21 @@ class Args:
     """verifier: a folder holding GSM8K-format train.jsonl; overrides --dataset-name"""
 
 
-# ALGO LOGIC: RLOO (Ahmadian et al., 2024). Each of a prompt's k samples is baselined by the mean reward of the other
-# k-1; a clipped, importance-weighted sequence-level policy gradient. Pure functions, unit-tested.
+# ALGO LOGIC: RLOO (Ahmadian et al., 2024): a sample's baseline is the mean reward of the prompt's
+# other k-1; a clipped, importance-weighted sequence-level policy gradient. Pure, unit-tested.
 def rloo_advantages(rewards: torch.Tensor, k: int):
-    """REINFORCE leave-one-out (Kool et al., 2019), unbiased: A_i = r_i - mean_{j != i} r_j (flat, prompt-major)."""
+    """RLOO (Kool et al., 2019), unbiased: A_i = r_i - mean_{j != i} r_j (flat, prompt-major)."""
     grouped = rewards.view(-1, k)
     baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)
     return (grouped - baseline).flatten()
 
 
 def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importance_weight_cap: float):
-    """The logprobs the PPO ratio is taken against, and each term's importance weight, per `--off-policy-correction`
-    (docs/async.md#the-off-policy-correction-three-modes); per token (RLOO's loss sums the log-ratio per sequence).
-    paper: pi_old (the learner's own, before the step's first update), weight 1, as the paper's code. behaviour: mu
-    (vLLM's, of version i-K), weight 1. decoupled: pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022).
-    Neither output carries gradient, whatever the caller passes."""
+    """Per `--off-policy-correction` (docs/async.md#the-off-policy-correction-three-modes): the PPO
+    ratio's anchor logprobs and each term's importance weight, per token (RLOO's loss sums the
+    log-ratio per sequence). paper: pi_old (the learner's own, before the step's first update),
+    weight 1, as the paper's code. behaviour: mu (vLLM's, of version i-K), weight 1. decoupled:
+    pi_old, weight min(pi_old / mu, cap) (Hilton et al., 2022). Neither output carries gradient."""
     if correction == "behaviour":
         return behaviour_logprobs.detach(), torch.ones_like(behaviour_logprobs)
     old_logprobs = old_logprobs.detach()
@@ -119,20 +119,20 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
 
 
 def effective_sample_size(importance_weights):
-    """Kish's effective sample size of the weights as a fraction of their number, (sum w)^2 / (n sum w^2): 1 when all
-    are equal (paper and behaviour modes), near 1/n when one term carries the batch (Kong, 1992)."""
+    """Kish's effective sample size of the weights over n, (sum w)^2 / (n sum w^2): 1 when all are
+    equal (paper, behaviour modes), ~1/n when one term carries the batch (Kong, 1992)."""
     return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
-    """PPO's pessimistic clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al., 2017),
-    optionally dual-clipped, and a mask of the terms it leaves without gradient (the clipped branch won, or the dual
-    clip bound it): for A > 0 those with r > 1 + eps, for A < 0 those with r < 1 - eps or r > dual_clip."""
+    """PPO's clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al.,
+    2017), optionally dual-clipped, and a mask of terms without gradient (clipped branch won, or
+    dual clip bound): A > 0 and r > 1 + eps; A < 0 and r < 1 - eps or r > dual_clip."""
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
     losses = torch.max(unclipped, clipped)
     no_gradient = clipped > unclipped
-    if dual_clip is not None:  # for A < 0 the loss grows with r without bound; the dual clip caps it at -A * c
+    if dual_clip is not None:  # A < 0: loss grows with r unbounded; the dual clip caps it at -A * c
         bound = (advantages < 0) & (losses > -advantages * dual_clip)
         losses = torch.where(bound, -advantages * dual_clip, losses)
         no_gradient = no_gradient | bound
@@ -142,9 +142,9 @@ def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[f
 def clipped_policy_loss(
     new_logprobs, anchor_logprobs, importance_weights, advantages, mask, cliprange: float, dual_clip: Optional[float]
 ):
-    """PPO-clip on whole sequences: ratio = pi(y) / pi_anchor(y), token log-ratios summed over the response (`mask`).
-    The importance weights scale each token's gradient, not the value; they are per token because a sequence weight,
-    a product of ~50 token ratios, loses the gradient at large K (an exact-gradient toy, docs/rloo.md)."""
+    """Sequence-level PPO-clip: ratio = pi(y) / pi_anchor(y), token log-ratios summed over `mask`.
+    Importance weights scale each token's gradient, not the value; per token, as a sequence weight
+    (~50 token ratios' product) loses the gradient at large K (exact-gradient toy, docs/rloo.md)."""
     new_logprobs = new_logprobs.detach() + importance_weights * (new_logprobs - new_logprobs.detach())
     # clamped: a sum of ~50 token log-ratios can pass 88, where exp overflows float32 (docs/rloo.md)
     log_ratio = (new_logprobs - anchor_logprobs).sum(1).clamp(max=20.0)
@@ -163,8 +163,8 @@ def clipped_policy_loss(
 
 
 def pad_sequences(prompts, responses, pad_token_id, device):
-    """Right-padded prompt+response ids, attention mask, and a mask of the response tokens. Every loss reads the mask
-    as `response_mask[:, 1:]`: `token_logprobs` puts the logprob of token t+1 in column t."""
+    """Right-padded prompt+response ids, attention mask and response-token mask. Every loss reads
+    the mask as `response_mask[:, 1:]`: `token_logprobs` puts token t+1's logprob in column t."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_token_id, dtype=torch.long)
     attention_mask, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
@@ -176,9 +176,9 @@ def pad_sequences(prompts, responses, pad_token_id, device):
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature):
-    """Logprob of each response token at the sampling temperature, laid out (batch, length - 1): column t holds token
-    t+1, 0 off the response. The output layer runs only from the batch's first response column (`start`) on, and
-    log p = logit / T - logsumexp(logits / T) makes no log-softmax copy of the vocabulary-sized logits."""
+    """Response-token logprobs at the sampling temperature, (batch, length - 1): column t holds
+    token t+1, 0 off the response. The output layer runs from the first response column (`start`)
+    on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
     positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
@@ -189,9 +189,9 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
 
 @torch.no_grad()
 def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args: Args, mini_batches=None):
-    """`token_logprobs` without gradient: the reference's, or the learner's before its update (pi_old). Given the loop's
-    `mini_batches` (PPO: its first epoch's), in its very micro-batches, so the values equal the loop's first forward
-    passes bit for bit and the first update's ratio is exactly 1."""
+    """`token_logprobs` without gradient: the reference's, or the learner's before its update
+    (pi_old). Run on the loop's `mini_batches` (PPO: first epoch's) in its micro-batches, so values
+    equal the loop's first forward passes bit for bit: the first update's ratio is exactly 1."""
     logprobs = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
@@ -203,7 +203,7 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 
 
 def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
-    """vLLM's per-sample logprob lists laid out like `token_logprobs`' output (column t = token t+1, 0 elsewhere)."""
+    """vLLM's per-sample logprobs in `token_logprobs`' layout (column t = token t+1, else 0)."""
     mask = response_mask[:, 1:].bool()
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     out[mask] = torch.tensor([lp for row in behaviour_logprobs for lp in row], device=mask.device)
@@ -211,19 +211,19 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """[sum, count] of |learner - vLLM| logprobs of the response tokens of `rows`, float64: ~0 means the sync works."""
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
     behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
     return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
-    """`rows` cut into consecutive pieces of at most `size`: the mini-batches of a batch, the micro-batches of one."""
+    """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def combine_stats(micro_batch_stats):
-    """A mini-batch's statistics from its micro-batches' [(share, {name: value})]: weighted means, `_max` maxima."""
+    """Mini-batch stats from micro-batch [(share, {name: value})]: weighted means, `_max` maxima."""
     return {
         name: max(s[name] for _, s in micro_batch_stats)
         if name.endswith("_max")
@@ -233,18 +233,18 @@ def combine_stats(micro_batch_stats):
 
 
 def learner_autocast(args: Args):
-    """The learner's forward passes in `--learner-dtype`: autocast keeps float32 weights, gradients and optimizer."""
+    """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
     return torch.autocast(
         torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
     )
 
 
-# REWARD: a sequence-classification reward model scores each response (--reward model), or a verifier grades its
-# final number against the problem's reference answer (--reward verifier); both run in the generation thread
+# REWARD: a reward model (sequence classifier) scores each response (--reward model), or a verifier
+# grades its final number against the answer (--reward verifier); both run in the generation thread
 def score_responses(reward_model, tokenizer, args: Args, prompts, answers, responses, contains_eos):
-    """The score of each response (k per prompt, prompt-major). --reward verifier: its final number graded against the
-    problem's answer, as written, with or without EOS (as in the paper's GSM8K runs); --reward model: the reward
-    model's score, or --missing-eos-penalty for a response without EOS."""
+    """Each response's score (k per prompt, prompt-major). --reward verifier: its final number
+    graded against the problem's answer, as written, with or without EOS (as in the paper's GSM8K
+    runs); --reward model: the reward model's score, or --missing-eos-penalty without EOS."""
     samples_per_prompt = args.num_samples_per_prompt
     if args.reward == "verifier":
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -258,9 +258,9 @@ def score_responses(reward_model, tokenizer, args: Args, prompts, answers, respo
     return torch.where(contains_eos, scores, penalty)
 
 
-# GENERATION: the engine's calls in the loop (sample, take new weights), one batch: the same code in the sync script
+# GENERATION: engine calls for one batch (sample, take new weights): same code as the sync script
 def generate(llm: LLM, prompts, args: Args, step: int):
-    """k samples per prompt; returns token ids and vLLM's logprob of each sampled token, prompt-major."""
+    """k samples per prompt, prompt-major: token ids and vLLM's logprob of each sampled token."""
     samples_per_prompt = args.num_samples_per_prompt
     # vLLM seeds sample c of a request seed + c: requests k apart share no seed
     first = args.seed * 1_000_003 + step * args.prompts_per_step * samples_per_prompt
@@ -277,7 +277,7 @@ def generate(llm: LLM, prompts, args: Args, step: int):
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
-    """Learner weights into the running engine in place (the worker's `reload_weights`); cached KV blocks are stale."""
+    """Learner weights into the engine in place (worker's `reload_weights`); cached KV is stale."""
     llm.collective_rpc(
         "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
     )
@@ -285,15 +285,15 @@ def push_weights_to_engine(llm: LLM, state_dict: dict):
 
 
 def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, step: int):
-    """Generate k samples per prompt and score each (the KL part of the reward needs the reference policy, which lives
-    with the learner)."""
+    """Generate k samples per prompt and score each (the KL part of the reward needs the reference
+    policy, which lives with the learner)."""
     start = time.time()
     responses, logprobs = generate(llm, prompts, args, step)
     generation_time = time.time() - start
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     scores = score_responses(reward_model, tokenizer, args, prompts, answers, responses, contains_eos)
     return {
-        "prompts": [p for p in prompts for _ in range(args.num_samples_per_prompt)],  # one per sample
+        "prompts": [p for p in prompts for _ in range(args.num_samples_per_prompt)],  # per sample
         "responses": responses,
         "behaviour_logprobs": logprobs,
         "scores": scores,
@@ -314,8 +314,8 @@ class WeightCheck(NamedTuple):
 
 @torch.no_grad()
 def weight_check(model, probe, args: Args, state_dict=None):
-    """What an engine with `model`'s weights (`state_dict`, if a copy of them) answers: the probe's logprobs at
-    temperature 1, and the weights themselves."""
+    """What an engine with `model`'s weights (`state_dict`, if a copy of them) answers: the probe's
+    logprobs at temperature 1, and the weights themselves."""
     ids = torch.tensor([probe], device=args.learner_device)
     logprobs = token_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids), 1.0)[0].cpu()
     return WeightCheck(probe, logprobs, model.state_dict() if state_dict is None else state_dict)
@@ -324,7 +324,7 @@ def weight_check(model, probe, args: Args, state_dict=None):
 def main():
     args = tyro.cli(RunArgs)
     check_args(args)
-    num_gpus = torch.cuda.device_count()  # the engine (and reward model) on GPU 0, the learner on GPU 1 if there is one
+    num_gpus = torch.cuda.device_count()  # engine, reward model on GPU 0; learner on GPU 1 if any
     args.engine_device, args.learner_device = ("cuda:0", f"cuda:{min(num_gpus - 1, 1)}") if num_gpus else ("cpu", "cpu")
     SET_TORCH_THREADS(args.torch_threads)
 
@@ -333,13 +333,14 @@ def main():
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
-    # data before any model, so that bad data fails in seconds; then the run folder, now that the inputs are good
+    # data before models: bad data fails in seconds; then the run folder, once inputs are good
     tokenizer, args.eos_token_ids = load_tokenizer(args)
     prompts, answers = load_prompts(args, tokenizer)
-    prompt_batches = split_into_steps(prompts, answers, args)  # the prompts of learner step i: prompt_batches[i]
+    prompt_batches = split_into_steps(prompts, answers, args)  # [i]: learner step i's prompts
     first_prompts, _ = prompt_batches[0]  # learner step 0's (prompt ids, answers)
     probe = (first_prompts[0] * 32)[:32]  # the weight-sync guard's probe: any fixed 32 ids will do
-    sequences = args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches  # in a mini-batch
+    # sequences in a mini-batch
+    sequences = args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches
     args.micro_batch_size = choose_micro_batch_size(args, sequences, max(map(len, prompts)) + args.response_length)
     args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
     args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
@@ -356,14 +357,15 @@ def main():
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
     llm = build_engine(args)
     keep_models_eager(policy, ref_policy, reward_model)
-    guard_state = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)  # it starts at version 0
+    # the engine starts at version 0
+    guard_state = check_weight_sync(llm, weight_check(policy, probe, args), None, args, 0)
 
     start_time, training_time = time.time(), 0.0
     reward_key = "objective/scores"  # shown by the progress bar and the summary
     progress = tqdm(prompt_batches, desc="learner steps")
     stop_signals = stop_requests()
     for step, (step_prompts, step_answers) in enumerate(progress):
-        # SYNC: the engine gets the current weights, then the learner idles while it generates and labels
+        # SYNC: the engine gets the current weights; the learner idles while it generates and labels
         wait_start = time.time()
         if step > 0:
             push_weights_to_engine(llm, policy.state_dict())
@@ -375,7 +377,7 @@ def main():
         batch = {**batch, **times, "async/actor_version": step}
         learner_waiting = time.time() - wait_start
 
-        # ALGO LOGIC: RLOO rewards and advantages for the whole batch, then N sequential clipped updates
+        # ALGO LOGIC: RLOO rewards and advantages of the batch, then N sequential clipped updates
         train_start = time.time()
         input_ids, attention_mask, response_mask = pad_sequences(
             batch["prompts"], batch["responses"], tokenizer.pad_token_id, args.learner_device
@@ -384,21 +386,21 @@ def main():
         mini_batches = chunks(torch.arange(len(batch["responses"])), len(batch["responses"]) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
-        # pi_old (paper and decoupled modes): the learner's own logprobs before this step's first update, in the loop's
-        # very micro-batches, so that they equal bit for bit those of the first update's forward passes
+        # pi_old (paper, decoupled modes): the learner's logprobs before the step's first update, in
+        # the loop's very micro-batches, so they equal its first forward passes bit for bit
         old_logprobs = None
         if args.off_policy_correction != "behaviour":
             old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, mini_batches)
         anchor_logprobs, importance_weights = off_policy_anchor(
             args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
         )
-        # the KL's log pi is the anchor's: vLLM's in behaviour mode (unbiased for the sampler, no extra forward pass),
-        # the learner's recomputation in paper mode, as in the paper's code (docs/async.md)
+        # the KL's log pi is the anchor's: vLLM's in behaviour mode (unbiased for the sampler, no
+        # extra forward pass); the learner's in paper mode, as in the paper's code (docs/async.md)
         kl = anchor_logprobs.sum(1) - ref_logprobs
         rlhf_reward = batch["scores"].to(args.learner_device) - args.kl_coef * kl
         advantages = rloo_advantages(rlhf_reward, args.num_samples_per_prompt)
         stats = defaultdict(list)  # name: one value per mini-batch
-        token_gap = 0  # [sum, count] of |learner - vLLM| token logprobs before the first update (`logprob_gap`)
+        token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in mini_batches:
             optimizer.zero_grad()
             micro_batch_stats = []
@@ -407,7 +409,7 @@ def main():
                     per_token = token_logprobs(
                         policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
                     )
-                if not stats.get("policy/grad_norm"):  # no update yet: the learner holds policy version `step`
+                if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(per_token, response_mask[rows], batch["behaviour_logprobs"], rows)
                 loss, policy_stats = clipped_policy_loss(
                     per_token,
@@ -418,7 +420,7 @@ def main():
                     args.cliprange,
                     args.dual_clip,
                 )
-                share = len(rows) / len(mini_batch)  # gradients of share-weighted means add up to the mini-batch's
+                share = len(rows) / len(mini_batch)  # share-weighted grads sum to the mini-batch's
                 (loss * share).backward()
                 micro_batch_stats.append((share, {"losses/policy_loss": loss.item(), **policy_stats}))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
@@ -431,12 +433,13 @@ def main():
         # TRY NOT TO MODIFY: logging
         metrics = {
             **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
-            **{key: value for key, value in batch.items() if "/" in key},  # the thread's: its version, times, rates
+            **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.mean().item(),
             "objective/rlhf_reward": rlhf_reward.mean().item(),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),  # per token
+            # per token
+            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
@@ -749,8 +752,8 @@ NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][
 
 
 def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless `marker_only`) the text's
-    last one, canonical."""
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless
+    `marker_only`) the text's last one, canonical."""
     marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
     if marked:
         numbers = [] if marked.group(2) else [marked.group(1)]
@@ -764,8 +767,8 @@ def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
 
 
 def verify(text: str, answer: str, marker_only: bool):
-    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else 0.0, found);
-    `marker_only`: --require-answer-marker."""
+    """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else
+    0.0, found); `marker_only`: --require-answer-marker."""
     extracted = extract_answer(text, marker_only)
     return float(extracted is not None and extracted == answer), extracted is not None
 
