@@ -230,10 +230,11 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
     token t+1, 0 off the response. The output layer runs from the first response column (`start`)
     on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
-    positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
-    logits = logits.float() / temperature
-    logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    keep = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
+    output = model(input_ids, attention_mask=attention_mask, logits_to_keep=keep, use_cache=False)
+    logits = output.logits.float() / temperature
+    tokens = input_ids[:, start + 1 :, None]
+    logprobs = logits.gather(-1, tokens).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return F.pad(logprobs, (start, 0)) * response_mask[:, 1:]
 
 
@@ -246,9 +247,8 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
             for rows in chunks(mini_batch, args.micro_batch_size):
-                logprobs[rows] = token_logprobs(
-                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
-                )
+                inputs = input_ids[rows], attention_mask[rows], response_mask[rows]
+                logprobs[rows] = token_logprobs(model, *inputs, args.temperature)
     return logprobs
 
 
@@ -263,8 +263,9 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
     """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
-    behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
-    return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
+    behaviour = [lp for i in rows.tolist() for lp in behaviour_logprobs[i]]
+    gap = learner_logprobs.detach()[mask] - torch.tensor(behaviour, device=mask.device)
+    return torch.stack([gap.abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
@@ -284,9 +285,8 @@ def combine_stats(micro_batch_stats):
 
 def learner_autocast(args: Args):
     """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
-    return torch.autocast(
-        torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
-    )
+    device_type = torch.device(args.learner_device).type
+    return torch.autocast(device_type, torch.bfloat16, enabled=args.learner_dtype == "bfloat16")
 
 
 # REWARD: a verifier, not a model: 1 if the final number is the answer (`extract_answer`), else 0
@@ -483,7 +483,8 @@ def receive(q: queue.Queue, timeout: float, what: str):
     except queue.Empty:
         raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
     if isinstance(item, BaseException):
-        raise RuntimeError(f"{item} (the generation thread failed while the learner waited for {what})") from item
+        failed = f"the generation thread failed while the learner waited for {what}"
+        raise RuntimeError(f"{item} ({failed})") from item
     return item
 
 
@@ -493,7 +494,8 @@ def main():
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
     num_gpus = torch.cuda.device_count()  # engine on GPU 0, learner on GPU 1 if any, else beside it
-    args.engine_device, args.learner_device = ("cuda:0", f"cuda:{min(num_gpus - 1, 1)}") if num_gpus else ("cpu", "cpu")
+    args.engine_device = "cuda:0" if num_gpus else "cpu"
+    args.learner_device = f"cuda:{min(num_gpus - 1, 1)}" if num_gpus else "cpu"
     SET_TORCH_THREADS(args.torch_threads)
 
     # TRY NOT TO MODIFY: seeding
@@ -522,7 +524,7 @@ def main():
     trained = [p for p in policy.parameters() if p.requires_grad]  # only the adapter's A and B
     optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_mini_batches
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0 - i / num_updates)
     llm = build_engine(args)
     keep_models_eager(policy)
     args.adapter_dir = make_adapter_dir(args, trained)
@@ -577,9 +579,8 @@ def main():
             micro_batch_stats = []
             for rows in chunks(mini_batch, args.micro_batch_size):
                 with learner_autocast(args):
-                    new_logprobs = token_logprobs(
-                        policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
-                    )
+                    inputs = input_ids[rows], attention_mask[rows], response_mask[rows]
+                    new_logprobs = token_logprobs(policy, *inputs, args.temperature)
                 if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(new_logprobs, response_mask[rows], batch["behaviour_logprobs"], rows)
                 mask = response_mask[rows, 1:]
@@ -605,8 +606,9 @@ def main():
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
-            for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
+            for key, value in combine_stats(micro_batch_stats).items():
                 stats[key].append(value)
+            stats["policy/grad_norm"].append(grad_norm.item())
         training_time = time.time() - train_start
 
         # ASYNC: version step+1's adapter to the generator if a future batch needs it (a few MB)
@@ -617,7 +619,7 @@ def main():
         # TRY NOT TO MODIFY: logging
         grouped_rewards = batch["rewards"].view(-1, group_size)
         metrics = {
-            **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
+            **{k: float(max(v) if k.endswith("_max") else np.mean(v)) for k, v in stats.items()},
             **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/accuracy": batch["rewards"].mean().item(),
             "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),

@@ -273,10 +273,11 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
     token t+1, 0 off the response. The output layer runs from the first response column (`start`)
     on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
-    positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
-    logits = logits.float() / temperature
-    logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    keep = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
+    output = model(input_ids, attention_mask=attention_mask, logits_to_keep=keep, use_cache=False)
+    logits = output.logits.float() / temperature
+    tokens = input_ids[:, start + 1 :, None]
+    logprobs = logits.gather(-1, tokens).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return F.pad(logprobs, (start, 0)) * response_mask[:, 1:]
 
 
@@ -289,9 +290,8 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
             for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size):
-                logprobs[rows] = token_logprobs(
-                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
-                )
+                inputs = input_ids[rows], attention_mask[rows], response_mask[rows]
+                logprobs[rows] = token_logprobs(model, *inputs, args.temperature)
             logprobs[mini_batch] = gather_rows(logprobs[rank_rows(mini_batch, args)], args)
     return logprobs
 
@@ -299,13 +299,14 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
 def token_logprobs_and_entropy(model, input_ids, attention_mask, response_mask, temperature):
     """`token_logprobs` (bit for bit) and the entropy of softmax(logits / T), without gradient."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
-    positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
-    logits = logits.float() / temperature
+    keep = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
+    output = model(input_ids, attention_mask=attention_mask, logits_to_keep=keep, use_cache=False)
+    logits = output.logits.float() / temperature
     log_partition = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - log_partition
     with torch.no_grad():  # row by row: a softmax of all logits would add a vocabulary-sized copy
-        entropy = torch.stack([z - (torch.softmax(row, dim=-1) * row).sum(-1) for row, z in zip(logits, log_partition)])
+        rows = zip(logits, log_partition)
+        entropy = torch.stack([z - (torch.softmax(row, dim=-1) * row).sum(-1) for row, z in rows])
     return [F.pad(x, (start, 0)) * response_mask[:, 1:] for x in (logprobs, entropy)]
 
 
@@ -320,8 +321,9 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
     """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
-    behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
-    return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
+    behaviour = [lp for i in rows.tolist() for lp in behaviour_logprobs[i]]
+    gap = learner_logprobs.detach()[mask] - torch.tensor(behaviour, device=mask.device)
+    return torch.stack([gap.abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
@@ -341,9 +343,8 @@ def combine_stats(micro_batch_stats):
 
 def learner_autocast(args: Args):
     """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
-    return torch.autocast(
-        torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
-    )
+    device_type = torch.device(args.learner_device).type
+    return torch.autocast(device_type, torch.bfloat16, enabled=args.learner_dtype == "bfloat16")
 
 
 # REWARD: a reward model (sequence classifier) scores each response (--reward model), or a verifier
@@ -388,9 +389,8 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
     Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a
     safetensors file in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
-        llm.collective_rpc(
-            "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
-        )
+        kwargs = dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
+        llm.collective_rpc("reload_weights", kwargs=kwargs)
     else:  # full weights in a folder gone once the engine read it (at exit too: init_distributed)
         with (
             WEIGHTS_FILE,
@@ -500,7 +500,8 @@ def receive(q: queue.Queue, timeout: float, what: str):
     except queue.Empty:
         raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
     if isinstance(item, BaseException):
-        raise RuntimeError(f"{item} (the generation thread failed while the learner waited for {what})") from item
+        failed = f"the generation thread failed while the learner waited for {what}"
+        raise RuntimeError(f"{item} ({failed})") from item
     return item
 
 
@@ -577,7 +578,7 @@ def main():
     trained = [*policy.parameters(), *value_model.parameters()]
     optimizer = torch.optim.AdamW(trained, lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_ppo_epochs * args.num_mini_batches
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0 - i / num_updates)
     if resumed:
         optimizer.load_state_dict(resumed["optimizer"])
         scheduler.load_state_dict(resumed["scheduler"])
@@ -738,8 +739,9 @@ def main():
             grad_norm = torch.nn.utils.clip_grad_norm_(trained, args.max_grad_norm)
             optimizer.step()
             scheduler.step()
-            for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
+            for key, value in combine_stats(micro_batch_stats).items():
                 stats[key].append(value)
+            stats["policy/grad_norm"].append(grad_norm.item())
         training_time = time.time() - train_start
         token_gap = gather_rows(token_gap[None], args).sum(0)  # sums over all ranks' micro-batches
 
@@ -755,7 +757,7 @@ def main():
         # TRY NOT TO MODIFY: logging
         non_score_reward = (-args.kl_coef * kl).sum(1)
         metrics = {
-            **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
+            **{k: float(max(v) if k.endswith("_max") else np.mean(v)) for k, v in stats.items()},
             **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.sum(1).mean().item(),

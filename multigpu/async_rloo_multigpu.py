@@ -226,10 +226,11 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature)
     token t+1, 0 off the response. The output layer runs from the first response column (`start`)
     on; log p = logit / T - logsumexp(logits / T) skips a vocabulary-sized log-softmax copy."""
     start = int(response_mask[:, 1:].argmax(dim=1).min())
-    positions = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions, use_cache=False).logits
-    logits = logits.float() / temperature
-    logprobs = logits.gather(-1, input_ids[:, start + 1 :, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    keep = torch.arange(start, input_ids.shape[1] - 1, device=input_ids.device)
+    output = model(input_ids, attention_mask=attention_mask, logits_to_keep=keep, use_cache=False)
+    logits = output.logits.float() / temperature
+    tokens = input_ids[:, start + 1 :, None]
+    logprobs = logits.gather(-1, tokens).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     return F.pad(logprobs, (start, 0)) * response_mask[:, 1:]
 
 
@@ -242,9 +243,8 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
     with learner_autocast(args):
         for mini_batch in [torch.arange(len(input_ids))] if mini_batches is None else mini_batches:
             for rows in chunks(rank_rows(mini_batch, args), args.micro_batch_size):
-                logprobs[rows] = token_logprobs(
-                    model, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
-                )
+                inputs = input_ids[rows], attention_mask[rows], response_mask[rows]
+                logprobs[rows] = token_logprobs(model, *inputs, args.temperature)
             logprobs[mini_batch] = gather_rows(logprobs[rank_rows(mini_batch, args)], args)
     return logprobs
 
@@ -260,8 +260,9 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
     """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
     mask = response_mask[:, 1:].bool()
-    behaviour = torch.tensor([lp for i in rows.tolist() for lp in behaviour_logprobs[i]], device=mask.device)
-    return torch.stack([(learner_logprobs.detach()[mask] - behaviour).abs().double().sum(), mask.sum().double()])
+    behaviour = [lp for i in rows.tolist() for lp in behaviour_logprobs[i]]
+    gap = learner_logprobs.detach()[mask] - torch.tensor(behaviour, device=mask.device)
+    return torch.stack([gap.abs().double().sum(), mask.sum().double()])
 
 
 def chunks(rows: torch.Tensor, size: int):
@@ -281,9 +282,8 @@ def combine_stats(micro_batch_stats):
 
 def learner_autocast(args: Args):
     """Learner forwards in `--learner-dtype`: autocast keeps float32 weights, grads, optimizer."""
-    return torch.autocast(
-        torch.device(args.learner_device).type, dtype=torch.bfloat16, enabled=args.learner_dtype == "bfloat16"
-    )
+    device_type = torch.device(args.learner_device).type
+    return torch.autocast(device_type, torch.bfloat16, enabled=args.learner_dtype == "bfloat16")
 
 
 # REWARD: a reward model (sequence classifier) scores each response (--reward model), or a verifier
@@ -328,9 +328,8 @@ def push_weights_to_engine(llm: LLM, state_dict: dict, weights_dir: Optional[str
     Workers in processes of their own (torchrun, tensor-parallel) cannot receive tensors: they get a
     safetensors file in `weights_dir` (None: /dev/shm), which `reload_weights` reads."""
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and llm.get_world_size() == 1:
-        llm.collective_rpc(
-            "reload_weights", kwargs=dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
-        )
+        kwargs = dict(weights_iterator=list(state_dict.items()), is_checkpoint_format=True)
+        llm.collective_rpc("reload_weights", kwargs=kwargs)
     else:  # full weights in a folder gone once the engine read it (at exit too: init_distributed)
         with (
             WEIGHTS_FILE,
@@ -441,7 +440,8 @@ def receive(q: queue.Queue, timeout: float, what: str):
     except queue.Empty:
         raise TimeoutError(f"waited {timeout:.0f}s for {what} (see --queue-timeout)") from None
     if isinstance(item, BaseException):
-        raise RuntimeError(f"{item} (the generation thread failed while the learner waited for {what})") from item
+        failed = f"the generation thread failed while the learner waited for {what}"
+        raise RuntimeError(f"{item} ({failed})") from item
     return item
 
 
@@ -493,7 +493,7 @@ def main():
     policy, ref_policy = wrap_model(policy, args), wrap_model(ref_policy, args, trained=False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=1e-5, weight_decay=args.weight_decay)
     num_updates = args.num_learner_steps * args.num_mini_batches
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0 - update / num_updates)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0 - i / num_updates)
     if resumed:
         optimizer.load_state_dict(resumed["optimizer"])
         scheduler.load_state_dict(resumed["scheduler"])
@@ -574,9 +574,8 @@ def main():
             first, later = shares[:, : args.micro_batch_size].flatten(), shares[:, args.micro_batch_size :].flatten()
             rows = rank_rows(first, args)
             with gradient_sync(policy, last=not len(later)), learner_autocast(args):
-                first_forward = token_logprobs(
-                    policy, input_ids[rows], attention_mask[rows], response_mask[rows], args.temperature
-                )
+                inputs = input_ids[rows], attention_mask[rows], response_mask[rows]
+                first_forward = token_logprobs(policy, *inputs, args.temperature)
             old_logprobs = token_logprobs_no_grad(
                 policy,
                 input_ids,
@@ -628,8 +627,9 @@ def main():
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
-            for key, value in (*combine_stats(micro_batch_stats).items(), ("policy/grad_norm", grad_norm.item())):
+            for key, value in combine_stats(micro_batch_stats).items():
                 stats[key].append(value)
+            stats["policy/grad_norm"].append(grad_norm.item())
         training_time = time.time() - train_start
         token_gap = gather_rows(token_gap[None], args).sum(0)  # sums over all ranks' micro-batches
 
@@ -645,7 +645,7 @@ def main():
 
         # TRY NOT TO MODIFY: logging
         metrics = {
-            **{key: float(np.max(v) if key.endswith("_max") else np.mean(v)) for key, v in stats.items()},
+            **{k: float(max(v) if k.endswith("_max") else np.mean(v)) for k, v in stats.items()},
             **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
             "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.mean().item(),
