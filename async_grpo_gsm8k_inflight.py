@@ -702,7 +702,6 @@ def main():
             "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
             "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
-            # per token
             "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,

@@ -501,7 +501,6 @@ def main():
             "objective/kl": kl.mean().item(),
             "objective/rlhf_reward": rlhf_reward.mean().item(),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
-            # per token
             "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,

@@ -546,7 +546,6 @@ def main():
             "objective/score_margin": batch["score_margin"].mean().item(),
             # all k samples tied (common with a 0/1 verifier): chosen = rejected, no gradient
             "objective/tied_pairs": (batch["score_margin"] == 0).float().mean().item(),
-            # per token
             "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,

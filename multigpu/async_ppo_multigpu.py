@@ -765,7 +765,6 @@ def main():
             "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
             # ESS of the whole batch's weights
             "policy/importance_weight_ess": effective_sample_size(importance_weights[mask.bool()]),
-            # per token
             "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "value/mean": masked_mean(values, mask).item(),
