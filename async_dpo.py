@@ -228,13 +228,18 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
     contains_eos = torch.tensor([bool(r) and r[-1] in args.eos_token_ids for r in responses])
     scores = score_responses(reward_model, tokenizer, args, prompts, answers, responses, contains_eos)
     chosen, rejected = select_pairs(scores, args.num_samples_per_prompt)
+    margin = scores[chosen] - scores[rejected]
     return {
         "prompts": prompts,
         "chosen": [responses[i] for i in chosen],
         "rejected": [responses[i] for i in rejected],
         "behaviour_logprobs": [logprobs[i] for i in chosen] + [logprobs[i] for i in rejected],
         "scores": scores,
-        "score_margin": scores[chosen] - scores[rejected],
+        "score_margin": margin,
+        "objective/scores": scores.mean().item(),
+        "objective/score_margin": margin.mean().item(),
+        # all k samples tied (common with a 0/1 verifier): chosen = rejected, no gradient
+        "objective/tied_pairs": (margin == 0).float().mean().item(),
         "val/eos_rate": contains_eos.float().mean().item(),
         "val/response_length": float(np.mean(list(map(len, responses)))),
         "time/generation": generation_time,
@@ -409,10 +414,6 @@ def main():
         metrics = {
             **{k: float(max(v) if k.endswith("_max") else np.mean(v)) for k, v in stats.items()},
             **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
-            "objective/scores": batch["scores"].mean().item(),
-            "objective/score_margin": batch["score_margin"].mean().item(),
-            # all k samples tied (common with a 0/1 verifier): chosen = rejected, no gradient
-            "objective/tied_pairs": (batch["score_margin"] == 0).float().mean().item(),
             "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,

@@ -419,6 +419,7 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int, betwe
     generation_time = time.time() - start
     rewards, found = score_responses(tokenizer, args, answers, responses)
     truncated = float(np.mean([len(r) >= args.response_length and r[-1] not in args.eos_token_ids for r in responses]))
+    grouped = rewards.view(-1, args.num_samples_per_prompt)  # one row per problem
     return {
         "prompts": prompts,
         "answers": answers,
@@ -426,6 +427,9 @@ def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int, betwe
         "behaviour_logprobs": logprobs,
         "versions": versions,
         "rewards": rewards,
+        "objective/accuracy": rewards.mean().item(),
+        "objective/solved_groups": (grouped.max(dim=1).values > 0).float().mean().item(),
+        "objective/zero_advantage_groups": (grouped.std(dim=1) == 0).float().mean().item(),
         "objective/format_rate": float(np.mean(found)),
         "val/truncated_rate": truncated,
         "val/response_length": float(np.mean([len(r) for r in responses])),
@@ -694,13 +698,9 @@ def main():
         # TRY NOT TO MODIFY: logging
         # provenance, per token
         token_staleness = [step - v for versions in batch["versions"] for v in versions]
-        grouped_rewards = batch["rewards"].view(-1, group_size)
         metrics = {
             **{k: float(max(v) if k.endswith("_max") else np.mean(v)) for k, v in stats.items()},
             **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
-            "objective/accuracy": batch["rewards"].mean().item(),
-            "objective/solved_groups": (grouped_rewards.max(dim=1).values > 0).float().mean().item(),
-            "objective/zero_advantage_groups": (grouped_rewards.std(dim=1) == 0).float().mean().item(),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
             "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],

@@ -362,6 +362,7 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
         "responses": responses,
         "behaviour_logprobs": logprobs,
         "scores": scores,
+        "objective/scores": scores.mean().item(),
         "val/eos_rate": contains_eos.float().mean().item(),
         "val/response_length": float(np.mean(list(map(len, responses)))),
         "time/generation": generation_time,
@@ -585,7 +586,6 @@ def main():
         metrics = {
             **{k: float(max(v) if k.endswith("_max") else np.mean(v)) for k, v in stats.items()},
             **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
-            "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.sum(1).mean().item(),
             "objective/non_score_reward": non_score_reward.mean().item(),
             "objective/rlhf_reward": (scores + non_score_reward).mean().item(),

@@ -364,6 +364,7 @@ def produce_batch(llm, reward_model, tokenizer, args: Args, prompts, answers, st
         "responses": responses,
         "behaviour_logprobs": logprobs,
         "scores": scores,
+        "objective/scores": scores.mean().item(),
         "val/eos_rate": contains_eos.float().mean().item(),
         "val/response_length": float(np.mean(list(map(len, responses)))),
         "time/generation": generation_time,
@@ -647,7 +648,6 @@ def main():
         metrics = {
             **{k: float(max(v) if k.endswith("_max") else np.mean(v)) for k, v in stats.items()},
             **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
-            "objective/scores": batch["scores"].mean().item(),
             "objective/kl": kl.mean().item(),
             "objective/rlhf_reward": rlhf_reward.mean().item(),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[response_mask[:, 1:].bool()]),
