@@ -488,7 +488,7 @@ class RunArgs(Args):
     save_every: int = 0
     """save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)"""
     keep_checkpoints: int = 1
-    """newest policy snapshots kept (0: all, as benchmark/staleness.py needs)"""
+    """newest policy snapshots kept (0: all, as benchmark/staleness_paper.py needs)"""
     torch_threads: int = 1
     """CPU threads for each role (learner, engine)"""
     sample_every: int = 10

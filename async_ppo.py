@@ -589,7 +589,6 @@ def main():
             "objective/kl": kl.sum(1).mean().item(),
             "objective/non_score_reward": non_score_reward.mean().item(),
             "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
-            # ESS of the whole batch's weights
             "policy/importance_weight_ess": effective_sample_size(importance_weights[mask.bool()]),
             "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
@@ -669,7 +668,7 @@ class RunArgs(Args):
     save_every: int = 0
     """save the policy to runs/{run_name}/checkpoint_{step}/policy every N learner steps (0: never)"""
     keep_checkpoints: int = 1
-    """newest policy snapshots kept (0: all, as benchmark/staleness.py needs)"""
+    """newest policy snapshots kept (0: all, as benchmark/staleness_paper.py needs)"""
     torch_threads: int = 1
     """CPU threads for each role (learner, engine)"""
     sample_every: int = 10

@@ -843,7 +843,7 @@ class RunArgs(Args):
     save_every: int = 0
     """save a checkpoint every this many learner steps (0: never); while on, SIGINT and SIGTERM save one, then exit"""
     keep_checkpoints: int = 1
-    """newest checkpoints kept (0: all, as benchmark/staleness.py needs)"""
+    """newest checkpoints kept (0: all, as benchmark/staleness_paper.py needs)"""
     resume_from: Optional[str] = None
     """go on with a stopped run: its run folder (its latest checkpoint) or a checkpoint_{step} in it; same flags"""
     record_samples: bool = False

@@ -763,7 +763,6 @@ def main():
             "objective/kl": kl.sum(1).mean().item(),
             "objective/non_score_reward": non_score_reward.mean().item(),
             "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
-            # ESS of the whole batch's weights
             "policy/importance_weight_ess": effective_sample_size(importance_weights[mask.bool()]),
             "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
@@ -890,7 +889,7 @@ class RunArgs(Args):
     save_every: int = 0
     """save a checkpoint every this many learner steps (0: never); while on, SIGINT and SIGTERM save one, then exit"""
     keep_checkpoints: int = 1
-    """newest checkpoints kept (0: all, as benchmark/staleness.py needs)"""
+    """newest checkpoints kept (0: all, as benchmark/staleness_paper.py needs)"""
     resume_from: Optional[str] = None
     """go on with a stopped run: its run folder (its latest checkpoint) or a checkpoint_{step} in it; same flags"""
     record_samples: bool = False
