@@ -6,7 +6,8 @@ ids, up to --max-tool-calls calls per answer. The learner trains on exactly the 
 tool's result tokens are inputs, never outputs (masked from the loss, KL and token counts), with no
 invented logprobs. `diff async_grpo_gsm8k.py async_grpo_gsm8k_tools.py` shows what tool calls add.
 
-    python async_grpo_gsm8k_tools.py --prompt-template "$(cat docs/calc_prompt.txt)"  # shows <calc>
+    python async_grpo_gsm8k_tools.py --dataset-path data/products --prompt-template \
+        "$(cat docs/tool_prompt.txt)" --tool-open '<<' --tool-close '>>'  # the docs' paying run
     python async_grpo_gsm8k_tools.py --max-tool-calls 0  # the core: no stop string, no call"""
 
 import os
