@@ -191,8 +191,8 @@ def grpo_policy_loss(
 
 
 def kl_penalty(new_logprobs, ref_logprobs, mask, aggregation: str, length: int):
-    """k3 estimate of KL(pi || pi_ref), aggregated like the loss (DeepSeekMath eq. 4): >= 0,
-    unbiased only on pi's samples (here mu's); as a loss: KL(pi_ref || pi)'s expected gradient."""
+    """k3 estimate of KL(pi || pi_ref), aggregated like the loss (DeepSeekMath eq. 4): >= 0, unbiased
+    only on pi's samples (here mu's); as a loss its expected gradient is KL(pi_ref || pi)'s."""
     log_ratio = (ref_logprobs - new_logprobs) * mask
     return aggregate(torch.exp(log_ratio) - log_ratio - 1, mask.float(), aggregation, length)
 
