@@ -188,14 +188,6 @@ def token_logprobs_no_grad(model, input_ids, attention_mask, response_mask, args
     return logprobs
 
 
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
-    mask = response_mask[:, 1:].bool()
-    behaviour = [lp for i in rows.tolist() for lp in behaviour_logprobs[i]]
-    gap = learner_logprobs.detach()[mask] - torch.tensor(behaviour, device=mask.device)
-    return torch.stack([gap.abs().double().sum(), mask.sum().double()])
-
-
 def chunks(rows: torch.Tensor, size: int):
     """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
@@ -388,14 +380,8 @@ def main():
     check_args(args)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    init_distributed(args)  # torchrun's learner ranks, rank 0's engine; plain python: rank 0 of 1
+    seed_and_place(args)  # TRY NOT TO MODIFY: seeds; torchrun's learner ranks, rank 0's engine
     resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
-    SET_TORCH_THREADS(args.torch_threads)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
     generators = {}  # the learner's own random generators, saved in checkpoints: none here
 
     # data before models: bad data fails in seconds; then rank 0's run folder, once inputs are good
@@ -797,6 +783,16 @@ def check_args(args: Args):
                 f"error: --reward-model-path {args.reward_model_path!r} embeds {rows} token ids, fewer than the "
                 f"{max(vocab.values()) + 1} of its tokenizer"
             )
+
+
+def seed_and_place(args: Args):
+    """The seeds, this process's rank and devices (`init_distributed`; plain python: rank 0 of 1) and
+    the learner's torch threads."""
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    init_distributed(args)
+    SET_TORCH_THREADS(args.torch_threads)
 
 
 # DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in
@@ -1360,7 +1356,7 @@ def gradient_sync(model, last: bool):
     return model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()
 
 
-# RUN FOLDER: the run's name, tracking, signals, the final save and the summary
+# RUN FOLDER: the run's name, tracking, the logged logprob gap, signals, the final save and the summary
 def create_run_folder(name: str):
     """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
     os.makedirs("runs", exist_ok=True)
@@ -1397,6 +1393,14 @@ def start_tracking(args: Args, resumed=None):
     writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
     writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     return writer, open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = [lp for i in rows.tolist() for lp in behaviour_logprobs[i]]
+    gap = learner_logprobs.detach()[mask] - torch.tensor(behaviour, device=mask.device)
+    return torch.stack([gap.abs().double().sum(), mask.sum().double()])
 
 
 def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_key: str):

@@ -288,14 +288,6 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
     return out
 
 
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
-    mask = response_mask[:, 1:].bool()
-    behaviour = [lp for i in rows.tolist() for lp in behaviour_logprobs[i]]
-    gap = learner_logprobs.detach()[mask] - torch.tensor(behaviour, device=mask.device)
-    return torch.stack([gap.abs().double().sum(), mask.sum().double()])
-
-
 def chunks(rows: torch.Tensor, size: int):
     """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
@@ -353,7 +345,7 @@ def score_responses(tokenizer, args: Args, answers, responses):
     return torch.tensor(rewards), found
 
 
-# GENERATION: sample, take new weights, evaluate greedily, make a batch: same code in the sync twin
+# GENERATION: sample, take new weights, make a batch: same code in the sync twin (evaluation: below)
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt, prompt-major: token ids and vLLM's logprob of each sampled token."""
     samples_per_prompt = args.num_samples_per_prompt
@@ -407,23 +399,6 @@ def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
     if args.rank == 0:
         push_weights_to_engine(llm, weights, args.weights_dir)
         return check_weight_sync(llm, expected, previous, args, version)
-
-
-def evaluate(llm: LLM, eval_set, args: Args, version: int):
-    """Greedy (temperature 0) held-out accuracy of the engine's weights (policy `version`)."""
-    start = time.time()
-    prompts, answers = eval_set
-    params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    graded = [
-        verify(output.outputs[0].text, answer, args.require_answer_marker) for output, answer in zip(outputs, answers)
-    ]
-    return {
-        "policy_version": version,
-        "eval/accuracy": float(np.mean([r for r, _ in graded])),
-        "eval/format_rate": float(np.mean([found for _, found in graded])),
-        "time/eval": time.time() - start,
-    }
 
 
 def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
@@ -534,14 +509,8 @@ def main():
     check_args(args)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    init_distributed(args)  # torchrun's learner ranks, rank 0's engine; plain python: rank 0 of 1
+    seed_and_place(args)  # TRY NOT TO MODIFY: seeds; torchrun's learner ranks, rank 0's engine
     resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
-    SET_TORCH_THREADS(args.torch_threads)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
     generators = {}  # the learner's own random generators, saved in checkpoints: none here
 
     # data before models: bad data fails in seconds; then rank 0's run folder, once inputs are good
@@ -967,6 +936,16 @@ def check_args(args: Args):
             f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
             f"is more than the {positions} positions of --model-name-or-path {args.model_name_or_path!r}"
         )
+
+
+def seed_and_place(args: Args):
+    """The seeds, this process's rank and devices (`init_distributed`; plain python: rank 0 of 1) and
+    the learner's torch threads."""
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    init_distributed(args)
+    SET_TORCH_THREADS(args.torch_threads)
 
 
 # DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order
@@ -1475,7 +1454,7 @@ def gradient_sync(model, last: bool):
     return model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()
 
 
-# RUN FOLDER: the run's name, tracking, signals, evaluations, the final save and the summary
+# RUN FOLDER: the run's name, tracking, the logged gap and evaluations, signals, the final save and the summary
 def create_run_folder(name: str):
     """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
     os.makedirs("runs", exist_ok=True)
@@ -1512,6 +1491,14 @@ def start_tracking(args: Args, resumed=None):
     writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
     writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     return writer, open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = [lp for i in rows.tolist() for lp in behaviour_logprobs[i]]
+    gap = learner_logprobs.detach()[mask] - torch.tensor(behaviour, device=mask.device)
+    return torch.stack([gap.abs().double().sum(), mask.sum().double()])
 
 
 def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_key: str):
@@ -1557,6 +1544,23 @@ def stop_requests(args: Args):
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request)
     return stop_signals
+
+
+def evaluate(llm: LLM, eval_set, args: Args, version: int):
+    """Greedy (temperature 0) held-out accuracy of the engine's weights (policy `version`)."""
+    start = time.time()
+    prompts, answers = eval_set
+    params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    graded = [
+        verify(output.outputs[0].text, answer, args.require_answer_marker) for output, answer in zip(outputs, answers)
+    ]
+    return {
+        "policy_version": version,
+        "eval/accuracy": float(np.mean([r for r, _ in graded])),
+        "eval/format_rate": float(np.mean([found for _, found in graded])),
+        "time/eval": time.time() - start,
+    }
 
 
 def log_evaluation(result: dict, writer, eval_file):

@@ -240,14 +240,6 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
     return out
 
 
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
-    mask = response_mask[:, 1:].bool()
-    behaviour = [lp for i in rows.tolist() for lp in behaviour_logprobs[i]]
-    gap = learner_logprobs.detach()[mask] - torch.tensor(behaviour, device=mask.device)
-    return torch.stack([gap.abs().double().sum(), mask.sum().double()])
-
-
 def chunks(rows: torch.Tensor, size: int):
     """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
@@ -305,7 +297,7 @@ def score_responses(tokenizer, args: Args, answers, responses):
     return torch.tensor(rewards), found
 
 
-# GENERATION: sample, take new weights, evaluate greedily, make a batch: same code in the sync twin
+# GENERATION: sample, take new weights, make a batch: same code in the sync twin (evaluation: below)
 def generate(llm: LLM, prompts, args: Args, step: int):
     """k samples per prompt, prompt-major: token ids and vLLM's logprob of each sampled token."""
     samples_per_prompt = args.num_samples_per_prompt
@@ -334,23 +326,6 @@ def sync_engine(llm, policy, probe, args: Args, version: int, previous=None):
     """Load the policy's current weights into the engine and check that it serves them."""
     push_weights_to_engine(llm, policy.state_dict())
     return check_weight_sync(llm, weight_check(policy, probe, args), previous, args, version)
-
-
-def evaluate(llm: LLM, eval_set, args: Args, version: int):
-    """Greedy (temperature 0) held-out accuracy of the engine's weights (policy `version`)."""
-    start = time.time()
-    prompts, answers = eval_set
-    params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    graded = [
-        verify(output.outputs[0].text, answer, args.require_answer_marker) for output, answer in zip(outputs, answers)
-    ]
-    return {
-        "policy_version": version,
-        "eval/accuracy": float(np.mean([r for r, _ in graded])),
-        "eval/format_rate": float(np.mean([found for _, found in graded])),
-        "time/eval": time.time() - start,
-    }
 
 
 def produce_batch(llm, tokenizer, args: Args, prompts, answers, step: int):
@@ -398,15 +373,7 @@ def weight_check(model, probe, args: Args, state_dict=None):
 def main():
     args = tyro.cli(RunArgs)
     check_args(args)
-    num_gpus = torch.cuda.device_count()  # engine on GPU 0, learner on GPU 1 if any, else beside it
-    args.engine_device = "cuda:0" if num_gpus else "cpu"
-    args.learner_device = f"cuda:{min(num_gpus - 1, 1)}" if num_gpus else "cpu"
-    SET_TORCH_THREADS(args.torch_threads)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    seed_and_place(args)  # TRY NOT TO MODIFY: seeds; engine on GPU 0, learner on GPU 1 if any
 
     # data before models: bad data fails in seconds; then the run folder, once inputs are good
     group_size = args.num_samples_per_prompt  # G
@@ -418,9 +385,7 @@ def main():
     args.micro_batch_size = choose_micro_batch_size(
         args, args.prompts_per_step * group_size // args.num_mini_batches, max(map(len, prompts)) + args.response_length
     )
-    args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
-    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
-    writer, metrics_file = start_tracking(args)
+    writer, metrics_file = start_tracking(args)  # the run folder, TensorBoard, metrics.jsonl
     eval_file = open(f"runs/{args.run_name}/eval.jsonl", "w")
 
     # models: the policy, and its frozen reference only with a KL term (unused without one)
@@ -681,6 +646,18 @@ def check_args(args: Args):
             f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
             f"is more than the {positions} positions of --model-name-or-path {args.model_name_or_path!r}"
         )
+
+
+def seed_and_place(args: Args):
+    """The seeds, the devices (the engine and a reward model on GPU 0, the learner on GPU 1 if there
+    is one, else beside them; the CPU without a GPU) and the learner's torch threads."""
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    num_gpus = torch.cuda.device_count()
+    args.engine_device = "cuda:0" if num_gpus else "cpu"
+    args.learner_device = f"cuda:{min(num_gpus - 1, 1)}" if num_gpus else "cpu"
+    SET_TORCH_THREADS(args.torch_threads)
 
 
 # DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order
@@ -960,7 +937,7 @@ def enable_gradient_checkpointing(model):
     model.train()
 
 
-# RUN FOLDER: the run's name, tracking, policy snapshots, signals, evaluations, the final save and the summary
+# RUN FOLDER: the run's name, tracking, the logged gap and evaluations, snapshots, signals, the final save, the summary
 def create_run_folder(name: str):
     """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
     os.makedirs("runs", exist_ok=True)
@@ -974,7 +951,9 @@ def create_run_folder(name: str):
 
 
 def start_tracking(args: Args):
-    """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track."""
+    """The run folder, Tensorboard in it (with a table of every flag), metrics.jsonl, and wandb with --track."""
+    args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
+    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
     if args.track:
         import wandb
 
@@ -995,6 +974,14 @@ def start_tracking(args: Args):
     writer = SummaryWriter(f"runs/{args.run_name}")
     writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     return writer, open(f"runs/{args.run_name}/metrics.jsonl", "w")
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = [lp for i in rows.tolist() for lp in behaviour_logprobs[i]]
+    gap = learner_logprobs.detach()[mask] - torch.tensor(behaviour, device=mask.device)
+    return torch.stack([gap.abs().double().sum(), mask.sum().double()])
 
 
 def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_key: str):
@@ -1057,6 +1044,23 @@ def stop_requests():
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, request)
     return stop_signals
+
+
+def evaluate(llm: LLM, eval_set, args: Args, version: int):
+    """Greedy (temperature 0) held-out accuracy of the engine's weights (policy `version`)."""
+    start = time.time()
+    prompts, answers = eval_set
+    params = SamplingParams(temperature=0.0, max_tokens=args.response_length)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    graded = [
+        verify(output.outputs[0].text, answer, args.require_answer_marker) for output, answer in zip(outputs, answers)
+    ]
+    return {
+        "policy_version": version,
+        "eval/accuracy": float(np.mean([r for r, _ in graded])),
+        "eval/format_rate": float(np.mean([found for _, found in graded])),
+        "time/eval": time.time() - start,
+    }
 
 
 def log_evaluation(result: dict, writer, eval_file):

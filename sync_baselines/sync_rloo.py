@@ -210,14 +210,6 @@ def behaviour_logprobs_tensor(behaviour_logprobs, response_mask):
     return out
 
 
-def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
-    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
-    mask = response_mask[:, 1:].bool()
-    behaviour = [lp for i in rows.tolist() for lp in behaviour_logprobs[i]]
-    gap = learner_logprobs.detach()[mask] - torch.tensor(behaviour, device=mask.device)
-    return torch.stack([gap.abs().double().sum(), mask.sum().double()])
-
-
 def chunks(rows: torch.Tensor, size: int):
     """`rows` in consecutive slices of <= `size`: mini-batches of a batch, micro-batches of one."""
     return [rows[i : i + size] for i in range(0, len(rows), size)]
@@ -324,15 +316,7 @@ def weight_check(model, probe, args: Args, state_dict=None):
 def main():
     args = tyro.cli(RunArgs)
     check_args(args)
-    num_gpus = torch.cuda.device_count()  # engine, reward model on GPU 0; learner on GPU 1 if any
-    args.engine_device = "cuda:0" if num_gpus else "cpu"
-    args.learner_device = f"cuda:{min(num_gpus - 1, 1)}" if num_gpus else "cpu"
-    SET_TORCH_THREADS(args.torch_threads)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    seed_and_place(args)  # TRY NOT TO MODIFY: seeds; engine on GPU 0, learner on GPU 1 if any
 
     # data before models: bad data fails in seconds; then the run folder, once inputs are good
     tokenizer, args.eos_token_ids = load_tokenizer(args)
@@ -343,9 +327,7 @@ def main():
     # sequences in a mini-batch
     sequences = args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches
     args.micro_batch_size = choose_micro_batch_size(args, sequences, max(map(len, prompts)) + args.response_length)
-    args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
-    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
-    writer, metrics_file = start_tracking(args)
+    writer, metrics_file = start_tracking(args)  # the run folder, TensorBoard, metrics.jsonl
 
     # models: the policy, its frozen reference, and the reward model, which labels beside the engine
     policy = load_causal_lm(args.model_name_or_path, args.learner_device)
@@ -613,6 +595,18 @@ def check_args(args: Args):
                 f"error: --reward-model-path {args.reward_model_path!r} embeds {rows} token ids, fewer than the "
                 f"{max(vocab.values()) + 1} of its tokenizer"
             )
+
+
+def seed_and_place(args: Args):
+    """The seeds, the devices (the engine and a reward model on GPU 0, the learner on GPU 1 if there
+    is one, else beside them; the CPU without a GPU) and the learner's torch threads."""
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    num_gpus = torch.cuda.device_count()
+    args.engine_device = "cuda:0" if num_gpus else "cpu"
+    args.learner_device = f"cuda:{min(num_gpus - 1, 1)}" if num_gpus else "cpu"
+    SET_TORCH_THREADS(args.torch_threads)
 
 
 # DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in
@@ -937,7 +931,7 @@ def enable_gradient_checkpointing(model):
     model.train()
 
 
-# RUN FOLDER: the run's name, tracking, policy snapshots, signals, the final save and the summary
+# RUN FOLDER: the run's name, tracking, the logged logprob gap, policy snapshots, signals, the final save, the summary
 def create_run_folder(name: str):
     """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
     os.makedirs("runs", exist_ok=True)
@@ -951,7 +945,9 @@ def create_run_folder(name: str):
 
 
 def start_tracking(args: Args):
-    """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track."""
+    """The run folder, Tensorboard in it (with a table of every flag), metrics.jsonl, and wandb with --track."""
+    args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
+    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
     if args.track:
         import wandb
 
@@ -972,6 +968,14 @@ def start_tracking(args: Args):
     writer = SummaryWriter(f"runs/{args.run_name}")
     writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     return writer, open(f"runs/{args.run_name}/metrics.jsonl", "w")
+
+
+def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):
+    """float64 [sum, count] of |learner - vLLM| logprobs of `rows`' responses: ~0 if sync works."""
+    mask = response_mask[:, 1:].bool()
+    behaviour = [lp for i in rows.tolist() for lp in behaviour_logprobs[i]]
+    gap = learner_logprobs.detach()[mask] - torch.tensor(behaviour, device=mask.device)
+    return torch.stack([gap.abs().double().sum(), mask.sum().double()])
 
 
 def log_step(writer, metrics_file, progress, step: int, metrics: dict, reward_key: str):

@@ -40,6 +40,7 @@ MULTIGPU_CHANGES = {
     "Args",
     "RunArgs",
     "check_args",
+    "seed_and_place",  # the ranks' placement (init_distributed) for the core's one process
     "build_engine",
     "push_weights_to_engine",
     "sync_engine",
@@ -107,10 +108,13 @@ LORA_COMMON = (
 TOOLS_CHANGES = {"Args", "RunArgs", "generate", "evaluate", "produce_batch", "main"}
 # every script a reader may open: the cores, their sync twins and multigpu variants, the variants beside the cores
 SCRIPTS = [*ASYNC_SCRIPTS, *(pair[1] for pair in PAIRS.values()), *MULTIGPU.values(), INFLIGHT, TOOLS, LORA, GRPO_LORA]
-# what the learner loop and the generation thread may call below the PLUMBING banner (STYLE.md, habit 11): logging,
-# saving, and the guard's engine half (`push_weights_to_engine`, the one other vLLM call, stays above, in GENERATION)
+# what the learner loop and the generation thread may call below the PLUMBING banner (STYLE.md, habit 11): logging
+# (with what only the log reads: the vLLM-learner logprob gap, GRPO's greedy held-out evaluation), saving, and the
+# guard's engine half (`push_weights_to_engine`, the one other vLLM call, stays above, in GENERATION)
 BELOW_THE_BANNER = {
     "log_step",
+    "logprob_gap",
+    "evaluate",
     "log_samples",
     "log_evaluation",
     "save_policy",
@@ -219,6 +223,7 @@ COMMON = (
         (name, list(MULTIGPU.values()))
         for name in (
             "init_distributed",
+            "seed_and_place",
             "wrap_model",
             "unwrap",
             "full_state_dict",
