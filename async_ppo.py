@@ -514,6 +514,7 @@ def main():
             rewards, kl = per_token_rewards(scores, anchor_logprobs, ref_logprobs, mask, args.kl_coef)
             advantages, returns = compute_gae(rewards, values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask)
+        clip = args.cliprange, args.dual_clip  # the policy loss's clip range and dual-clip bound
         stats = defaultdict(list)  # name: one value per mini-batch
         token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in sum(epochs, []):  # the epochs' mini-batches, one after the other
@@ -526,15 +527,8 @@ def main():
                     new_values = get_values(value_model, input_ids[rows], attention_mask[rows])
                 if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(new_logprobs, response_mask[rows], batch["behaviour_logprobs"], rows)
-                pg_loss, policy_stats = clipped_policy_loss(
-                    new_logprobs,
-                    anchor_logprobs[rows],
-                    importance_weights[rows],
-                    advantages[rows],
-                    mask[rows],
-                    args.cliprange,
-                    args.dual_clip,
-                )
+                terms = anchor_logprobs[rows], importance_weights[rows], advantages[rows]
+                pg_loss, policy_stats = clipped_policy_loss(new_logprobs, *terms, mask[rows], *clip)
                 vf_loss, vf_clipfrac = clipped_value_loss(
                     new_values, values[rows], returns[rows], mask[rows], args.cliprange_value
                 )

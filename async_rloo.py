@@ -438,6 +438,7 @@ def main():
         kl = anchor_logprobs.sum(1) - ref_logprobs
         rlhf_reward = batch["scores"].to(args.learner_device) - args.kl_coef * kl
         advantages = rloo_advantages(rlhf_reward, args.num_samples_per_prompt)
+        clip = args.cliprange, args.dual_clip  # the policy loss's clip range and dual-clip bound
         stats = defaultdict(list)  # name: one value per mini-batch
         token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in mini_batches:
@@ -449,15 +450,9 @@ def main():
                     per_token = token_logprobs(policy, *inputs, args.temperature)
                 if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(per_token, response_mask[rows], batch["behaviour_logprobs"], rows)
-                loss, policy_stats = clipped_policy_loss(
-                    per_token,
-                    anchor_logprobs[rows],
-                    importance_weights[rows],
-                    advantages[rows],
-                    response_mask[rows, 1:],
-                    args.cliprange,
-                    args.dual_clip,
-                )
+                mask = response_mask[rows, 1:]
+                terms = anchor_logprobs[rows], importance_weights[rows], advantages[rows]
+                loss, policy_stats = clipped_policy_loss(per_token, *terms, mask, *clip)
                 share = len(rows) / len(mini_batch)  # share-weighted grads sum to the mini-batch's
                 (loss * share).backward()
                 micro_batch_stats.append((share, {"losses/policy_loss": loss.item(), **policy_stats}))

@@ -580,6 +580,7 @@ def main():
         kl = anchor_logprobs.sum(1) - ref_logprobs
         rlhf_reward = batch["scores"].to(args.learner_device) - args.kl_coef * kl
         advantages = rloo_advantages(rlhf_reward, args.num_samples_per_prompt)
+        clip = args.cliprange, args.dual_clip  # the policy loss's clip range and dual-clip bound
         stats = defaultdict(list)  # name: one value per mini-batch
         token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in mini_batches:
@@ -598,15 +599,9 @@ def main():
                 first_forward = None
                 if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(per_token, response_mask[rows], batch["behaviour_logprobs"], rows)
-                loss, policy_stats = clipped_policy_loss(
-                    per_token,
-                    anchor_logprobs[rows],
-                    importance_weights[rows],
-                    advantages[rows],
-                    response_mask[rows, 1:],
-                    args.cliprange,
-                    args.dual_clip,
-                )
+                mask = response_mask[rows, 1:]
+                terms = anchor_logprobs[rows], importance_weights[rows], advantages[rows]
+                loss, policy_stats = clipped_policy_loss(per_token, *terms, mask, *clip)
                 # so gradients add up to the mini-batch's; the ranks' are averaged, hence x ranks
                 share = args.world_size * len(rows) / len(mini_batch)
                 (loss * share).backward()

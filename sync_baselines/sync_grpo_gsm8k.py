@@ -441,6 +441,8 @@ def main():
         anchor_logprobs, importance_weights = off_policy_anchor(
             args.off_policy_correction, old_logprobs, behaviour_logprobs, args.importance_weight_cap
         )
+        clip = args.cliprange, args.dual_clip  # the policy loss's clip range and dual-clip bound
+        reduce = args.loss_aggregation, args.response_length  # how token losses become one
         stats = defaultdict(list)  # name: one value per mini-batch
         token_gap = 0  # [sum, count] of |learner - vLLM| logprobs before any update (`logprob_gap`)
         for mini_batch in mini_batches:
@@ -453,20 +455,11 @@ def main():
                 if not stats.get("policy/grad_norm"):  # no update yet: learner at version `step`
                     token_gap += logprob_gap(new_logprobs, response_mask[rows], batch["behaviour_logprobs"], rows)
                 mask = response_mask[rows, 1:]
-                loss, policy_stats = grpo_policy_loss(
-                    new_logprobs,
-                    anchor_logprobs[rows],
-                    importance_weights[rows],
-                    advantages[rows],
-                    mask,
-                    args.cliprange,
-                    args.dual_clip,
-                    args.loss_aggregation,
-                    args.response_length,
-                )
+                terms = anchor_logprobs[rows], importance_weights[rows], advantages[rows]
+                loss, policy_stats = grpo_policy_loss(new_logprobs, *terms, mask, *clip, *reduce)
                 micro_stats = {"losses/policy_loss": loss.item(), **policy_stats}
                 if ref_policy is not None:
-                    kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask, args.loss_aggregation, args.response_length)
+                    kl = kl_penalty(new_logprobs, ref_logprobs[rows], mask, *reduce)
                     loss = loss + args.kl_coef * kl
                     micro_stats["objective/kl"] = kl.item()
                 share = micro_batch_share(rows, mini_batch, response_mask, args.loss_aggregation)
