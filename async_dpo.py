@@ -285,7 +285,8 @@ def generation_thread(llm, reward_model, tokenizer, args: Args, prompt_batches, 
                 weight_sync_time += time.time() - start
             batch = produce_batch(llm, reward_model, tokenizer, args, prompts, answers, step)
             times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": waiting_time}
-            data_queue.put({**batch, **times, "async/actor_version": version})  # blocks if K wait
+            versions = {"async/actor_version": version, "async/staleness": step - version}
+            data_queue.put({**batch, **times, **versions})  # blocks if K wait
     except BaseException as e:  # a thread must never die silently
         data_queue.put(e)
 
@@ -401,7 +402,6 @@ def main():
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
             "time/elapsed": time.time() - start_time,
-            "async/staleness": step - batch["async/actor_version"],
             "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)

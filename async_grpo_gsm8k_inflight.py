@@ -504,7 +504,8 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guar
             batch = produce_batch(llm, tokenizer, args, prompts, answers, step, between_steps)
             # in-flight loads and waits count as theirs
             batch["time/generation"] -= sum(times.values()) - loading
-            batch = {**batch, **times, "async/actor_version": start_version, "evaluation": evaluation}
+            versions = {"async/actor_version": start_version, "async/staleness": step - start_version}
+            batch = {**batch, **times, **versions, "evaluation": evaluation}
             data_queue.put(batch)  # blocks while K batches wait
     except BaseException as e:  # a thread must never die silently
         data_queue.put(e)
@@ -666,12 +667,11 @@ def main():
             "time/learner_waiting": learner_waiting,
             "time/elapsed": time.time() - start_time,
             # of the batch's first tokens; per token below
-            "async/staleness": step - batch["async/actor_version"],
             "async/token_staleness_mean": float(np.mean(token_staleness)),
             "async/token_staleness_max": int(np.max(token_staleness)),
             "async/mixed_version_share": float(np.mean([len(set(v)) > 1 for v in batch["versions"]])),
             # versions that sampled tokens after the batch's first one
-            "async/versions_in_flight": len(set(token_staleness) - {step - batch["async/actor_version"]}),
+            "async/versions_in_flight": len(set(token_staleness) - {batch["async/staleness"]}),
             "episodes": (step + 1) * args.prompts_per_step * group_size,
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)

@@ -448,7 +448,8 @@ def generation_thread(llm, tokenizer, args: Args, prompt_batches, eval_set, guar
                 last_evaluated = version
             batch = produce_batch(llm, tokenizer, args, prompts, answers, step, adapter)
             times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": waiting_time}
-            batch = {**batch, **times, "async/actor_version": version, "evaluation": evaluation}
+            versions = {"async/actor_version": version, "async/staleness": step - version}
+            batch = {**batch, **times, **versions, "evaluation": evaluation}
             data_queue.put(batch)  # blocks while K batches wait
     except BaseException as e:  # a thread must never die silently
         data_queue.put(e)
@@ -587,7 +588,6 @@ def main():
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
             "time/elapsed": time.time() - start_time,
-            "async/staleness": step - batch["async/actor_version"],
             "episodes": (step + 1) * args.prompts_per_step * group_size,
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)

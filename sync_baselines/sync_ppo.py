@@ -424,7 +424,7 @@ def main():
         batch = produce_batch(llm, reward_model, tokenizer, args, step_prompts, step_answers, step)
         # the engine idled while the learner trained the previous step
         times = {"time/weight_sync": weight_sync_time, "time/actor_waiting": training_time}
-        batch = {**batch, **times, "async/actor_version": step}
+        batch = {**batch, **times, "async/actor_version": step, "async/staleness": 0}
         learner_waiting = time.time() - wait_start
 
         # ALGO LOGIC: whole-batch rewards, values, advantages, then PPO in N mini-batches per epoch
@@ -512,7 +512,6 @@ def main():
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
             "time/elapsed": time.time() - start_time,
-            "async/staleness": step - batch["async/actor_version"],
             "episodes": (step + 1) * args.prompts_per_step * args.num_samples_per_prompt,
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
