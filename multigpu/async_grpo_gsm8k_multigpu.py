@@ -509,8 +509,14 @@ def main():
     check_args(args)
     if args.async_steps < 0:
         sys.exit(f"error: --async-steps must be >= 0, got {args.async_steps}")
-    seed_and_place(args)  # TRY NOT TO MODIFY: seeds; torchrun's learner ranks, rank 0's engine
+    init_distributed(args)  # torchrun's learner ranks, rank 0's engine; plain python: rank 0 of 1
     resumed = load_checkpoint(args) if args.resume_from else None  # exits with one line if unusable
+    SET_TORCH_THREADS(args.torch_threads)
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
     generators = {}  # the learner's own random generators, saved in checkpoints: none here
 
     # data before models: bad data fails in seconds; then rank 0's run folder, once inputs are good
@@ -929,16 +935,6 @@ def check_args(args: Args):
             f"error: --max-prompt-tokens {args.max_prompt_tokens} + --response-length {args.response_length} "
             f"is more than the {positions} positions of --model-name-or-path {args.model_name_or_path!r}"
         )
-
-
-def seed_and_place(args: Args):
-    """The seeds, this process's rank and devices (`init_distributed`; plain python: rank 0 of 1) and
-    the learner's torch threads."""
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    init_distributed(args)
-    SET_TORCH_THREADS(args.torch_threads)
 
 
 # DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order

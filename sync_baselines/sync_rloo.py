@@ -316,7 +316,7 @@ def weight_check(model, probe, args: Args, state_dict=None):
 def main():
     args = tyro.cli(RunArgs)
     check_args(args)
-    seed_and_place(args)  # TRY NOT TO MODIFY: seeds; engine on GPU 0, learner on GPU 1 if any
+    args.engine_device, args.learner_device = seed_and_place(args)  # TRY NOT TO MODIFY: seeding
 
     # data before models: bad data fails in seconds; then the run folder, once inputs are good
     tokenizer, args.eos_token_ids = load_tokenizer(args)
@@ -327,7 +327,9 @@ def main():
     # sequences in a mini-batch
     sequences = args.prompts_per_step * args.num_samples_per_prompt // args.num_mini_batches
     args.micro_batch_size = choose_micro_batch_size(args, sequences, max(map(len, prompts)) + args.response_length)
-    writer, metrics_file = start_tracking(args)  # the run folder, TensorBoard, metrics.jsonl
+    args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
+    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+    writer, metrics_file = start_tracking(args)
 
     # models: the policy, its frozen reference, and the reward model, which labels beside the engine
     policy = load_causal_lm(args.model_name_or_path, args.learner_device)
@@ -592,15 +594,14 @@ def check_args(args: Args):
 
 
 def seed_and_place(args: Args):
-    """The seeds, the devices (the engine and a reward model on GPU 0, the learner on GPU 1 if there
-    is one, else beside them; the CPU without a GPU) and the learner's torch threads."""
+    """Seeds Python, NumPy and torch, sets the learner's torch threads, and returns the devices of the
+    engine (and a reward model) and of the learner: GPU 0 and GPU 1, GPU 0 for both, or the CPU."""
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    num_gpus = torch.cuda.device_count()
-    args.engine_device = "cuda:0" if num_gpus else "cpu"
-    args.learner_device = f"cuda:{min(num_gpus - 1, 1)}" if num_gpus else "cpu"
     SET_TORCH_THREADS(args.torch_threads)
+    num_gpus = torch.cuda.device_count()
+    return ("cuda:0", f"cuda:{min(num_gpus - 1, 1)}") if num_gpus else ("cpu", "cpu")
 
 
 # DATA: model configs and the tokenizer (read before any weights), the prompts and the order they are used in
@@ -939,9 +940,7 @@ def create_run_folder(name: str):
 
 
 def start_tracking(args: Args):
-    """The run folder, Tensorboard in it (with a table of every flag), metrics.jsonl, and wandb with --track."""
-    args.run_name = create_run_folder(f"{args.exp_name}__{args.seed}__{int(time.time())}")
-    args.output_dir = args.output_dir or f"runs/{args.run_name}/model"
+    """Tensorboard in the run folder (with a table of every flag), metrics.jsonl, and wandb with --track."""
     if args.track:
         import wandb
 
