@@ -600,11 +600,9 @@ def main():
         # ALGO LOGIC: GRPO on the groups, in N sequential mini-batches of whole groups
         train_start = time.time()
         advantages = group_advantages(batch["rewards"], group_size, args.scale_rewards).to(args.learner_device)
+        sample_prompts = [p for p in batch["prompts"] for _ in range(group_size)]  # G per problem
         input_ids, attention_mask, response_mask = pad_sequences(
-            [p for p in batch["prompts"] for _ in range(group_size)],
-            batch["responses"],
-            tokenizer.pad_token_id,
-            args.learner_device,
+            sample_prompts, batch["responses"], tokenizer.pad_token_id, args.learner_device
         )
         mini_batches = chunks(torch.arange(len(input_ids)), len(input_ids) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
@@ -678,10 +676,8 @@ def main():
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
-            # the problems of the first 8 samples
-            problems = [i // group_size for i in range(len(batch["responses"][:8]))]
-            prompts, answers = [batch["prompts"][i] for i in problems], [batch["answers"][i] for i in problems]
-            rows = zip(prompts, answers, batch["responses"], batch["rewards"])
+            answers = [a for a in batch["answers"] for _ in range(group_size)]
+            rows = zip(sample_prompts[:8], answers, batch["responses"], batch["rewards"])  # 8 samples
             log_samples(writer, step, tokenizer, ["prompt", "answer", "response", "reward"], rows)
         save_policy(args, step, policy, tokenizer, stop_signals)  # when due
     thread.join(timeout=60)  # the learner took its last batch: the thread is returning

@@ -538,12 +538,8 @@ def main():
                 # both losses are mini-batch token means: a micro-batch weighs its token share
                 share = (mask[rows].sum() / mask[mini_batch].sum()).item()
                 ((pg_loss + args.vf_coef * vf_loss) * share).backward()
-                micro_stats = {
-                    "losses/policy_loss": pg_loss.item(),
-                    "losses/value_loss": vf_loss.item(),
-                    **policy_stats,
-                }
-                micro_stats["value/clipfrac"] = vf_clipfrac
+                micro_stats = {"losses/policy_loss": pg_loss.item(), **policy_stats}
+                micro_stats |= {"losses/value_loss": vf_loss.item(), "value/clipfrac": vf_clipfrac}
                 micro_stats["policy/entropy"] = masked_mean(entropy, mask[rows]).item()
                 micro_batch_stats.append((share, micro_stats))
             grad_norm = torch.nn.utils.clip_grad_norm_(trained, args.max_grad_norm)
