@@ -331,10 +331,8 @@ def generate(llm: LLM, prompts, args: Args, step: int, adapter: LoRARequest):
     requests = [{"prompt_token_ids": p} for p in prompts]
     outputs = llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
     samples = [sample for output in outputs for sample in output.outputs]
-    return (
-        [list(s.token_ids) for s in samples],
-        [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples],
-    )
+    token_ids = [list(s.token_ids) for s in samples]
+    return token_ids, [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples]
 
 
 def push_weights_to_engine(llm: LLM, adapter: LoRARequest, previous: Optional[LoRARequest]):

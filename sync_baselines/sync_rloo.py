@@ -262,10 +262,8 @@ def generate(llm: LLM, prompts, args: Args, step: int):
     params = [SamplingParams(n=samples_per_prompt, seed=seed, **sampling) for seed in seeds]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     samples = [sample for output in outputs for sample in output.outputs]
-    return (
-        [list(s.token_ids) for s in samples],
-        [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples],
-    )
+    token_ids = [list(s.token_ids) for s in samples]
+    return token_ids, [[lp[t].logprob for lp, t in zip(s.logprobs, s.token_ids)] for s in samples]
 
 
 def push_weights_to_engine(llm: LLM, state_dict: dict):
