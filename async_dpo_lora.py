@@ -1062,11 +1062,8 @@ def save_policy(args: Args, step: int, policy, tokenizer, stop_signals):
     policy.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     os.rename(path + ".tmp", path)
-    saved = sorted(
-        glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]")),
-        key=lambda p: int(p.rsplit("_", 1)[1]),
-        reverse=True,
-    )
+    saved = glob.glob(os.path.join("runs", args.run_name, "checkpoint_*[0-9]"))
+    saved.sort(key=lambda p: int(p.rsplit("_", 1)[1]), reverse=True)  # the newest first
     for old in saved[args.keep_checkpoints :] if args.keep_checkpoints else []:
         shutil.rmtree(old)
     if stop_signals:
