@@ -693,8 +693,8 @@ def main():
         if args.rank == 0:
             log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if args.rank == 0 and step % args.sample_every == 0:
-            answers = [a for a in batch["answers"] for _ in range(group_size)]
-            rows = zip(sample_prompts[:8], answers, batch["responses"], batch["rewards"])  # 8 samples
+            sample_answers = [a for a in batch["answers"] for _ in range(group_size)]
+            rows = zip(sample_prompts[:8], sample_answers, batch["responses"], batch["rewards"])
             log_samples(writer, step, tokenizer, ["prompt", "answer", "response", "reward"], rows)
         stop = any_rank(bool(stop_signals), args)  # all ranks stop after the same step
         save_due = args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.num_learner_steps

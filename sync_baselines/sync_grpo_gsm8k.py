@@ -485,8 +485,8 @@ def main():
         }
         log_step(writer, metrics_file, progress, step, metrics, reward_key)
         if step % args.sample_every == 0:
-            answers = [a for a in batch["answers"] for _ in range(group_size)]
-            rows = zip(sample_prompts[:8], answers, batch["responses"], batch["rewards"])  # 8 samples
+            sample_answers = [a for a in batch["answers"] for _ in range(group_size)]
+            rows = zip(sample_prompts[:8], sample_answers, batch["responses"], batch["rewards"])
             log_samples(writer, step, tokenizer, ["prompt", "answer", "response", "reward"], rows)
         save_policy(args, step, policy, tokenizer, stop_signals)  # when due
 
