@@ -189,12 +189,6 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
     return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs.detach()).clamp(max=importance_weight_cap)
 
 
-def effective_sample_size(importance_weights):
-    """Kish's effective sample size of the weights over n, (sum w)^2 / (n sum w^2): 1 when all are
-    equal (paper, behaviour modes), ~1/n when one term carries the batch (Kong, 1992)."""
-    return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
-
-
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
     """PPO's clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al.,
     2017), optionally dual-clipped, and a mask of terms without gradient (clipped branch won, or
@@ -309,26 +303,7 @@ def learner_autocast(args: Args):
     return torch.autocast(device_type, torch.bfloat16, enabled=args.learner_dtype == "bfloat16")
 
 
-# REWARD: a verifier, not a model: 1 if the final number is the answer (`extract_answer`), else 0
-# a number in solutions: sign (not "5-3"'s minus), $, thousands commas, decimals, exponent (2.5e3)
-NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
-
-
-def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
-    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless
-    `marker_only`) the text's last one, canonical."""
-    marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
-    if marked:
-        numbers = [] if marked.group(2) else [marked.group(1)]
-    else:
-        numbers = [] if marker_only else re.findall(NUMBER, text)
-    try:
-        value = Decimal(re.sub(r"[,$ ]", "", numbers[-1]))
-    except (IndexError, InvalidOperation):
-        return None
-    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
-
-
+# REWARD: a verifier, not a model: 1 if the final number (`extract_answer`, in DATA) is the answer
 def verify(text: str, answer: str, marker_only: bool):
     """Verifiable reward: (1.0 if the extracted answer equals the normalised reference answer else
     0.0, found); `marker_only`: --require-answer-marker."""
@@ -931,7 +906,7 @@ def check_args(args: Args):
         )
 
 
-# DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their order
+# DATA: the model config and tokenizer (read before any weights), GSM8K-format problems, their answers, their order
 def model_config(flag: str, path: str):
     """The config of a flag's model, read without weights, else one line; a local-looking path never goes to the hub."""
     local = os.path.expanduser(path)
@@ -989,6 +964,25 @@ def read_records(args: Args, source: str, split: str):
     if not records or not all(isinstance(record, dict) for record in records):
         sys.exit(f"error: {source} holds {'no' if not records else 'values other than'} JSON objects (one per line)")
     return records
+
+
+# a number in solutions: sign (not "5-3"'s minus), $, thousands commas, decimals, exponent (2.5e3)
+NUMBER = r"(?:(?<![\w.])-)?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][+-]?\d{1,3})?"
+
+
+def extract_answer(text: str, marker_only: bool = False) -> Optional[str]:
+    """The number after "####" (GSM8K's; "1,000" or "1 000"; "12,34": None), else (unless
+    `marker_only`) the text's last one, canonical."""
+    marked = re.search(r"####\s*(" + NUMBER.replace("(?:,", "(?:[, ]") + r")(,?\d)?", text)
+    if marked:
+        numbers = [] if marked.group(2) else [marked.group(1)]
+    else:
+        numbers = [] if marker_only else re.findall(NUMBER, text)
+    try:
+        value = Decimal(re.sub(r"[,$ ]", "", numbers[-1]))
+    except (IndexError, InvalidOperation):
+        return None
+    return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
 
 
 def load_problems(args: Args, split: str):
@@ -1437,7 +1431,7 @@ def gradient_sync(model, last: bool):
     return model.no_sync() if isinstance(model, DDP) and not last else contextlib.nullcontext()
 
 
-# RUN FOLDER: the run's name, tracking, the logged gap and evaluations, signals, the final save and the summary
+# RUN FOLDER: the run's name, tracking, the logged gap, ESS, evaluations, signals, the final save and the summary
 def create_run_folder(name: str):
     """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
     os.makedirs("runs", exist_ok=True)
@@ -1474,6 +1468,12 @@ def start_tracking(args: Args, resumed=None):
     writer = SummaryWriter(f"runs/{args.run_name}", purge_step=args.start_step or None)
     writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     return writer, open(f"runs/{args.run_name}/metrics.jsonl", "a" if resumed else "w")
+
+
+def effective_sample_size(importance_weights):
+    """Kish's effective sample size of the weights over n, (sum w)^2 / (n sum w^2): 1 when all are
+    equal (paper, behaviour modes), ~1/n when one term carries the batch (Kong, 1992)."""
+    return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):

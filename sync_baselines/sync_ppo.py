@@ -154,11 +154,6 @@ def off_policy_anchor(correction: str, old_logprobs, behaviour_logprobs, importa
     return old_logprobs, torch.exp(old_logprobs - behaviour_logprobs.detach()).clamp(max=importance_weight_cap)
 
 
-def effective_sample_size(importance_weights):
-    """Kish's effective sample size (Kong, 1992) over n: (sum w)^2 / (n sum w^2); 1 for equal w."""
-    return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
-
-
 def clipped_surrogate(ratio, advantages, cliprange: float, dual_clip: Optional[float]):
     """PPO's clipped loss per term, max(-A * r, -A * clip(r, 1 - eps, 1 + eps)) (Schulman et al.,
     2017), optionally dual-clipped, and a mask of terms without gradient (clipped branch won, or
@@ -1024,7 +1019,7 @@ def enable_gradient_checkpointing(model):
     model.train()
 
 
-# RUN FOLDER: the run's name, tracking, the logged logprob gap, policy snapshots, signals, the final save, the summary
+# RUN FOLDER: the run's name, tracking, the logged gap and ESS, policy snapshots, signals, the final save, the summary
 def create_run_folder(name: str):
     """runs/{name} and the name it got: a name taken (same script, seed and second) gets a numbered suffix."""
     os.makedirs("runs", exist_ok=True)
@@ -1059,6 +1054,11 @@ def start_tracking(args: Args):
     writer = SummaryWriter(f"runs/{args.run_name}")
     writer.add_text("hyperparameters", "|flag|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     return writer, open(f"runs/{args.run_name}/metrics.jsonl", "w")
+
+
+def effective_sample_size(importance_weights):
+    """Kish's effective sample size (Kong, 1992) over n: (sum w)^2 / (n sum w^2); 1 for equal w."""
+    return (importance_weights.sum() ** 2 / (importance_weights.numel() * (importance_weights**2).sum())).item()
 
 
 def logprob_gap(learner_logprobs, response_mask, behaviour_logprobs, rows):

@@ -108,11 +108,13 @@ TOOLS_CHANGES = {"Args", "RunArgs", "generate", "evaluate", "produce_batch", "ma
 # every script a reader may open: the cores, their sync twins and multigpu variants, the variants beside the cores
 SCRIPTS = [*ASYNC_SCRIPTS, *(pair[1] for pair in PAIRS.values()), *MULTIGPU.values(), INFLIGHT, TOOLS, LORA, GRPO_LORA]
 # what the learner loop and the generation thread may call below the PLUMBING banner (STYLE.md, habit 11): logging
-# (with what only the log reads: the vLLM-learner logprob gap, GRPO's greedy held-out evaluation), saving, and the
-# guard's engine half (`push_weights_to_engine`, the one other vLLM call, stays above, in GENERATION)
+# (with what only the log reads: the vLLM-learner logprob gap, the importance weights' effective sample size, GRPO's
+# greedy held-out evaluation), saving, and the guard's engine half (`push_weights_to_engine`, the one other vLLM call,
+# stays above, in GENERATION)
 BELOW_THE_BANNER = {
     "log_step",
     "logprob_gap",
+    "effective_sample_size",
     "evaluate",
     "log_samples",
     "log_evaluation",
