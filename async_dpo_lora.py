@@ -426,7 +426,7 @@ def main():
             stats["policy/grad_norm"].append(grad_norm.item())
         training_time = time.time() - train_start
 
-        # ASYNC: version step+1's adapter to the generator if a future batch needs it (a few MB)
+        # ASYNC: version step+1's adapter to the actor if a future batch needs it (a few MB)
         if step + 1 + args.async_steps < args.num_learner_steps:
             expected = save_adapter(policy, step + 1, probe, args)  # adapter now in its folder
             weights_queue.put(PolicyVersion(step + 1, expected))

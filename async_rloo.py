@@ -420,9 +420,8 @@ def main():
         mini_batches = chunks(torch.arange(len(batch["responses"])), len(batch["responses"]) // args.num_mini_batches)
         behaviour_logprobs = behaviour_logprobs_tensor(batch["behaviour_logprobs"], response_mask)
         ref_logprobs = token_logprobs_no_grad(ref_policy, input_ids, attention_mask, response_mask, args).sum(1)
-        # pi_old (paper, decoupled modes): the learner's logprobs before the step's first update, in
-        # the loop's very micro-batches, so they equal its first forward passes bit for bit
-        old_logprobs = None
+        old_logprobs = None  # pi_old: the learner's, before this step's updates (paper, decoupled)
+        # in the loop's micro-batches: its first ratios are exactly 1
         if args.off_policy_correction != "behaviour":
             old_logprobs = token_logprobs_no_grad(policy, input_ids, attention_mask, response_mask, args, mini_batches)
         anchor_logprobs, importance_weights = off_policy_anchor(
@@ -459,8 +458,7 @@ def main():
             stats["policy/grad_norm"].append(grad_norm.item())
         training_time = time.time() - train_start
 
-        # ASYNC: version step+1 to the generator if a future batch needs it: a host-memory copy (the
-        # learner goes on updating its own tensors), as the engine's GPU has no room for K+1 of them
+        # ASYNC: version step+1 to the actor if a future batch needs it: host copy, training goes on
         if step + 1 + args.async_steps < args.num_learner_steps:
             weights = {k: t.detach().to("cpu", copy=True) for k, t in policy.state_dict().items()}
             expected = weight_check(policy, probe, args, weights)

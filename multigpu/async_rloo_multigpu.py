@@ -613,8 +613,7 @@ def main():
         training_time = time.time() - train_start
         token_gap = gather_rows(token_gap[None], args).sum(0)  # sums over all ranks' micro-batches
 
-        # ASYNC: version step+1 to the generator if a future batch needs it: a host-memory copy (the
-        # learner goes on updating its own tensors), as the engine's GPU has no room for K+1 of them
+        # ASYNC: version step+1 to the actor if a future batch needs it: host copy, training goes on
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
             # every rank: under FSDP2 the weights and probe logprobs are gathered from all shards
             weights = full_state_dict(policy, args)
