@@ -16,7 +16,7 @@ import os
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
 os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the V1 runner CI tests; export 1 for V2
 
 import atexit
 import glob
@@ -432,10 +432,11 @@ def main():
             weights_queue.put(PolicyVersion(step + 1, expected))
 
         # TRY NOT TO MODIFY: logging
+        gap_sum, gap_tokens = token_gap  # of |learner - vLLM| logprobs (float64)
         metrics = {
             **{k: float(max(v) if k.endswith("_max") else np.mean(v)) for k, v in stats.items()},
             **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
+            "async/behaviour_learner_logprob_gap": (gap_sum / gap_tokens).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,

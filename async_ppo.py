@@ -17,7 +17,7 @@ import os
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
 os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the V1 runner CI tests; export 1 for V2
 
 import glob
 import json
@@ -550,6 +550,7 @@ def main():
             weights_queue.put(PolicyVersion(step + 1, weights, expected))
 
         # TRY NOT TO MODIFY: logging
+        gap_sum, gap_tokens = token_gap  # of |learner - vLLM| logprobs (float64)
         non_score_reward = (-args.kl_coef * kl).sum(1)
         metrics = {
             **{k: float(max(v) if k.endswith("_max") else np.mean(v)) for k, v in stats.items()},
@@ -558,7 +559,7 @@ def main():
             "objective/non_score_reward": non_score_reward.mean().item(),
             "objective/rlhf_reward": (scores + non_score_reward).mean().item(),
             "policy/importance_weight_ess": effective_sample_size(importance_weights[mask.bool()]),
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
+            "async/behaviour_learner_logprob_gap": (gap_sum / gap_tokens).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "value/mean": masked_mean(values, mask).item(),
             "time/training": training_time,

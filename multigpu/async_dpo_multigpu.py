@@ -43,7 +43,7 @@ if __name__ == "__mp_main__":  # a vLLM engine process: spawn ran this file firs
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_BYTECODE_HOOK="0")
 os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] = "highest"  # inherited "high" gives the learner TF32
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # V1, which CI tests (on CPU); 1 tries V2
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the V1 runner CI tests; export 1 for V2
 # but under torchrun (even one rank) in a process of its own: vLLM would take torchrun's
 # torch.distributed world as its own (weights then go via shared memory); forced: 0 breaks torchrun
 if "TORCHELASTIC_RUN_ID" in os.environ:
@@ -522,7 +522,7 @@ def main():
                 stats[key].append(value)
             stats["policy/grad_norm"].append(grad_norm.item())
         training_time = time.time() - train_start
-        token_gap = gather_rows(token_gap[None], args).sum(0)  # sums over all ranks' micro-batches
+        gap_sum, gap_tokens = gather_rows(token_gap[None], args).sum(0)  # all ranks' micro-batches
 
         # ASYNC: version step+1 to the actor if a future batch needs it: host copy, training goes on
         if step + 1 + args.async_steps < args.num_learner_steps and not args.replay_from:
@@ -537,7 +537,7 @@ def main():
         metrics = {
             **{k: float(max(v) if k.endswith("_max") else np.mean(v)) for k, v in stats.items()},
             **{key: value for key, value in batch.items() if "/" in key},  # the thread's metrics
-            "async/behaviour_learner_logprob_gap": (token_gap[0] / token_gap[1]).item(),
+            "async/behaviour_learner_logprob_gap": (gap_sum / gap_tokens).item(),
             "policy/learning_rate": scheduler.get_last_lr()[0],
             "time/training": training_time,
             "time/learner_waiting": learner_waiting,
